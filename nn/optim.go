@@ -1,0 +1,290 @@
+package nn
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/starling-ml/starling/device"
+)
+
+// ErrOptimizer reports an unknown optimiser or bad optimiser settings.
+var ErrOptimizer = errors.New("nn: bad optimizer")
+
+// Optimizer updates a flat parameter vector from its gradient.
+type Optimizer interface {
+	// Step applies one update with learning rate lr.
+	Step(params, grads []float32, lr float32)
+	// Name describes the optimiser and its settings.
+	Name() string
+	// State returns the optimiser's state for checkpoints: the step count
+	// and named vectors (views, not copies).
+	State() (steps int, vectors map[string][]float32)
+	// SetState restores a state returned by State (copying the vectors).
+	SetState(steps int, vectors map[string][]float32) error
+}
+
+// SGDConfig configures SGD as torch.optim.SGD does.
+type SGDConfig struct {
+	Momentum    float32 // 0 disables momentum
+	Nesterov    bool    // Nesterov momentum (needs Momentum > 0)
+	WeightDecay float32 // L2 penalty added to the gradient
+}
+
+// SGD is stochastic gradient descent with optional (Nesterov) momentum and
+// weight decay.
+type SGD struct {
+	cfg   SGDConfig
+	buf   []float32
+	steps int
+	be    device.Backend
+}
+
+// NewSGD returns an SGD optimiser.
+func NewSGD(cfg SGDConfig) *SGD { return &SGD{cfg: cfg, be: device.Default()} }
+
+// Name implements Optimizer.
+func (o *SGD) Name() string {
+	return fmt.Sprintf("sgd(momentum=%g, nesterov=%v, wd=%g)", o.cfg.Momentum, o.cfg.Nesterov, o.cfg.WeightDecay)
+}
+
+// Step implements Optimizer.
+func (o *SGD) Step(params, grads []float32, lr float32) {
+	if o.cfg.Momentum != 0 && len(o.buf) != len(params) {
+		o.buf = make([]float32, len(params))
+	}
+	o.be.SGD(params, grads, o.buf, lr, o.cfg.Momentum, o.cfg.WeightDecay, o.cfg.Nesterov)
+	o.steps++
+}
+
+// State implements Optimizer.
+func (o *SGD) State() (int, map[string][]float32) {
+	v := map[string][]float32{}
+	if o.buf != nil {
+		v["momentum"] = o.buf
+	}
+	return o.steps, v
+}
+
+// SetState implements Optimizer.
+func (o *SGD) SetState(steps int, v map[string][]float32) error {
+	o.steps = steps
+	if b, ok := v["momentum"]; ok {
+		o.buf = append([]float32(nil), b...)
+	} else {
+		o.buf = nil
+	}
+	return nil
+}
+
+// AdamConfig configures Adam and AdamW.
+type AdamConfig struct {
+	Beta1, Beta2 float32 // moment decay rates (0.9, 0.999 when zero)
+	Eps          float32 // denominator guard (1e-8 when zero)
+	WeightDecay  float32
+	// Decoupled applies weight decay to the weights directly (AdamW)
+	// instead of adding it to the gradient.
+	Decoupled bool
+}
+
+// Adam is the Adam optimiser (AdamW with Decoupled).
+type Adam struct {
+	cfg   AdamConfig
+	m, v  []float32
+	steps int
+	be    device.Backend
+}
+
+// NewAdam returns an Adam (or AdamW) optimiser.
+func NewAdam(cfg AdamConfig) *Adam {
+	if cfg.Beta1 == 0 {
+		cfg.Beta1 = 0.9
+	}
+	if cfg.Beta2 == 0 {
+		cfg.Beta2 = 0.999
+	}
+	if cfg.Eps == 0 {
+		cfg.Eps = 1e-8
+	}
+	return &Adam{cfg: cfg, be: device.Default()}
+}
+
+// Name implements Optimizer.
+func (o *Adam) Name() string {
+	n := "adam"
+	if o.cfg.Decoupled {
+		n = "adamw"
+	}
+	return fmt.Sprintf("%s(betas=(%g, %g), eps=%g, wd=%g)", n, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, o.cfg.WeightDecay)
+}
+
+// Step implements Optimizer.
+func (o *Adam) Step(params, grads []float32, lr float32) {
+	if len(o.m) != len(params) {
+		o.m, o.v = make([]float32, len(params)), make([]float32, len(params))
+	}
+	o.steps++
+	c := o.cfg
+	o.be.Adam(params, grads, o.m, o.v, o.steps, lr, c.Beta1, c.Beta2, c.Eps, c.WeightDecay, c.Decoupled)
+}
+
+// State implements Optimizer.
+func (o *Adam) State() (int, map[string][]float32) {
+	v := map[string][]float32{}
+	if o.m != nil {
+		v["exp_avg"], v["exp_avg_sq"] = o.m, o.v
+	}
+	return o.steps, v
+}
+
+// SetState implements Optimizer.
+func (o *Adam) SetState(steps int, v map[string][]float32) error {
+	m, ok1 := v["exp_avg"]
+	s, ok2 := v["exp_avg_sq"]
+	if ok1 != ok2 || len(m) != len(s) {
+		return fmt.Errorf("%w: adam state needs exp_avg and exp_avg_sq of equal length", ErrOptimizer)
+	}
+	o.steps = steps
+	o.m, o.v = append([]float32(nil), m...), append([]float32(nil), s...)
+	if !ok1 {
+		o.m, o.v = nil, nil
+	}
+	return nil
+}
+
+// NewOptimizer builds an optimiser from a name: "sgd", "momentum" (SGD
+// with momentum 0.9), "nesterov", "adam" or "adamw", with weight decay wd.
+func NewOptimizer(name string, wd float32) (Optimizer, error) {
+	switch name {
+	case "sgd":
+		return NewSGD(SGDConfig{WeightDecay: wd}), nil
+	case "momentum":
+		return NewSGD(SGDConfig{Momentum: 0.9, WeightDecay: wd}), nil
+	case "nesterov":
+		return NewSGD(SGDConfig{Momentum: 0.9, Nesterov: true, WeightDecay: wd}), nil
+	case "adam":
+		return NewAdam(AdamConfig{WeightDecay: wd}), nil
+	case "adamw":
+		return NewAdam(AdamConfig{WeightDecay: wd, Decoupled: true}), nil
+	}
+	return nil, fmt.Errorf("%w: unknown optimizer %q (want sgd, momentum, nesterov, adam or adamw)", ErrOptimizer, name)
+}
+
+// ClipGlobalNorm scales grads so their L2 norm is at most maxNorm and
+// returns the norm before clipping. A non-finite norm is returned as is and
+// leaves grads untouched so the caller can stop.
+func ClipGlobalNorm(be device.Backend, grads []float32, maxNorm float64) float64 {
+	norm := math.Sqrt(be.SumSquares(grads))
+	if maxNorm > 0 && norm > maxNorm && !math.IsInf(norm, 0) && !math.IsNaN(norm) {
+		be.Scale(float32(maxNorm/(norm+1e-6)), grads)
+	}
+	return norm
+}
+
+// Schedule maps a step number (from 0) to a learning rate.
+type Schedule interface {
+	LR(step int) float32
+	String() string
+}
+
+// Constant is a fixed learning rate.
+type Constant float32
+
+// LR implements Schedule.
+func (c Constant) LR(int) float32 { return float32(c) }
+func (c Constant) String() string { return fmt.Sprintf("constant(%g)", float32(c)) }
+
+// StepDecay multiplies the rate by Gamma every Every steps.
+type StepDecay struct {
+	Base  float32
+	Every int
+	Gamma float32
+}
+
+// LR implements Schedule.
+func (s StepDecay) LR(step int) float32 {
+	return s.Base * float32(math.Pow(float64(s.Gamma), float64(step/max(s.Every, 1))))
+}
+func (s StepDecay) String() string {
+	return fmt.Sprintf("step(%g, every=%d, gamma=%g)", s.Base, s.Every, s.Gamma)
+}
+
+// Cosine anneals from Base to Min over Total steps (then stays at Min).
+type Cosine struct {
+	Base, Min float32
+	Total     int
+}
+
+// LR implements Schedule.
+func (c Cosine) LR(step int) float32 {
+	if step >= c.Total {
+		return c.Min
+	}
+	f := 0.5 * (1 + math.Cos(math.Pi*float64(step)/float64(c.Total)))
+	return c.Min + (c.Base-c.Min)*float32(f)
+}
+func (c Cosine) String() string {
+	return fmt.Sprintf("cosine(%g→%g over %d)", c.Base, c.Min, c.Total)
+}
+
+// Warmup ramps linearly from Base/Steps to the inner schedule over Steps
+// steps, then follows the inner schedule shifted by Steps.
+type Warmup struct {
+	Steps int
+	Inner Schedule
+}
+
+// LR implements Schedule.
+func (w Warmup) LR(step int) float32 {
+	if step < w.Steps {
+		return w.Inner.LR(0) * float32(step+1) / float32(w.Steps)
+	}
+	return w.Inner.LR(step - w.Steps)
+}
+func (w Warmup) String() string { return fmt.Sprintf("warmup(%d)+%v", w.Steps, w.Inner) }
+
+// LinearScaling returns the learning rate for a batch of size batch under
+// the linear scaling rule of Goyal et al. 2017: lr grows with the batch.
+func LinearScaling(baseLR float32, baseBatch, batch int) float32 {
+	return baseLR * float32(batch) / float32(baseBatch)
+}
+
+// ParseSchedule builds a schedule from a name for a run of total steps:
+// "constant", "step" (×0.1 at 1/2 and 3/4... every total/3 steps) or
+// "step:EVERY,GAMMA", "cosine", and any of them prefixed with "warmup:N+".
+func ParseSchedule(spec string, base float32, total int) (Schedule, error) {
+	if rest, ok := strings.CutPrefix(spec, "warmup:"); ok {
+		nStr, inner, ok := strings.Cut(rest, "+")
+		n, err := strconv.Atoi(nStr)
+		if !ok || err != nil || n < 0 {
+			return nil, fmt.Errorf("nn: schedule %q: want warmup:STEPS+SCHEDULE", spec)
+		}
+		s, err := ParseSchedule(inner, base, max(total-n, 1))
+		if err != nil {
+			return nil, err
+		}
+		return Warmup{Steps: n, Inner: s}, nil
+	}
+	name, arg, _ := strings.Cut(spec, ":")
+	switch name {
+	case "constant", "const":
+		return Constant(base), nil
+	case "cosine":
+		return Cosine{Base: base, Total: max(total, 1)}, nil
+	case "step":
+		s := StepDecay{Base: base, Every: max(total/3, 1), Gamma: 0.1}
+		if arg != "" {
+			e, g, ok := strings.Cut(arg, ",")
+			every, err1 := strconv.Atoi(e)
+			gamma, err2 := strconv.ParseFloat(g, 32)
+			if !ok || err1 != nil || err2 != nil || every <= 0 || gamma <= 0 {
+				return nil, fmt.Errorf("nn: schedule %q: want step:EVERY,GAMMA", spec)
+			}
+			s.Every, s.Gamma = every, float32(gamma)
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("nn: unknown schedule %q (want constant, step[:EVERY,GAMMA], cosine, or warmup:N+…)", spec)
+}
