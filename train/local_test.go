@@ -1,0 +1,90 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/starling-ml/starling/data"
+)
+
+var (
+	mnistOnce             sync.Once
+	mnistTrain, mnistTest *data.Set
+	mnistErr              error
+)
+
+func mnist(t testing.TB) (*data.Set, *data.Set) {
+	mnistOnce.Do(func() { mnistTrain, mnistTest, mnistErr = data.LoadMNIST("") })
+	if mnistErr != nil {
+		t.Fatal(mnistErr)
+	}
+	return mnistTrain, mnistTest
+}
+
+func TestLocalLearnsMNIST(t *testing.T) {
+	tr, te := mnist(t)
+	cfg := DefaultLocalConfig()
+	cfg.Model = "mlp:784-64-10"
+	cfg.Epochs = 1
+	var last Progress
+	_, sum, err := Local(context.Background(), cfg, tr.Head(10000), te.Head(2000), func(p Progress) { last = p })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.TestAccuracy < 0.88 {
+		t.Fatalf("test accuracy %.3f after one epoch on 10k samples, want ≥ 0.88", sum.TestAccuracy)
+	}
+	if sum.Steps != 157 || !last.EpochDone || last.Step != 157 {
+		t.Fatalf("steps %d, last progress %+v", sum.Steps, last)
+	}
+}
+
+func TestLocalDivergesWithClearError(t *testing.T) {
+	tr, _ := mnist(t)
+	cfg := DefaultLocalConfig()
+	cfg.Model = "mlp:784-64-10"
+	cfg.LR = 1e30
+	cfg.Optimizer = "sgd"
+	_, _, err := Local(context.Background(), cfg, tr.Head(2000), nil, nil)
+	if !errors.Is(err, ErrDiverged) {
+		t.Fatalf("err = %v, want ErrDiverged", err)
+	}
+}
+
+func TestLocalCancel(t *testing.T) {
+	tr, _ := mnist(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := DefaultLocalConfig()
+	n := 0
+	_, _, err := Local(ctx, cfg, tr.Head(5000), nil, func(Progress) {
+		if n++; n == 3 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestLocalConfigValidate(t *testing.T) {
+	for _, mut := range []func(*LocalConfig){
+		func(c *LocalConfig) { c.Epochs = 0 },
+		func(c *LocalConfig) { c.Batch = -1 },
+		func(c *LocalConfig) { c.LR = 0 },
+		func(c *LocalConfig) { c.ClipNorm = -1 },
+	} {
+		c := DefaultLocalConfig()
+		mut(&c)
+		if c.Validate() == nil {
+			t.Errorf("%+v: want error", c)
+		}
+	}
+	tr, _ := mnist(t)
+	c := DefaultLocalConfig()
+	c.Model = "vgg"
+	if _, _, err := Local(context.Background(), c, tr.Head(100), nil, nil); err == nil {
+		t.Fatal("unknown model: want error")
+	}
+}
