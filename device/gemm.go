@@ -1,0 +1,307 @@
+package device
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// microKernel computes one MR×NR tile of C:
+//
+//	C[0:rows, cols] = alpha·(A·Bp) + beta·C[0:rows, cols]
+//
+// Bp is a packed panel (kc steps of NR values). A is read in place in one of
+// two layouts, chosen by which kernel is called: step layout A(r, p) =
+// a[p·lda + r] (a packed panel with lda = MR, or op(A) = Aᵀ in place) or row
+// layout A(r, p) = a[r·lda + p] (op(A) = A in place). C is not read when
+// beta is +0 (callers turn −0 into +0). Kernels that honour the column mask
+// store only the columns whose bit is set; the others store all NR columns
+// and are only called on full-width tiles.
+type microKernel func(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+
+// gemmImpl is a blocked GEMM in the GotoBLAS/BLIS layout around one
+// micro-kernel: B is packed in kc×nc panels of NR-wide slivers and the
+// kernel sweeps the MR×NR tiles of C. Full MR-row slivers of A are read in
+// place (no packing); only the ragged last sliver is packed, zero padded.
+type gemmImpl struct {
+	name    string
+	mr, nr  int
+	masked  bool        // kernels honour the column mask
+	kStep   microKernel // step layout
+	kRow    microKernel // row layout; nil: pack A instead
+	packAll bool        // pack every A sliver (for kernels without in-place reads)
+
+	kc, mc, nc int // cache blocking: depth, rows of A per block, columns of B per panel
+
+	// parFlops is the smallest 2·m·n·k worth splitting across goroutines.
+	parFlops int
+}
+
+// gemmBuf is one worker's packing space.
+type gemmBuf struct {
+	a, b, tile []float32
+}
+
+var gemmBufPool = sync.Pool{New: func() any { return new(gemmBuf) }}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// checkGemm panics with a clear message when the slices are too short for the
+// stated shapes: the kernels index through raw pointers, so this is the only
+// bounds check they get.
+func checkGemm(tA, tB bool, m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
+	if m < 0 || n < 0 || k < 0 {
+		panic(fmt.Sprintf("device: Gemm: negative dimension m=%d n=%d k=%d", m, n, k))
+	}
+	need := func(what string, s []float32, rows, cols, ld int) {
+		if rows == 0 || cols == 0 {
+			return
+		}
+		if ld < cols {
+			panic(fmt.Sprintf("device: Gemm: leading dimension of %s is %d, want ≥ %d", what, ld, cols))
+		}
+		if want := (rows-1)*ld + cols; len(s) < want {
+			panic(fmt.Sprintf("device: Gemm: len(%s) = %d, want ≥ %d", what, len(s), want))
+		}
+	}
+	if m == 0 || n == 0 {
+		return
+	}
+	if tA {
+		need("a", a, k, m, lda)
+	} else {
+		need("a", a, m, k, lda)
+	}
+	if tB {
+		need("b", b, n, k, ldb)
+	} else {
+		need("b", b, k, n, ldb)
+	}
+	need("c", c, m, n, ldc)
+}
+
+// gemm implements Backend.Gemm.
+func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	checkGemm(tA, tB, m, n, k, a, lda, b, ldb, c, ldc)
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 || alpha == 0 {
+		scaleMatrix(beta, m, n, c, ldc)
+		return
+	}
+	if beta == 0 {
+		beta = 0 // −0 → +0: the kernels test the bit pattern
+	}
+	nt := g.threads(m, n, k)
+	if nt <= 1 {
+		g.serial(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		return
+	}
+	// Split the larger tile dimension into nt contiguous parts; every part is
+	// an independent GEMM with its own packing buffers.
+	mt, ntl := (m+g.mr-1)/g.mr, (n+g.nr-1)/g.nr
+	var wg sync.WaitGroup
+	splitM := mt >= ntl
+	tiles, unit := ntl, g.nr
+	if splitM {
+		tiles, unit = mt, g.mr
+	}
+	part := func(w int) (lo, hi int) {
+		lo = tiles * w / nt * unit
+		hi = tiles * (w + 1) / nt * unit
+		return lo, hi
+	}
+	run := func(w int) {
+		lo, hi := part(w)
+		if splitM {
+			hi = min(hi, m)
+			if lo >= hi {
+				return
+			}
+			ao := lo * lda
+			if tA {
+				ao = lo
+			}
+			g.serial(tA, tB, hi-lo, n, k, alpha, a[ao:], lda, b, ldb, beta, c[lo*ldc:], ldc)
+			return
+		}
+		hi = min(hi, n)
+		if lo >= hi {
+			return
+		}
+		bo := lo
+		if tB {
+			bo = lo * ldb
+		}
+		g.serial(tA, tB, m, hi-lo, k, alpha, a, lda, b[bo:], ldb, beta, c[lo:], ldc)
+	}
+	wg.Add(nt - 1)
+	for w := 1; w < nt; w++ {
+		go func() {
+			defer wg.Done()
+			run(w)
+		}()
+	}
+	run(0)
+	wg.Wait()
+}
+
+// threads returns how many goroutines a GEMM of this shape should use.
+func (g *gemmImpl) threads(m, n, k int) int {
+	p := runtime.GOMAXPROCS(0)
+	if p <= 1 || 2*m*n*k < g.parFlops {
+		return 1
+	}
+	tiles := max((m+g.mr-1)/g.mr, (n+g.nr-1)/g.nr)
+	// Each worker should get at least two tiles along the split dimension
+	// and enough arithmetic to pay for a goroutine hand-off.
+	p = min(p, tiles/2, 2*m*n*k/g.parFlops)
+	return max(p, 1)
+}
+
+// serial runs the blocked algorithm on the calling goroutine.
+func (g *gemmImpl) serial(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	buf := gemmBufPool.Get().(*gemmBuf)
+	defer gemmBufPool.Put(buf)
+	mr, nr := g.mr, g.nr
+	kcMax := min(g.kc, k)
+	ncMax := min(g.nc, (n+nr-1)/nr*nr)
+	mcMax := min(g.mc, (m+mr-1)/mr*mr)
+	buf.b = grow(buf.b, kcMax*ncMax)
+	buf.a = grow(buf.a, kcMax*mcMax)
+	buf.tile = grow(buf.tile, mr*nr)
+	full := uint64(1)<<nr - 1
+	if nr >= 64 {
+		full = ^uint64(0)
+	}
+	for jc := 0; jc < n; jc += g.nc {
+		nc := min(g.nc, n-jc)
+		for pc := 0; pc < k; pc += g.kc {
+			kc := min(g.kc, k-pc)
+			packB(buf.b, b, ldb, tB, pc, jc, kc, nc, nr)
+			bet := beta
+			if pc > 0 {
+				bet = 1
+			}
+			for ic := 0; ic < m; ic += g.mc {
+				mc := min(g.mc, m-ic)
+				for jr := 0; jr < nc; jr += nr {
+					cols := min(nr, nc-jr)
+					bp := &buf.b[jr*kc]
+					mask := full
+					if cols < nr {
+						mask = uint64(1)<<cols - 1
+					}
+					for ir := 0; ir < mc; ir += mr {
+						rows := min(mr, mc-ir)
+						i0 := ic + ir
+						kern, ap, la := g.kStep, (*float32)(nil), mr
+						switch {
+						case rows < mr || g.packAll || (!tA && g.kRow == nil):
+							if jr == 0 {
+								packA(buf.a[ir*kc:], a, lda, tA, i0, pc, rows, kc, mr)
+							}
+							ap = &buf.a[ir*kc]
+						case tA:
+							ap, la = &a[pc*lda+i0], lda
+						default:
+							kern, ap, la = g.kRow, &a[i0*lda+pc], lda
+						}
+						co := i0*ldc + jc + jr
+						if cols == nr || g.masked {
+							kern(kc, ap, bp, &c[co], la, ldc, alpha, bet, rows, mask)
+							continue
+						}
+						t := buf.tile
+						kern(kc, ap, bp, &t[0], la, nr, 1, 0, rows, full)
+						mergeTile(c[co:], ldc, t, nr, rows, cols, alpha, bet)
+					}
+				}
+			}
+		}
+	}
+}
+
+// mergeTile sets C = alpha·T + beta·C over rows×cols (C not read if beta == 0).
+func mergeTile(c []float32, ldc int, t []float32, ldt, rows, cols int, alpha, beta float32) {
+	for i := 0; i < rows; i++ {
+		cr := c[i*ldc : i*ldc+cols]
+		tr := t[i*ldt : i*ldt+cols]
+		if beta == 0 {
+			for j, v := range tr {
+				cr[j] = alpha * v
+			}
+			continue
+		}
+		for j, v := range tr {
+			cr[j] = alpha*v + beta*cr[j]
+		}
+	}
+}
+
+// packA copies the mc×kc block of op(A) at (i0, p0) into MR-tall slivers:
+// sliver s holds, for each p, the MR values op(A)[i0+s·MR+r, p0+p], zero
+// padded past mc.
+func packA(dst, a []float32, lda int, tA bool, i0, p0, mc, kc, mr int) {
+	for s := 0; s*mr < mc; s++ {
+		d := dst[s*mr*kc : (s+1)*mr*kc]
+		rows := min(mr, mc-s*mr)
+		r0 := i0 + s*mr
+		if tA {
+			// op(A)[i, p] = a[p*lda + i]: each step is a contiguous run.
+			for p := 0; p < kc; p++ {
+				src := a[(p0+p)*lda+r0 : (p0+p)*lda+r0+rows]
+				dp := d[p*mr : p*mr+mr]
+				copy(dp, src)
+				clear(dp[rows:])
+			}
+			continue
+		}
+		if rows < mr {
+			clear(d)
+		}
+		packTransposed(d, a[r0*lda+p0:], lda, rows, kc, mr)
+	}
+}
+
+// packB copies the kc×nc panel of op(B) at (p0, j0) into NR-wide slivers:
+// sliver s holds, for each p, the NR values op(B)[p0+p, j0+s·NR+j], zero
+// padded past nc.
+func packB(dst, b []float32, ldb int, tB bool, p0, j0, kc, nc, nr int) {
+	for s := 0; s*nr < nc; s++ {
+		d := dst[s*nr*kc : (s+1)*nr*kc]
+		cols := min(nr, nc-s*nr)
+		c0 := j0 + s*nr
+		if !tB {
+			for p := 0; p < kc; p++ {
+				src := b[(p0+p)*ldb+c0 : (p0+p)*ldb+c0+cols]
+				dp := d[p*nr : p*nr+nr]
+				copy(dp, src)
+				clear(dp[cols:])
+			}
+			continue
+		}
+		if cols < nr {
+			clear(d)
+		}
+		packTransposed(d, b[c0*ldb+p0:], ldb, cols, kc, nr)
+	}
+}
+
+// packTransposedGo writes the rows×kc matrix src (leading dimension ld)
+// transposed into d with a stride of w: d[p*w + r] = src[r*ld + p].
+func packTransposedGo(d, src []float32, ld, rows, kc, w int) {
+	for r := 0; r < rows; r++ {
+		row := src[r*ld : r*ld+kc]
+		dd := d[r:]
+		for p, v := range row {
+			dd[p*w] = v
+		}
+	}
+}
