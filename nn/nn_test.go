@@ -27,7 +27,7 @@ func randInput(r *rand.Rand, n int) []float32 {
 //
 // Tolerance: the model computes in float32. With step h, rounding error in
 // the loss (≈1e-7·|L|, |L| ≈ 2) contributes ≈ 1e-7/h = 1e-4 to a difference
-// quotient and truncation error O(h²·L”') ≈ 1e-6 at h = 1e-3, so
+// quotient and truncation error O(h²·|third derivative|) ≈ 1e-6 at h = 1e-3, so
 // |analytic − numeric| ≤ 1e-3 + 1e-2·|numeric| leaves an order of magnitude
 // of margin. ReLU and max-pool kinks crossed by ±h break any such bound (at
 // h = 1e-2 one max-pool window switched); the fixed seeds keep every
