@@ -168,13 +168,20 @@ func appendHeader(dst []byte, h *header) []byte {
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
+// errNoFrame wraps a read error (deadline, reset) that came before the
+// first byte of a frame: an idle stream ending, not a bad frame.
+var errNoFrame = errors.New("node: no frame")
+
 // readHeader reads one frame header from r into h, using buf as scratch, and
 // validates it against maxBytes. It never allocates. io.EOF before the first
 // byte is returned as io.EOF (a clean end of the stream).
 func readHeader(r io.Reader, buf *[maxHeaderLen]byte, maxBytes uint64, h *header) error {
-	if _, err := io.ReadFull(r, buf[:fixedHeaderLen]); err != nil {
-		if err == io.EOF {
+	if n, err := io.ReadFull(r, buf[:fixedHeaderLen]); err != nil {
+		switch {
+		case err == io.EOF:
 			return io.EOF
+		case n == 0:
+			return fmt.Errorf("%w: %w", errNoFrame, err)
 		}
 		return truncated(err)
 	}

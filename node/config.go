@@ -1,0 +1,235 @@
+package node
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// Config configures a Node. Start from DefaultConfig and change what you
+// need; New calls Validate.
+type Config struct {
+	// KeyFile is the path of the Ed25519 identity key. It is created (mode
+	// 0600) if missing and refused if its group or others have any access.
+	// Empty means a fresh random identity each run (tests, benchmarks).
+	KeyFile string
+
+	// ListenAddrs are the multiaddrs to listen on. Nil means the defaults:
+	// TCP and QUIC on all IPv4 and IPv6 interfaces, port 4001 — or TCP only
+	// when a swarm key is set, since libp2p's private networks cannot run
+	// over QUIC. Tests use /ip4/127.0.0.1/tcp/0.
+	ListenAddrs []string
+
+	// SwarmName names the swarm: it namespaces the mDNS service, the DHT
+	// protocol prefix (/starling/<name>/kad/1.0.0) and the DHT rendezvous
+	// key, so that two swarms on one LAN do not see each other.
+	SwarmName string
+
+	// PSKFile is the path of a swarm.key (IPFS v1 format, written by
+	// `peer keygen --psk`). Every member must hold the same key; a peer
+	// without it cannot complete a connection. Empty means none.
+	PSKFile string
+	// PSK is the 32-byte pre-shared key itself; it overrides PSKFile.
+	PSK []byte
+
+	// Allowlist, if not empty, is the set of peers this node will connect to
+	// or accept (enforced by a connection gater after the handshake proves
+	// the remote key). Empty means everyone (who passes the PSK, if set).
+	Allowlist []peer.ID
+
+	// MDNS enables LAN discovery by multicast DNS (on by default: a LAN needs
+	// no configuration).
+	MDNS bool
+	// DHT enables the Kademlia DHT on the private prefix and the rendezvous
+	// on SwarmName. Every node with DHT on is a DHT server (a private swarm
+	// has no public DHT to lean on).
+	DHT bool
+	// Bootstrap are multiaddrs (with /p2p/ID) of peers to join the DHT
+	// through; a node started with none is a bootstrap node itself.
+	Bootstrap []string
+	// RendezvousInterval is how often the DHT rendezvous re-advertises and
+	// looks for swarm members (seconds to minutes: each round is a few DHT
+	// queries).
+	RendezvousInterval time.Duration
+
+	// NATPortMap asks the LAN router (UPnP/NAT-PMP) for a port mapping.
+	NATPortMap bool
+	// HolePunching enables DCUtR hole punching (and the relay client it
+	// needs) so that peers behind NATs can upgrade relayed control
+	// connections to direct ones; tensors wait for the direct connection.
+	HolePunching bool
+	// NATService answers other peers' AutoNAT dial-back requests.
+	NATService bool
+	// RelayService lets this node relay other peers' control traffic
+	// (circuit v2: 2 min, 128 KiB per circuit by default). Tensor streams
+	// are never opened over, nor accepted from, a relayed connection.
+	RelayService bool
+
+	// ConnLow and ConnHigh are the connection manager's watermarks: above
+	// ConnHigh it trims down to ConnLow, oldest unprotected peers first.
+	// Peers under Protect (and peers with a tensor in flight) are never
+	// trimmed.
+	ConnLow, ConnHigh int
+	// ConnGrace is how long a new connection is exempt from trimming.
+	ConnGrace time.Duration
+
+	// MaxTensorBytes bounds a tensor's payload and its decoded size. A frame
+	// announcing more is refused before anything is allocated. 512 MiB
+	// covers the 1–500 MB tensors we move.
+	MaxTensorBytes int64
+	// Stripes is the largest number of streams one tensor is split over.
+	// One yamux stream is limited by its window and by one reader
+	// goroutine; a few stripes keep the link busy.
+	Stripes int
+	// MinStripeBytes is the smallest stripe: tensors below 2*MinStripeBytes
+	// go as one frame, so small chunks pay no striping overhead.
+	MinStripeBytes int
+	// StreamWindow is the largest yamux receive window per stream, in
+	// bytes. The resource manager is sized from it (see limits.go), since
+	// a window only grows when the resource manager grants its memory.
+	StreamWindow int
+	// MemoryLimit is the resource manager's memory for the whole node in
+	// bytes (all peers, all streams).
+	MemoryLimit int64
+	// MaxParkedBytes bounds the memory held for tensors that arrive before
+	// the Recv that will claim them. Past it, senders wait (back-pressure)
+	// until a Recv is posted or IOTimeout passes.
+	MaxParkedBytes int64
+	// ParkedTTL is how long an unclaimed tensor is kept before it is
+	// dropped.
+	ParkedTTL time.Duration
+	// IOTimeout is the longest a single read or write may make no progress
+	// before the stream is reset (the per-operation deadline; a large
+	// tensor is many operations).
+	IOTimeout time.Duration
+	// RecvTimeout is the deadline Recv applies when its ctx has none.
+	RecvTimeout time.Duration
+	// IdleTimeout closes pooled streams unused for this long.
+	IdleTimeout time.Duration
+
+	// MetricsAddr, if set, serves Prometheus metrics at http://ADDR/metrics
+	// (libp2p's collectors and ours).
+	MetricsAddr string
+}
+
+// DefaultConfig returns the configuration for a LAN or few-site swarm moving
+// 1–500 MB tensors.
+func DefaultConfig() Config {
+	return Config{
+		SwarmName:          "starling",
+		MDNS:               true,
+		DHT:                true,
+		RendezvousInterval: time.Minute,
+		NATPortMap:         true,
+		HolePunching:       true,
+		NATService:         true,
+		ConnLow:            64,
+		ConnHigh:           128,
+		ConnGrace:          30 * time.Second,
+		MaxTensorBytes:     512 << 20,
+		Stripes:            4,
+		MinStripeBytes:     4 << 20,
+		StreamWindow:       16 << 20,
+		MemoryLimit:        2 << 30,
+		MaxParkedBytes:     1 << 30,
+		ParkedTTL:          2 * time.Minute,
+		IOTimeout:          30 * time.Second,
+		RecvTimeout:        5 * time.Minute,
+		IdleTimeout:        2 * time.Minute,
+	}
+}
+
+// TestConfig returns DefaultConfig restricted to loopback with every
+// multicast or router-facing feature off (mDNS, UPnP), for tests and
+// benchmarks that must not touch the LAN.
+func TestConfig() Config {
+	c := DefaultConfig()
+	c.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	c.MDNS = false
+	c.DHT = false
+	c.NATPortMap = false
+	c.HolePunching = false
+	c.NATService = false
+	return c
+}
+
+// Validate reports the first problem with c, wrapped in ErrInvalidConfig
+// (or ErrQUICWithPSK). It does not modify c.
+func (c *Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	if c.SwarmName == "" || strings.ContainsAny(c.SwarmName, "/\n ") {
+		return bad("SwarmName %q must be non-empty without '/', spaces or newlines", c.SwarmName)
+	}
+	if c.PSK != nil && len(c.PSK) != 32 {
+		return bad("PSK is %d bytes, want 32", len(c.PSK))
+	}
+	psk := c.PSK != nil || c.PSKFile != ""
+	for _, s := range c.ListenAddrs {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return bad("listen address %q: %v", s, err)
+		}
+		if psk && isQUIC(a) {
+			return fmt.Errorf("%w: listen address %s", ErrQUICWithPSK, s)
+		}
+	}
+	for _, s := range c.Bootstrap {
+		if _, err := peer.AddrInfoFromString(s); err != nil {
+			return bad("bootstrap address %q (want /…/p2p/ID): %v", s, err)
+		}
+	}
+	for _, p := range c.Allowlist {
+		if err := p.Validate(); err != nil {
+			return bad("allowlist entry %q: %v", p, err)
+		}
+	}
+	switch {
+	case c.DHT && c.RendezvousInterval <= 0:
+		return bad("RendezvousInterval must be > 0")
+	case c.ConnLow < 1 || c.ConnHigh < c.ConnLow:
+		return bad("need 1 <= ConnLow (%d) <= ConnHigh (%d)", c.ConnLow, c.ConnHigh)
+	case c.ConnGrace < 0:
+		return bad("ConnGrace must be >= 0")
+	case c.MaxTensorBytes < 1:
+		return bad("MaxTensorBytes must be > 0")
+	case c.Stripes < 1 || c.Stripes > maxStripes:
+		return bad("Stripes %d not in 1..%d", c.Stripes, maxStripes)
+	case c.MinStripeBytes < 1:
+		return bad("MinStripeBytes must be > 0")
+	case c.StreamWindow < 256<<10:
+		return bad("StreamWindow %d below yamux's 256 KiB minimum", c.StreamWindow)
+	case c.MemoryLimit < int64(4*c.Stripes*c.StreamWindow):
+		return bad("MemoryLimit %d below 4*Stripes*StreamWindow = %d", c.MemoryLimit, 4*c.Stripes*c.StreamWindow)
+	case c.MaxParkedBytes < 0:
+		return bad("MaxParkedBytes must be >= 0")
+	case c.ParkedTTL <= 0 || c.IOTimeout <= 0 || c.RecvTimeout <= 0 || c.IdleTimeout <= 0:
+		return bad("ParkedTTL, IOTimeout, RecvTimeout and IdleTimeout must be > 0")
+	}
+	return nil
+}
+
+// listenAddrs returns the configured or default listen addresses.
+func (c *Config) listenAddrs() []string {
+	if c.ListenAddrs != nil {
+		return c.ListenAddrs
+	}
+	addrs := []string{"/ip4/0.0.0.0/tcp/4001", "/ip6/::/tcp/4001"}
+	if c.PSK == nil && c.PSKFile == "" {
+		addrs = append(addrs, "/ip4/0.0.0.0/udp/4001/quic-v1", "/ip6/::/udp/4001/quic-v1")
+	}
+	return addrs
+}
+
+func isQUIC(a ma.Multiaddr) bool {
+	_, err := a.ValueForProtocol(ma.P_QUIC_V1)
+	if err == nil {
+		return true
+	}
+	_, err = a.ValueForProtocol(ma.P_QUIC)
+	return err == nil
+}

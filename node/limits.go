@@ -1,0 +1,66 @@
+package node
+
+import (
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+)
+
+// Why the limits are what they are.
+//
+// A yamux stream starts with a 256 KiB receive window and doubles it (up to
+// Config.StreamWindow) when the reader keeps up — but each growth asks the
+// resource manager for the memory at priority 128, which succeeds only while
+// the connection's (and the peer's, and the system's) reservations stay
+// under about half of that scope's limit. libp2p's default connection limit
+// is 32 MiB, so all streams of one connection together stop growing at
+// 16 MiB: a striped tensor's windows stay small, with no error anywhere, and
+// throughput on a link with any latency collapses. We therefore size the
+// connection and peer memory for every stream a peer may be receiving at
+// once (2*Stripes: a striped tensor plus a pipelined Link, both at full
+// window) at twice that, for the priority-128 headroom:
+//
+//	perPeer = 2 * (2*Stripes) * StreamWindow   // 256 MiB with the defaults
+//
+// and give the whole node MemoryLimit (2 GiB by default: eight peers at full
+// windows, since a reservation also stops at half the system limit). These
+// are reservations, not allocations: yamux buffers hold data only while the
+// application is slower than the link.
+//
+// Stream counts stay at libp2p's scaled defaults (hundreds per peer), far
+// above the Stripes streams a tensor opens. Connection counts per peer stay
+// at 8, libp2p's default; loopback is exempt from the per-IP connection
+// limits.
+func perPeerMemory(c *Config) int64 {
+	return 2 * int64(2*c.Stripes) * int64(c.StreamWindow)
+}
+
+// resourceLimits returns the resource manager limits for c (see above).
+func resourceLimits(c *Config) rcmgr.ConcreteLimitConfig {
+	scaling := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&scaling)
+	base := scaling.Scale(c.MemoryLimit, 4096)
+	peerMem := rcmgr.LimitVal64(perPeerMemory(c))
+	tensorProto := rcmgr.ResourceLimits{
+		Streams: 1024, StreamsInbound: 512, StreamsOutbound: 512,
+		Memory: rcmgr.LimitVal64(c.MemoryLimit),
+	}
+	partial := rcmgr.PartialLimitConfig{
+		System:      rcmgr.ResourceLimits{Memory: rcmgr.LimitVal64(c.MemoryLimit)},
+		Transient:   rcmgr.ResourceLimits{Memory: peerMem},
+		PeerDefault: rcmgr.ResourceLimits{Memory: peerMem},
+		Conn:        rcmgr.ResourceLimits{Memory: peerMem},
+		Protocol:    map[protocol.ID]rcmgr.ResourceLimits{ProtocolID: tensorProto},
+	}
+	return partial.Build(base)
+}
+
+// yamuxTransport returns libp2p's yamux transport with the receive window
+// raised to c.StreamWindow.
+func yamuxTransport(c *Config) network.Multiplexer {
+	t := *yamux.DefaultTransport
+	t.MaxStreamWindowSize = uint32(c.StreamWindow)
+	return &t
+}

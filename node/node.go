@@ -1,0 +1,423 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Node is one Starling peer: a libp2p host with the tensor service,
+// discovery and metrics. Its methods are safe for concurrent use.
+type Node struct {
+	cfg     Config
+	host    host.Host
+	ownHost bool
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	m       *nodeMetrics
+	ts      *tensors
+	onPeer  func(peer.AddrInfo)
+
+	dht     *dht.IpfsDHT
+	mdns    mdns.Service
+	metrics *http.Server
+	metLn   net.Listener
+
+	mu     sync.Mutex
+	closed bool
+	stop   context.CancelFunc // ends the background goroutines
+	wg     sync.WaitGroup     // background goroutines
+}
+
+// Option sets an optional extra of a Node.
+type Option func(*options)
+
+type options struct {
+	reg    *prometheus.Registry
+	log    *slog.Logger
+	onPeer func(peer.AddrInfo)
+	hooks  *testHooks
+}
+
+// WithRegistry makes the node register its collectors (and libp2p's) in
+// reg instead of a private registry of its own. Never the global default
+// registry: two nodes in one process would collide there.
+func WithRegistry(reg *prometheus.Registry) Option { return func(o *options) { o.reg = reg } }
+
+// WithLogger sets the logger (default: slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithPeerFound registers f to be called with each peer that discovery
+// (mDNS or the DHT rendezvous) finds, after the node has tried to connect
+// to it. f runs on a discovery goroutine and must not block for long.
+func WithPeerFound(f func(peer.AddrInfo)) Option { return func(o *options) { o.onPeer = f } }
+
+func withTestHooks(h *testHooks) Option { return func(o *options) { o.hooks = h } }
+
+func buildOptions(opts []Option) options {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.reg == nil {
+		o.reg = prometheus.NewRegistry()
+	}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
+	return o
+}
+
+// New builds a libp2p host from cfg, starts the tensor service, discovery
+// and (if cfg.MetricsAddr is set) the metrics endpoint. ctx bounds start-up
+// only (bootstrap dials); Close stops the node.
+func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := buildOptions(opts)
+
+	var sk crypto.PrivKey
+	var err error
+	if cfg.KeyFile != "" {
+		sk, err = LoadOrCreateIdentity(cfg.KeyFile)
+	} else {
+		sk, _, err = crypto.GenerateEd25519Key(nil)
+	}
+	if err != nil {
+		return nil, err
+	}
+	psk := cfg.PSK
+	if psk == nil && cfg.PSKFile != "" {
+		if psk, err = LoadPSK(cfg.PSKFile); err != nil {
+			return nil, err
+		}
+	}
+	self, err := peer.IDFromPrivateKey(sk)
+	if err != nil {
+		return nil, err
+	}
+
+	rcmgr.MustRegisterWith(o.reg)
+	str, err := rcmgr.NewStatsTraceReporter()
+	if err != nil {
+		return nil, err
+	}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(resourceLimits(&cfg)), rcmgr.WithTraceReporter(str))
+	if err != nil {
+		return nil, err
+	}
+	cm, err := connmgr.NewConnManager(cfg.ConnLow, cfg.ConnHigh, connmgr.WithGracePeriod(cfg.ConnGrace))
+	if err != nil {
+		return nil, err
+	}
+	m, err := newNodeMetrics(o.reg)
+	if err != nil {
+		return nil, err
+	}
+
+	lopts := []libp2p.Option{
+		libp2p.Identity(sk),
+		libp2p.ListenAddrStrings(cfg.listenAddrs()...),
+		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Muxer(yamux.ID, yamuxTransport(&cfg)),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.ResourceManager(rm),
+		libp2p.ConnectionManager(cm),
+		libp2p.PrometheusRegisterer(o.reg),
+		libp2p.BandwidthReporter(m.bw),
+		libp2p.UserAgent("starling"),
+	}
+	if psk == nil {
+		lopts = append(lopts, libp2p.Transport(quic.NewTransport))
+	} else {
+		lopts = append(lopts, libp2p.PrivateNetwork(psk))
+	}
+	if len(cfg.Allowlist) > 0 {
+		lopts = append(lopts, libp2p.ConnectionGater(newAllowlist(self, cfg.Allowlist)))
+	}
+	if cfg.NATPortMap {
+		lopts = append(lopts, libp2p.NATPortMap())
+	}
+	if cfg.HolePunching {
+		lopts = append(lopts, libp2p.EnableHolePunching())
+	}
+	if cfg.NATService {
+		lopts = append(lopts, libp2p.EnableNATService(), libp2p.EnableAutoNATv2())
+	}
+	if cfg.RelayService {
+		lopts = append(lopts, libp2p.EnableRelayService())
+	}
+	h, err := libp2p.New(lopts...)
+	if err != nil {
+		rm.Close()
+		return nil, fmt.Errorf("node: building libp2p host: %w", err)
+	}
+	n := newNode(h, cfg, o, m)
+	n.ownHost = true
+	if err := n.start(ctx); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// Attach runs the tensor service on an existing host — a mocknet host in
+// tests, or the simulator's — with no discovery, metrics endpoint or host
+// ownership: Close stops the service and leaves h open. cfg's host fields
+// (keys, listen addresses, PSK, discovery) are ignored.
+func Attach(h host.Host, cfg Config, opts ...Option) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := buildOptions(opts)
+	m, err := newNodeMetrics(o.reg)
+	if err != nil {
+		return nil, err
+	}
+	return newNode(h, cfg, o, m), nil
+}
+
+func newNode(h host.Host, cfg Config, o options, m *nodeMetrics) *Node {
+	n := &Node{cfg: cfg, host: h, log: o.log, reg: o.reg, m: m, onPeer: o.onPeer}
+	n.ts = newTensors(h, &n.cfg, m, o.hooks)
+	n.stop = func() {}
+	return n
+}
+
+// start brings up the metrics endpoint and discovery.
+func (n *Node) start(ctx context.Context) error {
+	if n.cfg.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", n.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("node: metrics endpoint: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(n.reg, promhttp.HandlerOpts{}))
+		n.metLn = ln
+		n.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv := n.metrics
+		n.wg.Go(func() { srv.Serve(ln) })
+	}
+	bg, stop := context.WithCancel(context.Background())
+	n.stop = stop
+	return n.startDiscovery(ctx, bg)
+}
+
+// Host returns the underlying libp2p host (for GossipSub and the like).
+func (n *Node) Host() host.Host { return n.host }
+
+// ID returns this node's peer ID.
+func (n *Node) ID() peer.ID { return n.host.ID() }
+
+// Registry returns the Prometheus registry holding this node's metrics.
+func (n *Node) Registry() *prometheus.Registry { return n.reg }
+
+// MetricsAddr returns the address the metrics endpoint listens on, or "".
+func (n *Node) MetricsAddr() string {
+	if n.metLn == nil {
+		return ""
+	}
+	return n.metLn.Addr().String()
+}
+
+// Addrs returns this node's listen addresses with its /p2p/ID appended,
+// ready to hand to another node's Connect or Bootstrap.
+func (n *Node) Addrs() []ma.Multiaddr {
+	addrs, _ := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: n.host.ID(), Addrs: n.host.Addrs()})
+	return addrs
+}
+
+// AddrInfo returns this node's ID and listen addresses.
+func (n *Node) AddrInfo() peer.AddrInfo {
+	return peer.AddrInfo{ID: n.host.ID(), Addrs: n.host.Addrs()}
+}
+
+// Connect dials p (a no-op if already connected). A peer that fails the
+// PSK handshake or the allowlist gets an error and no connection.
+func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
+	if err := n.live(); err != nil {
+		return err
+	}
+	return n.host.Connect(ctx, p)
+}
+
+// Peers returns the peers this node is connected to.
+func (n *Node) Peers() []peer.ID { return n.host.Network().Peers() }
+
+// Protect keeps the connection manager from trimming p's connections until
+// Unprotect(p, tag). Tags nest: p stays protected while any tag is held.
+// Protect the partners of the current round; tensor transfers protect their
+// peer by themselves while they run.
+func (n *Node) Protect(p peer.ID, tag string) { n.host.ConnManager().Protect(p, tag) }
+
+// Unprotect drops tag from p and reports whether p is still protected.
+func (n *Node) Unprotect(p peer.ID, tag string) bool {
+	return n.host.ConnManager().Unprotect(p, tag)
+}
+
+// Send transmits t to p on /starling/tensor, striped over up to
+// Config.Stripes streams drawn from a per-peer pool of reused streams.
+// It returns once every byte is written to the transport (delivery is
+// confirmed by the protocol above, e.g. the all-reduce's reply) or with
+// the first error; cancelling ctx resets the streams, so the receiver's
+// Recv fails promptly too. t.Payload is not retained. Send never uses a
+// limited (relayed) connection: it fails with ErrLimitedConn instead.
+func (n *Node) Send(ctx context.Context, p peer.ID, t Tensor) error {
+	pool, err := n.ts.poolFor(p)
+	if err != nil {
+		return err
+	}
+	return n.ts.send(ctx, pool, &t)
+}
+
+// Recv returns the tensor with tag from peer from (any peer if from is
+// ""), waiting until it arrives, ctx ends, or — if ctx has no deadline —
+// Config.RecvTimeout passes. The payload is read straight into dst when
+// Recv is waiting before the tensor arrives (zero copy), or copied into it
+// from the parked buffer otherwise; the returned Payload aliases dst. With
+// a nil dst, Recv allocates (or hands over the parked buffer). A dst
+// shorter than the payload fails with ErrShortBuffer. When Recv returns,
+// nothing writes to dst any more. One Recv at a time per (from, tag).
+func (n *Node) Recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Tensor, error) {
+	return n.ts.recv(ctx, from, tag, dst)
+}
+
+// Link is a long-lived tensor channel to one peer: its own pool of open
+// streams and a connection-manager protection held until Close. Fixed
+// pairs that exchange many chunks (all-reduce neighbours) use a Link so
+// that frames go back to back on warm streams. Safe for concurrent use;
+// concurrent Sends go out on different streams.
+type Link struct {
+	n    *Node
+	p    peer.ID
+	pool *streamPool
+	tag  string
+}
+
+// Link opens streams streams to p (at least 1) and protects p until the
+// Link is closed. Sends on the Link stripe over at most streams streams.
+func (n *Node) Link(ctx context.Context, p peer.ID, streams int) (*Link, error) {
+	if err := n.live(); err != nil {
+		return nil, err
+	}
+	streams = max(streams, 1)
+	pool := &streamPool{ts: n.ts, p: p, maxIdle: streams, maxStripes: streams}
+	opened := make([]*idleStream, 0, streams)
+	for range streams {
+		s, _, err := pool.get(ctx)
+		if err != nil {
+			for _, is := range opened {
+				is.s.Reset()
+			}
+			return nil, fmt.Errorf("node: link to %s: %w", p, err)
+		}
+		opened = append(opened, &idleStream{s: s})
+	}
+	for _, is := range opened {
+		pool.put(is.s)
+	}
+	l := &Link{n: n, p: p, pool: pool, tag: fmt.Sprintf("starling-link-%p", pool)}
+	n.ts.mu.Lock()
+	n.ts.links[pool] = struct{}{}
+	n.ts.mu.Unlock()
+	n.Protect(p, l.tag)
+	return l, nil
+}
+
+// Peer returns the remote peer.
+func (l *Link) Peer() peer.ID { return l.p }
+
+// Send is Node.Send on the Link's streams.
+func (l *Link) Send(ctx context.Context, t Tensor) error { return l.n.ts.send(ctx, l.pool, &t) }
+
+// Recv is Node.Recv from the Link's peer.
+func (l *Link) Recv(ctx context.Context, tag Tag, dst []byte) (Tensor, error) {
+	return l.n.ts.recv(ctx, l.p, tag, dst)
+}
+
+// Close closes the Link's streams and drops its protection.
+func (l *Link) Close() error {
+	l.pool.close()
+	l.n.ts.mu.Lock()
+	delete(l.n.ts.links, l.pool)
+	l.n.ts.mu.Unlock()
+	l.n.Unprotect(l.p, l.tag)
+	return nil
+}
+
+func (n *Node) live() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// goTracked runs f on a goroutine that Close waits for; it does nothing
+// once the node is closing.
+func (n *Node) goTracked(f func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	n.wg.Go(f)
+}
+
+// Close stops discovery, fails pending Recvs with ErrClosed, resets open
+// tensor streams, shuts the metrics endpoint, closes the host (if New made
+// it) and waits for every goroutine the node started.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.mu.Unlock()
+
+	n.stop()
+	var errs []error
+	if n.mdns != nil {
+		errs = append(errs, n.mdns.Close())
+	}
+	n.ts.close()
+	if n.dht != nil {
+		errs = append(errs, n.dht.Close())
+	}
+	if n.metrics != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, n.metrics.Shutdown(ctx))
+		cancel()
+	}
+	if n.ownHost {
+		errs = append(errs, n.host.Close())
+	}
+	n.wg.Wait()
+	return errors.Join(errs...)
+}

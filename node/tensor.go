@@ -1,0 +1,765 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/starling-ml/starling/compression"
+)
+
+// ProtocolID is the libp2p protocol of tensor streams.
+const ProtocolID protocol.ID = "/starling/tensor/1.0.0"
+
+// protectTag is the connection-manager tag held on a peer while a tensor
+// is in flight to or from it.
+const protectTag = "starling-tensor"
+
+// ioChunk is how many bytes one Read or Write moves between deadline
+// refreshes and ctx checks.
+const ioChunk = 1 << 20
+
+// Tensor is one tensor on the wire: its encoded bytes and what a receiver
+// needs to decode and place them.
+type Tensor struct {
+	// Tag is the mailbox key: Recv(from, tag) receives it.
+	Tag Tag
+	// Codec is how Payload encodes the elements (compression.ID). With
+	// compression.IDFP32 the payload is the raw little-endian elements of
+	// DType and its length must match Shape exactly.
+	Codec compression.ID
+	// DType is the element type after decoding.
+	DType DType
+	// Shape is the logical shape; empty means a scalar.
+	Shape []int
+	// Version is the model version the tensor was computed from, Step the
+	// sender's step; node/ carries them and does not interpret them.
+	Version, Step uint64
+	// Payload holds the encoded bytes. Send does not retain or modify it.
+	// On Recv it aliases the caller's buffer.
+	Payload []byte
+	// From is the sender (set by Recv; ignored by Send).
+	From peer.ID
+}
+
+// header builds and validates the wire header for t.
+func (t *Tensor) header(maxBytes uint64) (header, error) {
+	h := header{codec: t.Codec, dtype: t.DType, tag: t.Tag, version: t.Version, step: t.Step,
+		length: uint64(len(t.Payload)), stripes: 1}
+	if len(t.Shape) > MaxDims {
+		return h, fmt.Errorf("%w: rank %d > %d", ErrShapeMismatch, len(t.Shape), MaxDims)
+	}
+	h.ndim = uint8(len(t.Shape))
+	for i, d := range t.Shape {
+		if d < 0 {
+			return h, fmt.Errorf("%w: negative dimension %d", ErrShapeMismatch, d)
+		}
+		h.shape[i] = uint64(d)
+	}
+	return h, h.validate(maxBytes)
+}
+
+// fill sets t's metadata from a received header.
+func (t *Tensor) fill(h *header, from peer.ID) {
+	t.Tag, t.Codec, t.DType, t.Version, t.Step, t.From = h.tag, h.codec, h.dtype, h.version, h.step, from
+	t.Shape = make([]int, h.ndim)
+	for i := range t.Shape {
+		t.Shape[i] = int(h.shape[i])
+	}
+}
+
+// mkey keys the mailbox: a Recv for (p, tag), or for ("", tag) from anyone.
+type mkey struct {
+	p   peer.ID
+	tag Tag
+}
+
+// recvOp is a Recv waiting for its tensor.
+type recvOp struct {
+	key  mkey
+	dst  []byte
+	done chan struct{} // closed once t/err are set
+	t    Tensor
+	err  error
+	asm  *assembly // the tensor being received for it, once matched
+}
+
+// assembly is one incoming tensor whose stripes are arriving. Its buffer is
+// the bound Recv's dst (zero copy) or, when it arrived before any Recv, a
+// parked buffer counted in tensors.parked.
+type assembly struct {
+	key     mkey // the real sender
+	h       header
+	buf     []byte
+	parked  bool
+	recv    *recvOp
+	seen    uint64 // bitmap of stripes started
+	done    int    // stripes verified
+	active  map[network.Stream]struct{}
+	err     error
+	start   time.Time
+	created time.Time
+}
+
+// tensors is the tensor service of a Node: the stream handler, the mailbox
+// and the send path. Safe for concurrent use.
+type tensors struct {
+	host  host.Host
+	cfg   *Config
+	m     *nodeMetrics
+	hooks *testHooks
+
+	mu      sync.Mutex
+	closed  bool
+	posted  map[mkey]*recvOp
+	asm     map[mkey]*assembly // incomplete
+	ready   map[mkey]*assembly // complete, not yet claimed
+	parked  int64
+	changed chan struct{} // closed and replaced on every state change
+	inbound map[network.Stream]struct{}
+	pools   map[peer.ID]*streamPool
+	links   map[*streamPool]struct{}
+	prot    map[peer.ID]int
+	wg      sync.WaitGroup // stream handlers
+}
+
+// testHooks lets tests observe transfers without sleeping.
+type testHooks struct {
+	// recvProgress is called after each chunk read into a tensor buffer.
+	recvProgress func(from peer.ID, n int)
+}
+
+func newTensors(h host.Host, cfg *Config, m *nodeMetrics, hooks *testHooks) *tensors {
+	ts := &tensors{
+		host: h, cfg: cfg, m: m, hooks: hooks,
+		posted:  make(map[mkey]*recvOp),
+		asm:     make(map[mkey]*assembly),
+		ready:   make(map[mkey]*assembly),
+		changed: make(chan struct{}),
+		inbound: make(map[network.Stream]struct{}),
+		pools:   make(map[peer.ID]*streamPool),
+		links:   make(map[*streamPool]struct{}),
+		prot:    make(map[peer.ID]int),
+	}
+	if ts.hooks == nil {
+		ts.hooks = &testHooks{}
+	}
+	h.SetStreamHandler(ProtocolID, ts.handle)
+	return ts
+}
+
+// broadcast wakes every goroutine waiting on a state change. Call with mu.
+func (ts *tensors) broadcast() {
+	close(ts.changed)
+	ts.changed = make(chan struct{})
+}
+
+// protect keeps p's connections from being trimmed while a tensor moves.
+func (ts *tensors) protect(p peer.ID) {
+	ts.mu.Lock()
+	ts.prot[p]++
+	first := ts.prot[p] == 1
+	ts.mu.Unlock()
+	if first {
+		ts.host.ConnManager().Protect(p, protectTag)
+	}
+}
+
+func (ts *tensors) unprotect(p peer.ID) {
+	ts.mu.Lock()
+	ts.prot[p]--
+	last := ts.prot[p] == 0
+	if last {
+		delete(ts.prot, p)
+	}
+	ts.mu.Unlock()
+	if last {
+		ts.host.ConnManager().Unprotect(p, protectTag)
+	}
+}
+
+// ---- receive side ----
+
+// handle serves one inbound tensor stream: frames one after another until
+// the sender closes it, it idles past IdleTimeout, or a frame is refused.
+func (ts *tensors) handle(s network.Stream) {
+	if s.Conn().Stat().Limited {
+		ts.m.reject(ErrLimitedConn)
+		s.Reset()
+		return
+	}
+	ts.mu.Lock()
+	if ts.closed {
+		ts.mu.Unlock()
+		s.Reset()
+		return
+	}
+	ts.inbound[s] = struct{}{}
+	ts.wg.Add(1)
+	ts.mu.Unlock()
+	defer func() {
+		ts.mu.Lock()
+		delete(ts.inbound, s)
+		ts.mu.Unlock()
+		ts.wg.Done()
+	}()
+
+	from := s.Conn().RemotePeer()
+	var buf [maxHeaderLen]byte
+	var h header
+	for {
+		s.SetReadDeadline(time.Now().Add(ts.cfg.IdleTimeout))
+		err := readHeader(s, &buf, uint64(ts.cfg.MaxTensorBytes), &h)
+		if err == io.EOF || errors.Is(err, errNoFrame) {
+			s.Close()
+			return
+		}
+		if err == nil {
+			err = ts.receiveStripe(s, from, &h)
+		}
+		if err != nil {
+			if !errors.Is(err, errAbandoned) && !errors.Is(err, ErrClosed) {
+				ts.m.reject(err)
+			}
+			s.Reset()
+			return
+		}
+	}
+}
+
+// errAbandoned means the stripe's tensor failed elsewhere (another stripe,
+// or its Recv gave up); it was already counted.
+var errAbandoned = errors.New("node: tensor abandoned")
+
+// receiveStripe places one stripe whose header was just read.
+func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) error {
+	key := mkey{from, h.tag}
+	off, n := stripeOffset(h.length, h.stripes, h.stripe), stripeLen(h.length, h.stripes, h.stripe)
+	deadline := time.Now().Add(ts.cfg.IOTimeout)
+
+	ts.mu.Lock()
+	var a *assembly
+	for a == nil {
+		if ts.closed {
+			ts.mu.Unlock()
+			return ErrClosed
+		}
+		ts.expireLocked(time.Now())
+		if a = ts.asm[key]; a != nil {
+			if !a.h.sameTensor(h) || a.seen&(1<<h.stripe) != 0 {
+				err := fmt.Errorf("%w: stripe %d disagrees with the tensor being received", ErrBadHeader, h.stripe)
+				ts.failLocked(a, err)
+				ts.mu.Unlock()
+				return err
+			}
+			break
+		}
+		if ts.ready[key] == nil { // an unclaimed tensor with this tag blocks the next
+			if r := ts.matchLocked(key); r != nil {
+				delete(ts.posted, r.key)
+				buf := r.dst
+				if buf == nil {
+					buf = make([]byte, h.length) // validated against MaxTensorBytes
+				}
+				if uint64(cap(buf)) < h.length {
+					err := fmt.Errorf("%w: %d bytes for a %d-byte tensor", ErrShortBuffer, cap(buf), h.length)
+					r.err = err
+					close(r.done)
+					ts.mu.Unlock()
+					return err
+				}
+				a = ts.newAssemblyLocked(key, h, buf[:h.length], false)
+				a.recv, r.asm = r, a
+				break
+			}
+			if ts.parked+int64(h.length) <= ts.cfg.MaxParkedBytes {
+				ts.parked += int64(h.length)
+				a = ts.newAssemblyLocked(key, h, make([]byte, h.length), true)
+				break
+			}
+		}
+		// No Recv yet and no room to park: wait for one (back-pressure).
+		ch := ts.changed
+		ts.mu.Unlock()
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-ch:
+			t.Stop()
+		case <-t.C:
+			return fmt.Errorf("%w: no Recv for tag %d within %v and no room to park it", ErrTimeout, h.tag, ts.cfg.IOTimeout)
+		}
+		ts.mu.Lock()
+	}
+	a.seen |= 1 << h.stripe
+	a.active[s] = struct{}{}
+	dst := a.buf[off : off+n]
+	ts.mu.Unlock()
+
+	ts.protect(from)
+	err := readStripe(s, dst, ioChunk,
+		func() error { return s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)) },
+		func(k int) {
+			if ts.hooks.recvProgress != nil {
+				ts.hooks.recvProgress(from, k)
+			}
+		})
+	ts.unprotect(from)
+
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	delete(a.active, s)
+	if a.err != nil {
+		ts.finishIfIdleLocked(a)
+		return errAbandoned
+	}
+	if err != nil {
+		err = streamErr(err)
+		ts.failLocked(a, err)
+		return err
+	}
+	a.done++
+	if a.done == int(a.h.stripes) {
+		ts.completeLocked(a)
+	}
+	return nil
+}
+
+func (ts *tensors) newAssemblyLocked(key mkey, h *header, buf []byte, parked bool) *assembly {
+	now := time.Now()
+	a := &assembly{key: key, h: *h, buf: buf, parked: parked,
+		active: make(map[network.Stream]struct{}), start: now, created: now}
+	ts.asm[key] = a
+	return a
+}
+
+// matchLocked finds the Recv waiting for key, or for its tag from anyone.
+func (ts *tensors) matchLocked(key mkey) *recvOp {
+	if r := ts.posted[key]; r != nil {
+		return r
+	}
+	return ts.posted[mkey{"", key.tag}]
+}
+
+// failLocked marks a failed, stops its other stripes and, once no stripe
+// is still writing into its buffer, reports err to its Recv.
+func (ts *tensors) failLocked(a *assembly, err error) {
+	if a.err != nil {
+		return
+	}
+	a.err = err
+	if ts.asm[a.key] == a {
+		delete(ts.asm, a.key)
+	}
+	if a.parked {
+		ts.parked -= int64(len(a.buf))
+		a.parked = false
+	}
+	for s := range a.active {
+		s.Reset()
+	}
+	ts.finishIfIdleLocked(a)
+	ts.broadcast()
+}
+
+// finishIfIdleLocked delivers a failed assembly's error once its last
+// stripe reader is out of the buffer.
+func (ts *tensors) finishIfIdleLocked(a *assembly) {
+	if len(a.active) == 0 && a.recv != nil {
+		r := a.recv
+		a.recv = nil
+		r.err = a.err
+		close(r.done)
+	}
+}
+
+// completeLocked hands a fully verified tensor to its Recv, or parks it.
+func (ts *tensors) completeLocked(a *assembly) {
+	delete(ts.asm, a.key)
+	ts.m.transfer("recv", a.start)
+	if r := a.recv; r != nil {
+		a.recv = nil
+		ts.deliverLocked(a, r)
+	} else {
+		a.created = time.Now()
+		ts.ready[a.key] = a
+	}
+	ts.broadcast()
+}
+
+// deliverLocked completes r with a's tensor, copying out of a parked buffer
+// (or handing the buffer over when r brought none).
+func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
+	payload := a.buf
+	if a.parked {
+		ts.parked -= int64(len(a.buf))
+		a.parked = false
+		if r.dst != nil {
+			if cap(r.dst) < len(a.buf) {
+				r.err = fmt.Errorf("%w: %d bytes for a %d-byte tensor", ErrShortBuffer, cap(r.dst), len(a.buf))
+				ts.m.reject(r.err)
+				close(r.done)
+				return
+			}
+			payload = r.dst[:len(a.buf)]
+			copy(payload, a.buf)
+		}
+	}
+	r.t.fill(&a.h, a.key.p)
+	r.t.Payload = payload
+	close(r.done)
+}
+
+// expireLocked drops parked tensors nobody claimed within ParkedTTL.
+func (ts *tensors) expireLocked(now time.Time) {
+	for k, a := range ts.ready {
+		if now.Sub(a.created) > ts.cfg.ParkedTTL {
+			delete(ts.ready, k)
+			ts.parked -= int64(len(a.buf))
+			ts.m.reject(fmt.Errorf("%w: unclaimed tensor expired", ErrTimeout))
+		}
+	}
+	for _, a := range ts.asm {
+		if a.recv == nil && len(a.active) == 0 && now.Sub(a.created) > ts.cfg.ParkedTTL {
+			ts.failLocked(a, fmt.Errorf("%w: stripes missing after %v", ErrTimeout, ts.cfg.ParkedTTL))
+		}
+	}
+}
+
+// recv implements Node.Recv.
+func (ts *tensors) recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Tensor, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, ts.cfg.RecvTimeout)
+		defer cancel()
+	}
+	key := mkey{from, tag}
+	r := &recvOp{key: key, dst: dst, done: make(chan struct{})}
+
+	ts.mu.Lock()
+	if ts.closed {
+		ts.mu.Unlock()
+		return Tensor{}, ErrClosed
+	}
+	ts.expireLocked(time.Now())
+	if a := ts.findLocked(ts.ready, key); a != nil {
+		delete(ts.ready, a.key)
+		ts.deliverLocked(a, r)
+		ts.broadcast()
+		ts.mu.Unlock()
+		return r.t, r.err
+	}
+	if a := ts.findLocked(ts.asm, key); a != nil && a.recv == nil && a.parked {
+		a.recv, r.asm = r, a // arriving now into a parked buffer: copy at the end
+	} else {
+		if ts.posted[key] != nil {
+			ts.mu.Unlock()
+			return Tensor{}, ErrDuplicateRecv
+		}
+		ts.posted[key] = r
+	}
+	ts.broadcast()
+	ts.mu.Unlock()
+
+	select {
+	case <-r.done:
+		return r.t, r.err
+	case <-ctx.Done():
+	}
+	ts.mu.Lock()
+	select {
+	case <-r.done: // finished meanwhile
+		ts.mu.Unlock()
+		return r.t, r.err
+	default:
+	}
+	err := fmt.Errorf("node: recv tag %d from %s: %w", tag, from, ctx.Err())
+	switch a := r.asm; {
+	case a == nil:
+		delete(ts.posted, key)
+		ts.mu.Unlock()
+		return Tensor{}, err
+	case a.parked:
+		a.recv = nil // the tensor stays parked for a later Recv
+		ts.mu.Unlock()
+		return Tensor{}, err
+	default:
+		// The stripes are writing into dst: stop them and wait until they
+		// are out before giving dst back to the caller.
+		ts.failLocked(a, fmt.Errorf("%w: receiver gave up: %w", ErrReset, ctx.Err()))
+		ts.mu.Unlock()
+		<-r.done
+		return Tensor{}, err
+	}
+}
+
+// findLocked looks key up in m; a key with no peer matches any peer.
+func (ts *tensors) findLocked(m map[mkey]*assembly, key mkey) *assembly {
+	if key.p != "" {
+		return m[key]
+	}
+	for k, a := range m {
+		if k.tag == key.tag {
+			return a
+		}
+	}
+	return nil
+}
+
+// ---- send side ----
+
+// stripeCount returns how many stripes a payload of n bytes goes as.
+func (ts *tensors) stripeCount(n int, streams int) uint16 {
+	k := n / ts.cfg.MinStripeBytes
+	k = min(k, ts.cfg.Stripes, streams)
+	return uint16(max(k, 1))
+}
+
+// send implements Node.Send and Link.Send.
+func (ts *tensors) send(ctx context.Context, pool *streamPool, t *Tensor) error {
+	h, err := t.header(uint64(ts.cfg.MaxTensorBytes))
+	if err != nil {
+		return err
+	}
+	ts.mu.Lock()
+	closed := ts.closed
+	ts.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	h.stripes = ts.stripeCount(len(t.Payload), pool.maxStripes)
+	start := time.Now()
+	ts.protect(pool.p)
+	defer ts.unprotect(pool.p)
+	if h.stripes == 1 {
+		err = ts.sendStripe(ctx, pool, h, t.Payload)
+	} else {
+		ctx, cancel := context.WithCancelCause(ctx)
+		errs := make(chan error, h.stripes)
+		for i := range h.stripes {
+			hi := h
+			hi.stripe = i
+			off, n := stripeOffset(h.length, h.stripes, i), stripeLen(h.length, h.stripes, i)
+			go func() {
+				err := ts.sendStripe(ctx, pool, hi, t.Payload[off:off+n])
+				if err != nil {
+					cancel(err)
+				}
+				errs <- err
+			}()
+		}
+		for range h.stripes {
+			if e := <-errs; e != nil && (err == nil || errors.Is(err, context.Canceled)) {
+				err = e
+			}
+		}
+		cancel(nil)
+	}
+	if err != nil {
+		return fmt.Errorf("node: send tag %d to %s: %w", t.Tag, pool.p, err)
+	}
+	ts.m.transfer("send", start)
+	return nil
+}
+
+// sendStripe writes one frame on a pooled stream. A pooled stream that
+// fails before any byte of the frame is accepted (the receiver closed it
+// while idle) is replaced once.
+func (ts *tensors) sendStripe(ctx context.Context, pool *streamPool, h header, data []byte) error {
+	for attempt := 0; ; attempt++ {
+		s, reused, err := pool.get(ctx)
+		if err != nil {
+			return err
+		}
+		stop := context.AfterFunc(ctx, func() { s.Reset() })
+		wrote, err := ts.writeFrame(s, &h, data)
+		if !stop() {
+			return fmt.Errorf("%w: %w", ErrReset, context.Cause(ctx))
+		}
+		if err == nil {
+			pool.put(s)
+			return nil
+		}
+		s.Reset()
+		if reused && !wrote && attempt == 0 {
+			continue
+		}
+		return streamErr(err)
+	}
+}
+
+// writeFrame writes header, payload and trailer with a deadline per chunk.
+// wrote reports whether any write succeeded.
+func (ts *tensors) writeFrame(s network.Stream, h *header, data []byte) (wrote bool, err error) {
+	var hb [maxHeaderLen]byte
+	hdr := appendHeader(hb[:0], h)
+	deadline := func() { s.SetWriteDeadline(time.Now().Add(ts.cfg.IOTimeout)) }
+	deadline()
+	if _, err := s.Write(hdr); err != nil {
+		return false, err
+	}
+	var crc uint32
+	for off := 0; off < len(data); off += ioChunk {
+		chunk := data[off:min(off+ioChunk, len(data))]
+		crc = crc32.Update(crc, castagnoli, chunk)
+		deadline()
+		if _, err := s.Write(chunk); err != nil {
+			return true, err
+		}
+	}
+	deadline()
+	_, err = s.Write(binary.LittleEndian.AppendUint32(hb[:0], crc))
+	return true, err
+}
+
+// streamErr classifies a stream error as ErrTimeout or ErrReset (frame
+// errors pass through).
+func streamErr(err error) error {
+	var ne net.Error
+	var se *network.StreamError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ne) && ne.Timeout():
+		return fmt.Errorf("%w: %v", ErrTimeout, err)
+	case errors.Is(err, network.ErrReset), errors.As(err, &se):
+		return fmt.Errorf("%w: %v", ErrReset, err)
+	case errors.Is(err, network.ErrLimitedConn):
+		return fmt.Errorf("%w: %v", ErrLimitedConn, err)
+	}
+	return err
+}
+
+// poolFor returns the shared stream pool for p.
+func (ts *tensors) poolFor(p peer.ID) (*streamPool, error) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.closed {
+		return nil, ErrClosed
+	}
+	pool := ts.pools[p]
+	if pool == nil {
+		pool = &streamPool{ts: ts, p: p, maxIdle: 2 * ts.cfg.Stripes, maxStripes: ts.cfg.Stripes}
+		ts.pools[p] = pool
+	}
+	return pool, nil
+}
+
+// close stops the service: pending Recvs fail with ErrClosed, streams are
+// reset, and close waits for the stream handlers to return.
+func (ts *tensors) close() {
+	ts.host.RemoveStreamHandler(ProtocolID)
+	ts.mu.Lock()
+	if ts.closed {
+		ts.mu.Unlock()
+		return
+	}
+	ts.closed = true
+	for k, r := range ts.posted {
+		delete(ts.posted, k)
+		r.err = ErrClosed
+		close(r.done)
+	}
+	for _, a := range ts.asm {
+		ts.failLocked(a, ErrClosed)
+	}
+	for s := range ts.inbound {
+		s.Reset()
+	}
+	pools := make([]*streamPool, 0, len(ts.pools)+len(ts.links))
+	for _, p := range ts.pools {
+		pools = append(pools, p)
+	}
+	for p := range ts.links {
+		pools = append(pools, p)
+	}
+	ts.broadcast()
+	ts.mu.Unlock()
+	for _, p := range pools {
+		p.close()
+	}
+	ts.wg.Wait()
+}
+
+// streamPool keeps idle outbound tensor streams to one peer for reuse.
+type streamPool struct {
+	ts         *tensors
+	p          peer.ID
+	maxIdle    int
+	maxStripes int
+
+	mu     sync.Mutex
+	idle   []idleStream
+	closed bool
+}
+
+type idleStream struct {
+	s     network.Stream
+	since time.Time
+}
+
+// get returns an idle stream (reused=true) or opens a new one. Streams idle
+// for more than half of IdleTimeout are closed instead of reused: the
+// receiver closes its end after IdleTimeout.
+func (p *streamPool) get(ctx context.Context) (network.Stream, bool, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, false, ErrClosed
+	}
+	now := time.Now()
+	for len(p.idle) > 0 {
+		is := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		if now.Sub(is.since) < p.ts.cfg.IdleTimeout/2 && !is.s.Conn().IsClosed() {
+			p.mu.Unlock()
+			return is.s, true, nil
+		}
+		is.s.Close()
+	}
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, p.ts.cfg.IOTimeout)
+	defer cancel()
+	s, err := p.ts.host.NewStream(ctx, p.p, ProtocolID)
+	if err != nil {
+		if errors.Is(err, network.ErrLimitedConn) {
+			return nil, false, fmt.Errorf("%w: %v", ErrLimitedConn, err)
+		}
+		return nil, false, err
+	}
+	if s.Conn().Stat().Limited { // never put a tensor on a relay
+		s.Reset()
+		return nil, false, ErrLimitedConn
+	}
+	return s, false, nil
+}
+
+// put returns a healthy stream to the pool.
+func (p *streamPool) put(s network.Stream) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.idle) >= p.maxIdle {
+		s.Close()
+		return
+	}
+	p.idle = append(p.idle, idleStream{s, time.Now()})
+}
+
+func (p *streamPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, is := range p.idle {
+		is.s.Close()
+	}
+	p.idle = nil
+}
