@@ -1,5 +1,10 @@
 package device
 
+import (
+	"fmt"
+	"math"
+)
+
 // Fast is the SIMD CPU backend: a packed, register-blocked GEMM with
 // AVX-512 or AVX2/FMA micro-kernels chosen at run time and split across
 // GOMAXPROCS goroutines, and vectorised elementwise kernels. On CPUs without
@@ -11,6 +16,7 @@ type Fast struct {
 
 	isa  string
 	gemm *gemmImpl
+	vec  bool // AVX-512 elementwise kernels
 }
 
 var _ Backend = (*Fast)(nil)
@@ -24,7 +30,7 @@ func newFast(isa string) *Fast {
 	if g == nil {
 		panic("device: unsupported ISA " + isa)
 	}
-	return &Fast{isa: isa, gemm: g}
+	return &Fast{isa: isa, gemm: g, vec: isa == "avx512"}
 }
 
 // Name implements Backend: "cpu/avx512", "cpu/avx2" or "cpu/go".
@@ -41,4 +47,205 @@ func (f *Fast) Gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda in
 var goGemm = &gemmImpl{
 	name: "go4x4", mr: 4, nr: 4, masked: true, kStep: gemmGo4x4, packAll: true,
 	kc: 256, mc: 64, nc: 512, parFlops: 1 << 21,
+}
+
+// The elementwise kernels below run the AVX-512 assembly when f.vec is set
+// and fall back to the portable CPU loops otherwise. Each checks the slice
+// lengths the way the CPU backend does (by slicing, so a short slice panics
+// the same way) before handing raw pointers to the assembly.
+
+// Axpy implements Backend.
+func (f *Fast) Axpy(alpha float32, x, y []float32) {
+	if !f.vec {
+		f.CPU.Axpy(alpha, x, y)
+		return
+	}
+	y = y[:len(x)]
+	if len(x) > 0 {
+		axpyAVX512(alpha, &x[0], &y[0], len(x))
+	}
+}
+
+// Scale implements Backend.
+func (f *Fast) Scale(alpha float32, x []float32) {
+	if !f.vec {
+		f.CPU.Scale(alpha, x)
+		return
+	}
+	if len(x) > 0 {
+		scaleAVX512(alpha, &x[0], len(x))
+	}
+}
+
+// Dot implements Backend.
+func (f *Fast) Dot(x, y []float32) float64 {
+	if !f.vec {
+		return f.CPU.Dot(x, y)
+	}
+	y = y[:len(x)]
+	if len(x) == 0 {
+		return 0
+	}
+	return dotAVX512(&x[0], &y[0], len(x))
+}
+
+// SumSquares implements Backend.
+func (f *Fast) SumSquares(x []float32) float64 {
+	if !f.vec {
+		return f.CPU.SumSquares(x)
+	}
+	if len(x) == 0 {
+		return 0
+	}
+	return sumSquaresAVX512(&x[0], len(x))
+}
+
+// WeightedSum implements Backend. dst is written once and each source read
+// once, whatever the number of sources.
+func (f *Fast) WeightedSum(dst []float32, srcs [][]float32, w []float32) {
+	if !f.vec {
+		f.CPU.WeightedSum(dst, srcs, w)
+		return
+	}
+	if len(srcs) != len(w) {
+		panic("device: WeightedSum: len(srcs) != len(w)")
+	}
+	if len(srcs) == 0 {
+		clear(dst)
+		return
+	}
+	for j, s := range srcs {
+		if len(s) < len(dst) {
+			panic(fmt.Sprintf("device: WeightedSum: len(srcs[%d]) = %d < len(dst) = %d", j, len(s), len(dst)))
+		}
+	}
+	if len(dst) > 0 {
+		weightedSumAVX512(&dst[0], &srcs[0], &w[0], len(srcs), len(dst))
+	}
+}
+
+func checkRows(name string, x []float32, rows, cols int) {
+	if rows < 0 || cols < 0 || len(x) < rows*cols {
+		panic(fmt.Sprintf("device: %s: len = %d, want ≥ %d×%d", name, len(x), rows, cols))
+	}
+}
+
+// AddRowVector implements Backend.
+func (f *Fast) AddRowVector(x, v []float32, rows, cols int) {
+	if !f.vec {
+		f.CPU.AddRowVector(x, v, rows, cols)
+		return
+	}
+	v = v[:cols]
+	checkRows("AddRowVector", x, rows, cols)
+	if rows > 0 && cols > 0 {
+		biasRowsAVX512(&x[0], &v[0], rows, cols, false)
+	}
+}
+
+// BiasReLU implements Backend.
+func (f *Fast) BiasReLU(x, bias []float32, rows, cols int) {
+	if !f.vec {
+		f.CPU.BiasReLU(x, bias, rows, cols)
+		return
+	}
+	bias = bias[:cols]
+	checkRows("BiasReLU", x, rows, cols)
+	if rows > 0 && cols > 0 {
+		biasRowsAVX512(&x[0], &bias[0], rows, cols, true)
+	}
+}
+
+// SumRows implements Backend.
+func (f *Fast) SumRows(dst, x []float32, rows, cols int) {
+	if !f.vec {
+		f.CPU.SumRows(dst, x, rows, cols)
+		return
+	}
+	dst = dst[:cols]
+	checkRows("SumRows", x, rows, cols)
+	if rows > 0 && cols > 0 {
+		sumRowsAVX512(&dst[0], &x[0], rows, cols)
+	}
+}
+
+// ReLU implements Backend.
+func (f *Fast) ReLU(y, x []float32) {
+	if !f.vec {
+		f.CPU.ReLU(y, x)
+		return
+	}
+	y = y[:len(x)]
+	if len(x) > 0 {
+		reluAVX512(&y[0], &x[0], len(x))
+	}
+}
+
+// ReLUBackward implements Backend.
+func (f *Fast) ReLUBackward(dx, dy, y []float32) {
+	if !f.vec {
+		f.CPU.ReLUBackward(dx, dy, y)
+		return
+	}
+	dx = dx[:len(dy)]
+	y = y[:len(dy)]
+	if len(dy) > 0 {
+		reluBackwardAVX512(&dx[0], &dy[0], &y[0], len(dy))
+	}
+}
+
+// SGD implements Backend.
+func (f *Fast) SGD(w, g, buf []float32, lr, mu, wd float32, nesterov bool) {
+	if !f.vec {
+		f.CPU.SGD(w, g, buf, lr, mu, wd, nesterov)
+		return
+	}
+	if len(w) == 0 {
+		return
+	}
+	g = g[:len(w)]
+	bp := (*float32)(nil)
+	if mu == 0 {
+		mu = 0 // −0 → +0: the kernel tests the bit pattern
+	} else {
+		buf = buf[:len(w)]
+		bp = &buf[0]
+	}
+	sgdAVX512(&w[0], &g[0], bp, len(w), lr, mu, wd, nesterov)
+}
+
+// adamParams is the per-step constant block of the Adam kernel.
+type adamParams struct {
+	beta1, oneMinusBeta1 float32
+	beta2, oneMinusBeta2 float32
+	invSqrtBC2, eps      float32
+	step                 float32 // lr / (1 − beta1^t)
+	wd                   float32 // L2 decay added to the gradient
+	lrWD                 float32 // decoupled decay applied to the weights
+}
+
+// Adam implements Backend.
+func (f *Fast) Adam(w, g, m, v []float32, t int, lr, beta1, beta2, eps, wd float32, decoupled bool) {
+	if !f.vec {
+		f.CPU.Adam(w, g, m, v, t, lr, beta1, beta2, eps, wd, decoupled)
+		return
+	}
+	if len(w) == 0 {
+		return
+	}
+	g, m, v = g[:len(w)], m[:len(w)], v[:len(w)]
+	bc1 := 1 - math.Pow(float64(beta1), float64(t))
+	bc2 := 1 - math.Pow(float64(beta2), float64(t))
+	p := adamParams{
+		beta1: beta1, oneMinusBeta1: 1 - beta1,
+		beta2: beta2, oneMinusBeta2: 1 - beta2,
+		invSqrtBC2: float32(1 / math.Sqrt(bc2)), eps: eps,
+		step: lr / float32(bc1),
+	}
+	if decoupled {
+		p.lrWD = lr * wd
+	} else {
+		p.wd = wd
+	}
+	adamAVX512(&w[0], &g[0], &m[0], &v[0], len(w), &p)
 }

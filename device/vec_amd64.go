@@ -1,0 +1,39 @@
+//go:build amd64 && !purego
+
+package device
+
+// AVX-512 elementwise kernels in vec_amd64.s. They index through raw
+// pointers: the Fast methods check every length before calling them.
+
+//go:noescape
+func axpyAVX512(alpha float32, x, y *float32, n int)
+
+//go:noescape
+func scaleAVX512(alpha float32, x *float32, n int)
+
+//go:noescape
+func dotAVX512(x, y *float32, n int) float64
+
+//go:noescape
+func sumSquaresAVX512(x *float32, n int) float64
+
+//go:noescape
+func weightedSumAVX512(dst *float32, srcs *[]float32, w *float32, nsrc, n int)
+
+//go:noescape
+func biasRowsAVX512(x, bias *float32, rows, cols int, relu bool)
+
+//go:noescape
+func reluAVX512(y, x *float32, n int)
+
+//go:noescape
+func reluBackwardAVX512(dx, dy, y *float32, n int)
+
+//go:noescape
+func sumRowsAVX512(dst, x *float32, rows, cols int)
+
+//go:noescape
+func sgdAVX512(w, grad, buf *float32, n int, lr, mu, wd float32, nesterov bool)
+
+//go:noescape
+func adamAVX512(w, grad, m, v *float32, n int, p *adamParams)

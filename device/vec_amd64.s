@@ -1,0 +1,604 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// AVX-512 elementwise kernels. Each processes 64 or 16 floats per step and
+// finishes with one masked step, so no element outside [0, n) is read or
+// written. Callers (vec_amd64.go) check slice lengths first.
+
+// TAIL sets K1 to the low CX bits (0 < CX < 16); clobbers AX.
+#define TAIL \
+	MOVQ $1, AX \
+	SHLQ CX, AX \
+	DECQ AX     \
+	KMOVW AX, K1
+
+// func axpyAVX512(alpha float32, x, y *float32, n int)
+TEXT ·axpyAVX512(SB), NOSPLIT, $0-32
+	VBROADCASTSS alpha+0(FP), Z31
+	MOVQ x+8(FP), SI
+	MOVQ y+16(FP), DI
+	MOVQ n+24(FP), CX
+	CMPQ CX, $64
+	JL   axpy_16
+
+axpy_64:
+	VMOVUPS     (DI), Z0
+	VMOVUPS     64(DI), Z1
+	VMOVUPS     128(DI), Z2
+	VMOVUPS     192(DI), Z3
+	VFMADD231PS (SI), Z31, Z0
+	VFMADD231PS 64(SI), Z31, Z1
+	VFMADD231PS 128(SI), Z31, Z2
+	VFMADD231PS 192(SI), Z31, Z3
+	VMOVUPS     Z0, (DI)
+	VMOVUPS     Z1, 64(DI)
+	VMOVUPS     Z2, 128(DI)
+	VMOVUPS     Z3, 192(DI)
+	ADDQ        $256, SI
+	ADDQ        $256, DI
+	SUBQ        $64, CX
+	CMPQ        CX, $64
+	JGE         axpy_64
+
+axpy_16:
+	CMPQ        CX, $16
+	JL          axpy_tail
+	VMOVUPS     (DI), Z0
+	VFMADD231PS (SI), Z31, Z0
+	VMOVUPS     Z0, (DI)
+	ADDQ        $64, SI
+	ADDQ        $64, DI
+	SUBQ        $16, CX
+	JMP         axpy_16
+
+axpy_tail:
+	TESTQ       CX, CX
+	JE          axpy_done
+	TAIL
+	VMOVUPS.Z   (DI), K1, Z0
+	VMOVUPS.Z   (SI), K1, Z1
+	VFMADD231PS Z1, Z31, Z0
+	VMOVUPS     Z0, K1, (DI)
+
+axpy_done:
+	VZEROUPPER
+	RET
+
+// func scaleAVX512(alpha float32, x *float32, n int)
+TEXT ·scaleAVX512(SB), NOSPLIT, $0-24
+	VBROADCASTSS alpha+0(FP), Z31
+	MOVQ x+8(FP), DI
+	MOVQ n+16(FP), CX
+	CMPQ CX, $64
+	JL   scale_16
+
+scale_64:
+	VMULPS  (DI), Z31, Z0
+	VMULPS  64(DI), Z31, Z1
+	VMULPS  128(DI), Z31, Z2
+	VMULPS  192(DI), Z31, Z3
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	ADDQ    $256, DI
+	SUBQ    $64, CX
+	CMPQ    CX, $64
+	JGE     scale_64
+
+scale_16:
+	CMPQ    CX, $16
+	JL      scale_tail
+	VMULPS  (DI), Z31, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	JMP     scale_16
+
+scale_tail:
+	TESTQ     CX, CX
+	JE        scale_done
+	TAIL
+	VMOVUPS.Z (DI), K1, Z0
+	VMULPS    Z0, Z31, Z0
+	VMOVUPS   Z0, K1, (DI)
+
+scale_done:
+	VZEROUPPER
+	RET
+
+// HSUMPD reduces the 8 doubles of Z0 into X0; clobbers Z1.
+#define HSUMPD \
+	VEXTRACTF64X4 $1, Z0, Y1 \
+	VADDPD        Y1, Y0, Y0 \
+	VEXTRACTF128  $1, Y0, X1 \
+	VADDPD        X1, X0, X0 \
+	VPERMILPD     $1, X0, X1 \
+	VADDSD        X1, X0, X0
+
+// func dotAVX512(x, y *float32, n int) float64
+// Products of float32 values are exact in float64; the sum runs in float64
+// over eight lanes and four accumulators.
+TEXT ·dotAVX512(SB), NOSPLIT, $0-32
+	MOVQ   x+0(FP), SI
+	MOVQ   y+8(FP), DI
+	MOVQ   n+16(FP), CX
+	VPXORQ Z0, Z0, Z0
+	VPXORQ Z1, Z1, Z1
+	VPXORQ Z2, Z2, Z2
+	VPXORQ Z3, Z3, Z3
+	CMPQ   CX, $32
+	JL     dot_8
+
+dot_32:
+	VCVTPS2PD   (SI), Z4
+	VCVTPS2PD   32(SI), Z5
+	VCVTPS2PD   64(SI), Z6
+	VCVTPS2PD   96(SI), Z7
+	VCVTPS2PD   (DI), Z8
+	VCVTPS2PD   32(DI), Z9
+	VCVTPS2PD   64(DI), Z10
+	VCVTPS2PD   96(DI), Z11
+	VFMADD231PD Z8, Z4, Z0
+	VFMADD231PD Z9, Z5, Z1
+	VFMADD231PD Z10, Z6, Z2
+	VFMADD231PD Z11, Z7, Z3
+	ADDQ        $128, SI
+	ADDQ        $128, DI
+	SUBQ        $32, CX
+	CMPQ        CX, $32
+	JGE         dot_32
+
+dot_8:
+	CMPQ        CX, $8
+	JL          dot_tail
+	VCVTPS2PD   (SI), Z4
+	VCVTPS2PD   (DI), Z8
+	VFMADD231PD Z8, Z4, Z0
+	ADDQ        $32, SI
+	ADDQ        $32, DI
+	SUBQ        $8, CX
+	JMP         dot_8
+
+dot_tail:
+	TESTQ       CX, CX
+	JE          dot_sum
+	TAIL
+	VCVTPS2PD.Z (SI), K1, Z4
+	VCVTPS2PD.Z (DI), K1, Z8
+	VFMADD231PD Z8, Z4, Z0
+
+dot_sum:
+	VADDPD Z1, Z0, Z0
+	VADDPD Z3, Z2, Z2
+	VADDPD Z2, Z0, Z0
+	HSUMPD
+	MOVSD  X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func sumSquaresAVX512(x *float32, n int) float64
+TEXT ·sumSquaresAVX512(SB), NOSPLIT, $0-24
+	MOVQ   x+0(FP), SI
+	MOVQ   n+8(FP), CX
+	VPXORQ Z0, Z0, Z0
+	VPXORQ Z1, Z1, Z1
+	VPXORQ Z2, Z2, Z2
+	VPXORQ Z3, Z3, Z3
+	CMPQ   CX, $32
+	JL     ss_8
+
+ss_32:
+	VCVTPS2PD   (SI), Z4
+	VCVTPS2PD   32(SI), Z5
+	VCVTPS2PD   64(SI), Z6
+	VCVTPS2PD   96(SI), Z7
+	VFMADD231PD Z4, Z4, Z0
+	VFMADD231PD Z5, Z5, Z1
+	VFMADD231PD Z6, Z6, Z2
+	VFMADD231PD Z7, Z7, Z3
+	ADDQ        $128, SI
+	SUBQ        $32, CX
+	CMPQ        CX, $32
+	JGE         ss_32
+
+ss_8:
+	CMPQ        CX, $8
+	JL          ss_tail
+	VCVTPS2PD   (SI), Z4
+	VFMADD231PD Z4, Z4, Z0
+	ADDQ        $32, SI
+	SUBQ        $8, CX
+	JMP         ss_8
+
+ss_tail:
+	TESTQ       CX, CX
+	JE          ss_sum
+	TAIL
+	VCVTPS2PD.Z (SI), K1, Z4
+	VFMADD231PD Z4, Z4, Z0
+
+ss_sum:
+	VADDPD Z1, Z0, Z0
+	VADDPD Z3, Z2, Z2
+	VADDPD Z2, Z0, Z0
+	HSUMPD
+	MOVSD  X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func weightedSumAVX512(dst *float32, srcs *[]float32, w *float32, nsrc, n int)
+// dst[i] = Σ_j w[j]·srcs[j][i]; nsrc ≥ 1. dst is written once, each source
+// read once: the accumulators hold 64 floats of dst across all sources.
+TEXT ·weightedSumAVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ srcs+8(FP), R8
+	MOVQ w+16(FP), R11
+	MOVQ nsrc+24(FP), DX
+	MOVQ n+32(FP), CX
+	XORQ BX, BX
+
+ws_64:
+	CMPQ         CX, $64
+	JL           ws_16
+	MOVQ         R8, R9
+	MOVQ         R11, R10
+	MOVQ         DX, R12
+	MOVQ         (R9), AX
+	VBROADCASTSS (R10), Z31
+	VMULPS       (AX)(BX*1), Z31, Z0
+	VMULPS       64(AX)(BX*1), Z31, Z1
+	VMULPS       128(AX)(BX*1), Z31, Z2
+	VMULPS       192(AX)(BX*1), Z31, Z3
+
+ws_64_src:
+	DECQ         R12
+	JE           ws_64_store
+	ADDQ         $24, R9
+	ADDQ         $4, R10
+	MOVQ         (R9), AX
+	VBROADCASTSS (R10), Z31
+	VFMADD231PS  (AX)(BX*1), Z31, Z0
+	VFMADD231PS  64(AX)(BX*1), Z31, Z1
+	VFMADD231PS  128(AX)(BX*1), Z31, Z2
+	VFMADD231PS  192(AX)(BX*1), Z31, Z3
+	JMP          ws_64_src
+
+ws_64_store:
+	VMOVUPS Z0, (DI)(BX*1)
+	VMOVUPS Z1, 64(DI)(BX*1)
+	VMOVUPS Z2, 128(DI)(BX*1)
+	VMOVUPS Z3, 192(DI)(BX*1)
+	ADDQ    $256, BX
+	SUBQ    $64, CX
+	JMP     ws_64
+
+ws_16:
+	TESTQ CX, CX
+	JE    ws_done
+	MOVQ  $-1, AX
+	KMOVW AX, K1
+	CMPQ  CX, $16
+	JGE   ws_16_go
+	TAIL
+
+ws_16_go:
+	MOVQ           R8, R9
+	MOVQ           R11, R10
+	MOVQ           DX, R12
+	MOVQ           (R9), AX
+	VBROADCASTSS   (R10), Z31
+	VMOVUPS.Z      (AX)(BX*1), K1, Z0
+	VMULPS         Z0, Z31, Z0
+
+ws_16_src:
+	DECQ         R12
+	JE           ws_16_store
+	ADDQ         $24, R9
+	ADDQ         $4, R10
+	MOVQ         (R9), AX
+	VBROADCASTSS (R10), Z31
+	VMOVUPS.Z    (AX)(BX*1), K1, Z1
+	VFMADD231PS  Z1, Z31, Z0
+	JMP          ws_16_src
+
+ws_16_store:
+	VMOVUPS Z0, K1, (DI)(BX*1)
+	ADDQ    $64, BX
+	SUBQ    $16, CX
+	JG      ws_16
+
+ws_done:
+	VZEROUPPER
+	RET
+
+// func biasRowsAVX512(x, bias *float32, rows, cols int, relu bool)
+// x[r, :] = max(x[r, :] + bias, floor) with floor = 0 if relu, else −Inf
+// (so that without relu the max is the identity, NaN included).
+TEXT ·biasRowsAVX512(SB), NOSPLIT, $0-33
+	MOVQ    x+0(FP), DI
+	MOVQ    rows+16(FP), R8
+	MOVQ    cols+24(FP), DX
+	MOVL    $0xff800000, AX
+	CMPB    relu+32(FP), $0
+	JE      2(PC)
+	XORL    AX, AX
+	VPBROADCASTD AX, Z30
+	TESTQ   R8, R8
+	JE      br_done
+	// K2 = mask of the last partial vector of a row.
+	MOVQ    DX, CX
+	ANDQ    $15, CX
+	JE      br_row
+	TAIL
+	KMOVW   K1, K2
+
+br_row:
+	MOVQ bias+8(FP), SI
+	MOVQ DX, CX
+
+br_16:
+	CMPQ    CX, $16
+	JL      br_tail
+	VMOVUPS (DI), Z0
+	VADDPS  (SI), Z0, Z0
+	VMAXPS  Z0, Z30, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	JMP     br_16
+
+br_tail:
+	TESTQ     CX, CX
+	JE        br_next
+	VMOVUPS.Z (DI), K2, Z0
+	VADDPS.Z  (SI), Z0, K2, Z0
+	VMAXPS    Z0, Z30, Z0
+	VMOVUPS   Z0, K2, (DI)
+	LEAQ      (DI)(CX*4), DI
+
+br_next:
+	DECQ R8
+	JNE  br_row
+
+br_done:
+	VZEROUPPER
+	RET
+
+// func reluAVX512(y, x *float32, n int)
+TEXT ·reluAVX512(SB), NOSPLIT, $0-24
+	MOVQ   y+0(FP), DI
+	MOVQ   x+8(FP), SI
+	MOVQ   n+16(FP), CX
+	VPXORD Z30, Z30, Z30
+
+relu_16:
+	CMPQ    CX, $16
+	JL      relu_tail
+	VMOVUPS (SI), Z0
+	VMAXPS  Z0, Z30, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	JMP     relu_16
+
+relu_tail:
+	TESTQ     CX, CX
+	JE        relu_done
+	TAIL
+	VMOVUPS.Z (SI), K1, Z0
+	VMAXPS    Z0, Z30, Z0
+	VMOVUPS   Z0, K1, (DI)
+
+relu_done:
+	VZEROUPPER
+	RET
+
+// func reluBackwardAVX512(dx, dy, y *float32, n int)
+// dx = dy where !(y <= 0), 0 elsewhere (a NaN y passes dy, as on CPU).
+TEXT ·reluBackwardAVX512(SB), NOSPLIT, $0-32
+	MOVQ   dx+0(FP), DI
+	MOVQ   dy+8(FP), SI
+	MOVQ   y+16(FP), DX
+	MOVQ   n+24(FP), CX
+	VPXORD Z30, Z30, Z30
+
+rb_16:
+	CMPQ      CX, $16
+	JL        rb_tail
+	VCMPPS    $0x19, (DX), Z30, K2   // !(0 >= y): y > 0 or NaN, as the CPU backend
+	VMOVUPS.Z (SI), K2, Z0
+	VMOVUPS   Z0, (DI)
+	ADDQ      $64, SI
+	ADDQ      $64, DI
+	ADDQ      $64, DX
+	SUBQ      $16, CX
+	JMP       rb_16
+
+rb_tail:
+	TESTQ     CX, CX
+	JE        rb_done
+	TAIL
+	VMOVUPS.Z (DX), K1, Z1
+	VCMPPS    $0x16, Z30, Z1, K1, K2 // !(y <= 0)
+	VMOVUPS.Z (SI), K2, Z0
+	VMOVUPS   Z0, K1, (DI)
+
+rb_done:
+	VZEROUPPER
+	RET
+
+// func sumRowsAVX512(dst, x *float32, rows, cols int)
+// dst[j] += Σ_i x[i·cols + j], 16 columns at a time down the rows with
+// four accumulators.
+TEXT ·sumRowsAVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ x+8(FP), SI
+	MOVQ rows+16(FP), R8
+	MOVQ cols+24(FP), DX
+	MOVQ DX, R10
+	SHLQ $2, R10         // row stride in bytes
+	MOVQ DX, CX          // columns left
+
+sr_chunk:
+	TESTQ CX, CX
+	JE    sr_done
+	MOVQ  $-1, AX
+	KMOVW AX, K1
+	CMPQ  CX, $16
+	JGE   sr_go
+	TAIL
+
+sr_go:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	MOVQ   SI, R11
+	MOVQ   R8, R9
+	LEAQ   (R10)(R10*2), R12  // 3 rows
+
+sr_rows4:
+	CMPQ     R9, $4
+	JL       sr_rows1
+	VADDPS.Z (R11), Z0, K1, Z0
+	VADDPS.Z (R11)(R10*1), Z1, K1, Z1
+	VADDPS.Z (R11)(R10*2), Z2, K1, Z2
+	VADDPS.Z (R11)(R12*1), Z3, K1, Z3
+	LEAQ     (R11)(R10*4), R11
+	SUBQ     $4, R9
+	JMP      sr_rows4
+
+sr_rows1:
+	TESTQ    R9, R9
+	JE       sr_store
+	VADDPS.Z (R11), Z0, K1, Z0
+	ADDQ     R10, R11
+	DECQ     R9
+	JMP      sr_rows1
+
+sr_store:
+	VADDPS  Z1, Z0, Z0
+	VADDPS  Z3, Z2, Z2
+	VADDPS  Z2, Z0, Z0
+	VADDPS.Z (DI), Z0, K1, Z0
+	VMOVUPS Z0, K1, (DI)
+	ADDQ    $64, DI
+	ADDQ    $64, SI
+	SUBQ    $16, CX
+	JG      sr_chunk
+
+sr_done:
+	VZEROUPPER
+	RET
+
+// func sgdAVX512(w, grad, buf *float32, n int, lr, mu, wd float32, nesterov bool)
+// d = g + wd·w; with mu ≠ 0: buf = mu·buf + d, d = nesterov ? d + mu·buf : buf;
+// then w -= lr·d.
+TEXT ·sgdAVX512(SB), NOSPLIT, $0-45
+	MOVQ         w+0(FP), DI
+	MOVQ         grad+8(FP), SI
+	MOVQ         buf+16(FP), DX
+	MOVQ         n+24(FP), CX
+	VBROADCASTSS lr+32(FP), Z28
+	VBROADCASTSS mu+36(FP), Z29
+	VBROADCASTSS wd+40(FP), Z30
+	MOVBLZX      nesterov+44(FP), R9
+	MOVL         mu+36(FP), R8
+	MOVQ         $-1, AX
+	KMOVW        AX, K1
+
+sgd_loop:
+	TESTQ CX, CX
+	JE    sgd_done
+	CMPQ  CX, $16
+	JGE   sgd_go
+	TAIL
+
+sgd_go:
+	VMOVUPS.Z   (DI), K1, Z0    // w
+	VMOVUPS.Z   (SI), K1, Z1    // d = g
+	VFMADD231PS Z0, Z30, Z1     // d += wd·w
+	TESTL       R8, R8
+	JE          sgd_apply
+	VMOVUPS.Z   (DX), K1, Z2    // buf
+	VFMADD213PS Z1, Z29, Z2     // buf = mu·buf + d
+	VMOVUPS     Z2, K1, (DX)
+	TESTQ       R9, R9
+	JE          sgd_plain
+	VFMADD231PS Z2, Z29, Z1     // d += mu·buf
+	JMP         sgd_apply
+
+sgd_plain:
+	VMOVAPS Z2, Z1
+
+sgd_apply:
+	VFNMADD231PS Z1, Z28, Z0    // w -= lr·d
+	VMOVUPS      Z0, K1, (DI)
+	ADDQ         $64, DI
+	ADDQ         $64, SI
+	ADDQ         $64, DX
+	SUBQ         $16, CX
+	JG           sgd_loop
+
+sgd_done:
+	VZEROUPPER
+	RET
+
+// func adamAVX512(w, grad, m, v *float32, n int, p *adamParams)
+TEXT ·adamAVX512(SB), NOSPLIT, $0-48
+	MOVQ         w+0(FP), DI
+	MOVQ         grad+8(FP), SI
+	MOVQ         m+16(FP), DX
+	MOVQ         v+24(FP), R10
+	MOVQ         n+32(FP), CX
+	MOVQ         p+40(FP), R11
+	VBROADCASTSS 0(R11), Z20  // beta1
+	VBROADCASTSS 4(R11), Z21  // 1 - beta1
+	VBROADCASTSS 8(R11), Z22  // beta2
+	VBROADCASTSS 12(R11), Z23 // 1 - beta2
+	VBROADCASTSS 16(R11), Z24 // 1 / sqrt(bias correction 2)
+	VBROADCASTSS 20(R11), Z25 // eps
+	VBROADCASTSS 24(R11), Z26 // step = lr / bias correction 1
+	VBROADCASTSS 28(R11), Z27 // wd (L2, added to the gradient)
+	VBROADCASTSS 32(R11), Z28 // lr·wd (decoupled, applied to w)
+	MOVQ         $-1, AX
+	KMOVW        AX, K1
+
+adam_loop:
+	TESTQ CX, CX
+	JE    adam_done
+	CMPQ  CX, $16
+	JGE   adam_go
+	TAIL
+
+adam_go:
+	VMOVUPS.Z    (DI), K1, Z0   // w
+	VMOVUPS.Z    (SI), K1, Z1   // g
+	VFMADD231PS  Z0, Z27, Z1    // g += wd·w
+	VFNMADD231PS Z0, Z28, Z0    // w -= lr·wd·w
+	VMULPS.Z     (DX), Z20, K1, Z2 // m·beta1
+	VFMADD231PS  Z1, Z21, Z2    // m = beta1·m + (1-beta1)·g
+	VMULPS       Z1, Z1, Z3     // g²
+	VMULPS.Z     (R10), Z22, K1, Z4 // v·beta2
+	VFMADD231PS  Z3, Z23, Z4    // v = beta2·v + (1-beta2)·g²
+	VMOVUPS      Z2, K1, (DX)
+	VMOVUPS      Z4, K1, (R10)
+	VSQRTPS      Z4, Z5
+	VFMADD213PS  Z25, Z24, Z5   // sqrt(v)/sqrt(bc2) + eps
+	VDIVPS       Z5, Z2, Z6     // m / denom
+	VFNMADD231PS Z6, Z26, Z0    // w -= step·m/denom
+	VMOVUPS      Z0, K1, (DI)
+	ADDQ         $64, DI
+	ADDQ         $64, SI
+	ADDQ         $64, DX
+	ADDQ         $64, R10
+	SUBQ         $16, CX
+	JG           adam_loop
+
+adam_done:
+	VZEROUPPER
+	RET

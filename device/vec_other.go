@@ -1,0 +1,19 @@
+//go:build !amd64 || purego
+
+package device
+
+// Without assembly no Fast backend has vec set; these are never called.
+
+func axpyAVX512(alpha float32, x, y *float32, n int)                            { panic(errNoAsm) }
+func scaleAVX512(alpha float32, x *float32, n int)                              { panic(errNoAsm) }
+func dotAVX512(x, y *float32, n int) float64                                    { panic(errNoAsm) }
+func sumSquaresAVX512(x *float32, n int) float64                                { panic(errNoAsm) }
+func weightedSumAVX512(dst *float32, srcs *[]float32, w *float32, nsrc, n int)  { panic(errNoAsm) }
+func biasRowsAVX512(x, bias *float32, rows, cols int, relu bool)                { panic(errNoAsm) }
+func reluAVX512(y, x *float32, n int)                                           { panic(errNoAsm) }
+func reluBackwardAVX512(dx, dy, y *float32, n int)                              { panic(errNoAsm) }
+func sumRowsAVX512(dst, x *float32, rows, cols int)                             { panic(errNoAsm) }
+func sgdAVX512(w, grad, buf *float32, n int, lr, mu, wd float32, nesterov bool) { panic(errNoAsm) }
+func adamAVX512(w, grad, m, v *float32, n int, p *adamParams)                   { panic(errNoAsm) }
+
+const errNoAsm = "device: assembly kernel called in a build without assembly"
