@@ -1,0 +1,97 @@
+// Package compression turns gradient and model-delta vectors into bytes and
+// back: the codecs peers use on the wire, the error-feedback state that makes
+// lossy codecs train as well as exact ones, an entropy stage, and the helpers
+// an all-reduce uses to sum encoded vectors hop by hop.
+//
+// # Model
+//
+// A Codec maps a []float32 to bytes and back. Encoding is append-style and
+// allocation-free once dst has capacity:
+//
+//	c, err := compression.Parse("topk:0.01,ef") // from --compress
+//	buf = c.Encode(buf, grad)                   // reuses buf
+//	// send c.ID() in the frame header and buf as the payload
+//
+//	d, err := compression.New(id, "")           // receiver: id from the frame
+//	err = d.Decode(vec, payload)                // len(vec) is the authority
+//
+// Every encoding starts with the codec id and the vector length and carries
+// its parameters (block size, k, seed, rank and layout), so a receiver that
+// knows only the id and the length decodes it. Decode checks the length in
+// the bytes against len(dst) and every field against the bytes that are
+// there: malformed input returns an error wrapping ErrCorrupt, ErrLength or
+// ErrTooLarge, never panics, and never allocates more than a bound set by
+// len(dst) (MaxEncodedLen). On error dst holds unspecified values.
+//
+// # Codecs
+//
+//	spec         bytes/value        error                                   id
+//	fp32         4                  none (bit-exact)                        0
+//	fp16         2                  ≤ 2⁻¹¹·|x| (≤ 2⁻²⁵ below 2⁻¹⁴), ±65504  1
+//	bf16         2                  ≤ 2⁻⁹·|x|                              2
+//	int8:256     1 + 4/256          ≤ absmax(block)/254                     3
+//	topk:f       ≈ f·(4 + ~1.2)     drops all but the k largest |x|        4
+//	randk:f      f·4                drops all but k random x               5
+//	sign:1024    1/8 + 4/1024       x ↦ ±mean|x| of its block              6
+//	powersgd:r   (rows+cols)·r·4/(rows·cols)  rank-r projection             7
+//
+// The stateful codecs (ErrorFeedback, PowerSGD, RandK) implement Stateful to
+// save their state with a checkpoint. TopK, RandK, PowerSGD, ErrorFeedback,
+// Entropy, Decoder and Combiner hold scratch and must not be used from two
+// goroutines at once; FP32, FP16, BF16, Int8 and Sign are stateless values
+// safe for concurrent use. Every Decode is pure.
+//
+// # Error feedback
+//
+// NewErrorFeedback(c) (spec flag "ef") keeps what c did not send and adds it
+// to the next vector. The sum of the decoded vectors then equals the sum of
+// the inputs minus the current residual, which stays bounded: for a codec
+// that keeps at least a fraction δ of the energy (top-k: δ = k/n),
+// ‖e‖ ≤ √(1−δ)/(1−√(1−δ)) · max‖x‖. The tests check both.
+//
+// # Entropy stage
+//
+// NewEntropy(c, EntropyZstd or EntropyS2) (spec "entropy=zstd|s2") wraps the
+// bytes and stores any message it cannot shrink by 1/32. "entropy=auto", the
+// default, enables zstd only where BenchmarkEntropy shows it pays; see
+// autoEntropy in registry.go for the table and the figures.
+//
+// # All-reduce
+//
+// How each codec composes with the two all-reduce shapes of aggregate/ — a
+// tree (reduce to the root, broadcast back) and a butterfly (reduce-scatter
+// into per-peer chunks, then all-gather) — is decided per hop:
+//
+//	codec     at each reducing hop                          exact w.r.t. the leaves' decoded vectors?
+//	fp32      decode, sum, re-encode fp32                   yes (up to float32 summation order)
+//	fp16/bf16 decode, sum, re-encode with itself            no: each hop adds its rounding of the partial sum
+//	int8      decode, sum, re-encode int8 (same block)      no: each hop adds absmax(partial)/254
+//	sign      decode, sum, re-encode int8                   no: a sum of signs is no sign; int8 bound per hop
+//	topk      MergeSparse (union, exact) until the union    yes: sums are exact, densified to fp32
+//	          is no smaller than dense fp32, then densify
+//	randk     same seed and step on every peer: indices     yes, and stays k-sparse
+//	          coincide, values add in place (MergeSparse)
+//	powersgd  two dense all-reduces instead (below)         yes w.r.t. PowerSGD of the summed matrix
+//
+// Combiner implements the first six rows; Decoder.DecodeAdd and MergeSparse
+// are its parts. The broadcast / all-gather half forwards the root's (the
+// chunk owner's) bytes unchanged, so every peer decodes the same bytes and
+// ends with bit-identical vectors. The lossy rows accumulate one rounding per
+// reducing hop: depth log₂N in a tree, one hop in a butterfly whose chunk
+// owner sums all N contributions. In a butterfly a peer owns the same chunk
+// every round, so aggregate/ may keep an ErrorFeedback per owned chunk to
+// feed the hop's rounding back too.
+//
+// PowerSGD is linear in M for a fixed Q, so its all-reduce is two dense
+// all-reduces of small vectors (sum or mean, fp32 or fp16 on the wire):
+//
+//	p := ps.Project(p, grad)         // P_i = M_i·Q (+ raw tensors)
+//	allReduce(p)                     // P = Σ P_i
+//	q := ps.Backproject(q, grad, p)  // P̂ = orthonormalise(P); Q_i = M_iᵀ·P̂
+//	allReduce(q)                     // Q = Σ Q_i
+//	ps.Reconstruct(out, p, q)        // out = P̂·Qᵀ = PowerSGD(Σ M_i)
+//	ps.SetWarmStart(q)               // every peer starts the next step from Q
+//
+// With error feedback, peer i keeps e_i = M_i − P̂·Q_iᵀ on its matrices (raw
+// tensors have no error).
+package compression

@@ -1,0 +1,138 @@
+package compression
+
+import (
+	"fmt"
+	"math"
+)
+
+// DefaultInt8Block is the block size Int8 uses when Block is 0: 256 values
+// share one float32 scale, 1.6 % overhead over the int8 payload.
+const DefaultInt8Block = 256
+
+// maxBlock bounds the block size a decoder accepts (and Parse allows).
+const maxBlock = 1 << 24
+
+// Int8 quantises each block of Block consecutive values to int8 with the
+// block's absmax as scale: q = round(x·127/absmax), x̂ = q·absmax/127, so the
+// absolute error of every value is at most absmax/254 (half a step) plus
+// float32 rounding (a relative 2⁻²⁰ of absmax). A block of zeros decodes to
+// zeros. Non-finite inputs give non-finite scales, never a panic.
+//
+// Wire: header, uvarint block, ⌈n/block⌉ float32 scales (absmax/127), then n
+// int8 values. A decoder reads the block size from the bytes, so any Int8
+// decodes any Int8 encoding. Int8 has no state and is safe for concurrent use.
+type Int8 struct {
+	// Block is the number of values per scale; 0 means DefaultInt8Block.
+	Block int
+}
+
+var _ Codec = Int8{}
+
+func (c Int8) block() int {
+	if c.Block <= 0 {
+		return DefaultInt8Block
+	}
+	return c.Block
+}
+
+// ID implements Codec.
+func (Int8) ID() ID { return IDInt8 }
+
+// Name implements Codec.
+func (c Int8) Name() string { return fmt.Sprintf("int8:block=%d", c.block()) }
+
+// Encode implements Codec.
+func (c Int8) Encode(dst []byte, src []float32) []byte {
+	n, block := len(src), c.block()
+	nb := (n + block - 1) / block
+	h := headerLen(n)
+	size := h + uvarintLen(uint64(block)) + 4*nb + n
+	out := resize(dst, size)
+	off := putHeader(out, IDInt8, n)
+	off += putUvarint(out[off:], uint64(block))
+	scales := out[off : off+4*nb]
+	q := out[off+4*nb : size]
+	for b := 0; b < nb; b++ {
+		lo, hi := b*block, min((b+1)*block, n)
+		x := src[lo:hi]
+		var mx uint32
+		for _, v := range x {
+			m := math.Float32bits(v) & 0x7fffffff
+			if m > mx {
+				mx = m
+			}
+		}
+		absmax := math.Float32frombits(mx)
+		var inv float32
+		if mx != 0 {
+			inv = 127 / absmax
+		}
+		putFloat(scales, b, absmax/127)
+		quantise(q[lo:hi], x, inv)
+	}
+	return out
+}
+
+// quantise writes round(x·inv) (round half to even) for |x·inv| ≤ 127.
+func quantise(q []byte, x []float32, inv float32) {
+	q = q[:len(x)]
+	for i, v := range x {
+		// Adding 1.5·2²³ leaves round(v·inv) in the low mantissa bits.
+		t := v*inv + 12582912
+		q[i] = byte(int32(math.Float32bits(t)) - 0x4b400000)
+	}
+}
+
+// Decode implements Codec.
+func (Int8) Decode(dst []float32, src []byte) error {
+	block, scales, q, err := int8Payload(dst, src)
+	if err != nil {
+		return err
+	}
+	for b := 0; b*block < len(dst); b++ {
+		lo, hi := b*block, min((b+1)*block, len(dst))
+		s := getFloat(scales, b)
+		x, qb := dst[lo:hi], q[lo:hi]
+		qb = qb[:len(x)]
+		for i := range x {
+			x[i] = float32(int8(qb[i])) * s
+		}
+	}
+	return nil
+}
+
+func (Int8) decodeAdd(acc []float32, src []byte) error {
+	block, scales, q, err := int8Payload(acc, src)
+	if err != nil {
+		return err
+	}
+	for b := 0; b*block < len(acc); b++ {
+		lo, hi := b*block, min((b+1)*block, len(acc))
+		s := getFloat(scales, b)
+		x, qb := acc[lo:hi], q[lo:hi]
+		qb = qb[:len(x)]
+		for i := range x {
+			x[i] += float32(int8(qb[i])) * s
+		}
+	}
+	return nil
+}
+
+func int8Payload(dst []float32, src []byte) (block int, scales, q []byte, err error) {
+	r, err := readHeader(src, IDInt8, len(dst))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	bl := r.uvarint()
+	if r.err == nil && (bl == 0 || bl > maxBlock) {
+		r.fail("int8 block %d out of range [1, %d]", bl, maxBlock)
+	}
+	n := uint64(len(dst))
+	nb := (n + bl - 1) / max(bl, 1)
+	scales = r.bytes(4 * nb)
+	q = r.bytes(n)
+	if err := r.end(); err != nil {
+		return 0, nil, nil, err
+	}
+	return int(bl), scales, q, nil
+}
