@@ -46,7 +46,7 @@ func f16Special(f uint32) uint16 {
 func f16ToF32(h uint16) float32 {
 	o := uint32(h&0x7fff) << 13
 	exp := o & 0x0f800000
-	o += 0x38000000 // rebias (127-15)<<23
+	o += 0x38000000        // rebias (127-15)<<23
 	if exp == 0x0f800000 { // Inf or NaN
 		o += 0x38000000
 	}
