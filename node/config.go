@@ -65,7 +65,9 @@ type Config struct {
 	NATService bool
 	// RelayService lets this node relay other peers' control traffic
 	// (circuit v2: 2 min, 128 KiB per circuit by default). Tensor streams
-	// are never opened over, nor accepted from, a relayed connection.
+	// are never opened over, nor accepted from, a relayed connection. A relay
+	// must be reachable by its clients, so this also forces AutoNAT's
+	// verdict to "public".
 	RelayService bool
 
 	// ConnLow and ConnHigh are the connection manager's watermarks: above

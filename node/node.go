@@ -169,7 +169,9 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		lopts = append(lopts, libp2p.EnableNATService(), libp2p.EnableAutoNATv2())
 	}
 	if cfg.RelayService {
-		lopts = append(lopts, libp2p.EnableRelayService())
+		// The relay service starts only on a node that believes itself
+		// publicly reachable; a node configured as a relay is.
+		lopts = append(lopts, libp2p.EnableRelayService(), libp2p.ForceReachabilityPublic())
 	}
 	h, err := libp2p.New(lopts...)
 	if err != nil {

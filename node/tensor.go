@@ -729,9 +729,11 @@ func (p *streamPool) get(ctx context.Context) (network.Stream, bool, error) {
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, p.ts.cfg.IOTimeout)
 	defer cancel()
+	// With only a relayed connection, NewStream waits (until ctx ends) for
+	// hole punching to bring a direct one; tensors never take the relay.
 	s, err := p.ts.host.NewStream(ctx, p.p, ProtocolID)
 	if err != nil {
-		if errors.Is(err, network.ErrLimitedConn) {
+		if errors.Is(err, network.ErrLimitedConn) || p.onlyLimited() {
 			return nil, false, fmt.Errorf("%w: %v", ErrLimitedConn, err)
 		}
 		return nil, false, err
@@ -741,6 +743,17 @@ func (p *streamPool) get(ctx context.Context) (network.Stream, bool, error) {
 		return nil, false, ErrLimitedConn
 	}
 	return s, false, nil
+}
+
+// onlyLimited reports whether every connection to the peer is limited.
+func (p *streamPool) onlyLimited() bool {
+	conns := p.ts.host.Network().ConnsToPeer(p.p)
+	for _, c := range conns {
+		if !c.Stat().Limited {
+			return false
+		}
+	}
+	return len(conns) > 0
 }
 
 // put returns a healthy stream to the pool.

@@ -1,0 +1,525 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/client"
+	ma "github.com/multiformats/go-multiaddr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/starling-ml/starling/compression"
+)
+
+// newTestNode starts a real libp2p host on loopback TCP.
+func newTestNode(t testing.TB, mut func(*Config), opts ...Option) *Node {
+	t.Helper()
+	cfg := TestConfig()
+	if mut != nil {
+		mut(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := New(ctx, cfg, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func connect(t testing.TB, a, b *Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Connect(ctx, b.AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func randBytes(n int, seed uint64) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := 0; i+8 <= n; i += 8 {
+		v := r.Uint64()
+		for k := range 8 {
+			b[i+k] = byte(v >> (8 * k))
+		}
+	}
+	return b
+}
+
+// rawTensor is a float32 tensor of n elements with random bytes.
+func rawTensor(tag Tag, n int, seed uint64) Tensor {
+	return Tensor{Tag: tag, Codec: compression.IDFP32, DType: Float32, Shape: []int{n},
+		Version: 3, Step: 11, Payload: randBytes(4*n, seed)}
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestSendRecv(t *testing.T) {
+	a, b := newTestNode(t, nil), newTestNode(t, nil)
+	connect(t, a, b)
+	want := rawTensor(7, 3*4, 1)
+	want.Shape = []int{3, 4}
+
+	got := make(chan Tensor, 1)
+	go func() {
+		tn, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 7, make([]byte, 100))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- tn
+	}()
+	if err := a.Send(ctxT(t, 10*time.Second), b.ID(), want); err != nil {
+		t.Fatal(err)
+	}
+	tn := <-got
+	if !bytes.Equal(tn.Payload, want.Payload) || tn.Tag != 7 || tn.From != a.ID() ||
+		tn.Version != 3 || tn.Step != 11 || tn.DType != Float32 || len(tn.Shape) != 2 || tn.Shape[0] != 3 || tn.Shape[1] != 4 {
+		t.Fatalf("got %+v", tn)
+	}
+	if v := counterValue(b.m.tensors.WithLabelValues("recv")); v != 1 {
+		t.Fatalf("recv counter %v", v)
+	}
+}
+
+// TestRecvAfterArrival: a tensor that arrives before its Recv is parked,
+// then copied into the Recv's buffer (or handed over when dst is nil).
+func TestRecvAfterArrival(t *testing.T) {
+	a, b := newTestNode(t, nil), newTestNode(t, nil)
+	connect(t, a, b)
+	t1, t2 := rawTensor(1, 1000, 2), rawTensor(2, 5000, 3)
+	for _, tn := range []Tensor{t1, t2} {
+		if err := a.Send(ctxT(t, 10*time.Second), b.ID(), tn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := make([]byte, 4000)
+	got, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 1, dst)
+	if err != nil || !bytes.Equal(got.Payload, t1.Payload) || &got.Payload[0] != &dst[0] {
+		t.Fatalf("tag 1: %v", err)
+	}
+	got, err = b.Recv(ctxT(t, 10*time.Second), "", 2, nil) // any peer, no buffer
+	if err != nil || !bytes.Equal(got.Payload, t2.Payload) || got.From != a.ID() {
+		t.Fatalf("tag 2: %v", err)
+	}
+	b.ts.mu.Lock()
+	parked := b.ts.parked
+	b.ts.mu.Unlock()
+	if parked != 0 {
+		t.Fatalf("parked bytes %d after both claimed", parked)
+	}
+}
+
+func TestRecvShortBuffer(t *testing.T) {
+	a, b := newTestNode(t, nil), newTestNode(t, nil)
+	connect(t, a, b)
+	errc := make(chan error, 1)
+	posted := make(chan struct{})
+	go func() {
+		close(posted)
+		_, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 9, make([]byte, 10))
+		errc <- err
+	}()
+	<-posted
+	waitPosted(t, b, mkey{a.ID(), 9})
+	a.Send(ctxT(t, 10*time.Second), b.ID(), rawTensor(9, 100, 1))
+	if err := <-errc; !errors.Is(err, ErrShortBuffer) {
+		t.Fatalf("got %v, want ErrShortBuffer", err)
+	}
+}
+
+// waitPosted blocks until n has a Recv posted for key.
+func waitPosted(t testing.TB, n *Node, key mkey) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n.ts.mu.Lock()
+		r := n.ts.posted[key]
+		ch := n.ts.changed
+		n.ts.mu.Unlock()
+		if r != nil {
+			return
+		}
+		select {
+		case <-ch:
+		case <-time.After(time.Until(deadline)):
+			t.Fatal("Recv never posted")
+		}
+	}
+}
+
+// TestTensor256MB sends a 256 MiB tensor (striped) and checks it bit for
+// bit.
+func TestTensor256MB(t *testing.T) {
+	if testing.Short() {
+		t.Skip("256 MiB transfer skipped with -short")
+	}
+	a, b := newTestNode(t, nil), newTestNode(t, nil)
+	connect(t, a, b)
+	want := rawTensor(1, 64<<20, 42) // 64 Mi float32 = 256 MiB
+	dst := make([]byte, len(want.Payload))
+	errc := make(chan error, 1)
+	var got Tensor
+	go func() {
+		var err error
+		got, err = b.Recv(ctxT(t, 2*time.Minute), a.ID(), 1, dst)
+		errc <- err
+	}()
+	waitPosted(t, b, mkey{a.ID(), 1})
+	start := time.Now()
+	if err := a.Send(ctxT(t, 2*time.Minute), b.ID(), want); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("256 MiB in %v (%d stripes)", time.Since(start), a.ts.stripeCount(len(want.Payload), a.cfg.Stripes))
+	if !bytes.Equal(got.Payload, want.Payload) {
+		t.Fatal("payload differs")
+	}
+}
+
+// TestCancelMidTransfer cancels the sender's ctx once the receiver has some
+// of the tensor: both sides must end promptly with an error. Then the
+// same from the receiver's side.
+func TestCancelMidTransfer(t *testing.T) {
+	const size = 32 << 20 // float32s: 128 MiB
+	for _, side := range []string{"sender", "receiver"} {
+		t.Run(side, func(t *testing.T) {
+			sendCtx, cancelSend := context.WithTimeout(context.Background(), time.Minute)
+			defer cancelSend()
+			recvCtx, cancelRecv := context.WithTimeout(context.Background(), time.Minute)
+			defer cancelRecv()
+			var once sync.Once
+			var received int
+			hooks := &testHooks{recvProgress: func(_ peer.ID, n int) {
+				received += n // called from one stripe reader at a time per chunk; racy sums are fine for a threshold
+				if received >= 4<<20 {
+					once.Do(func() {
+						if side == "sender" {
+							cancelSend()
+						} else {
+							cancelRecv()
+						}
+					})
+				}
+			}}
+			a := newTestNode(t, func(c *Config) { c.Stripes = 1 })
+			b := newTestNode(t, nil, withTestHooks(hooks))
+			connect(t, a, b)
+			tn := rawTensor(5, size, 9)
+			errc := make(chan error, 1)
+			go func() {
+				_, err := b.Recv(recvCtx, a.ID(), 5, make([]byte, len(tn.Payload)))
+				errc <- err
+			}()
+			waitPosted(t, b, mkey{a.ID(), 5})
+			start := time.Now()
+			sendErr := a.Send(sendCtx, b.ID(), tn)
+			var recvErr error
+			select {
+			case recvErr = <-errc:
+			case <-time.After(10 * time.Second):
+				t.Fatal("receiver did not end within 10 s")
+			}
+			took := time.Since(start)
+			if sendErr == nil || recvErr == nil {
+				t.Fatalf("send err %v, recv err %v: both must fail", sendErr, recvErr)
+			}
+			if side == "sender" && !errors.Is(recvErr, ErrReset) {
+				t.Fatalf("receiver got %v, want ErrReset", recvErr)
+			}
+			if side == "receiver" && !errors.Is(sendErr, ErrReset) {
+				t.Fatalf("sender got %v, want ErrReset", sendErr)
+			}
+			t.Logf("%s cancel: send %v / recv %v after %v", side, sendErr, recvErr, took)
+		})
+	}
+}
+
+func TestWrongPSKNoConnection(t *testing.T) {
+	k1, _ := GeneratePSK()
+	k2, _ := GeneratePSK()
+	a := newTestNode(t, func(c *Config) { c.PSK = k1 })
+	b := newTestNode(t, func(c *Config) { c.PSK = k2 })
+	plain := newTestNode(t, nil)
+	same := newTestNode(t, func(c *Config) { c.PSK = k1 })
+	for _, pair := range [][2]*Node{{a, b}, {b, a}, {a, plain}, {plain, a}} {
+		ctx := ctxT(t, 5*time.Second)
+		if err := pair[0].Connect(ctx, pair[1].AddrInfo()); err == nil {
+			t.Fatalf("%s connected to %s across different swarm keys", pair[0].ID(), pair[1].ID())
+		}
+		if err := pair[0].Send(ctx, pair[1].ID(), rawTensor(1, 10, 1)); err == nil {
+			t.Fatal("send succeeded across different swarm keys")
+		}
+	}
+	for _, n := range []*Node{a, b, plain} {
+		for _, p := range n.Peers() {
+			if p != same.ID() {
+				t.Fatalf("%s has a connection to %s", n.ID(), p)
+			}
+		}
+		if v := counterValue(n.m.tensors.WithLabelValues("recv")); v != 0 {
+			t.Fatalf("%s received %v tensors", n.ID(), v)
+		}
+	}
+	// Same key: works.
+	connect(t, a, same)
+	go a.Send(ctxT(t, 10*time.Second), same.ID(), rawTensor(1, 10, 1))
+	if _, err := same.Recv(ctxT(t, 10*time.Second), a.ID(), 1, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAllowlist(t *testing.T) {
+	friend := newTestNode(t, nil)
+	stranger := newTestNode(t, nil)
+	guarded := newTestNode(t, func(c *Config) { c.Allowlist = []peer.ID{friend.ID()} })
+
+	for _, pair := range [][2]*Node{{stranger, guarded}, {guarded, stranger}} {
+		ctx := ctxT(t, 5*time.Second)
+		if err := pair[0].Connect(ctx, pair[1].AddrInfo()); err == nil {
+			// The dialer may see the handshake succeed before the
+			// gater closes the connection: what matters is that it
+			// does not stay and carries nothing.
+			waitDisconnected(t, pair[0], pair[1].ID())
+		}
+		stranger.host.Peerstore().AddAddrs(guarded.ID(), guarded.host.Addrs(), time.Minute)
+		if err := pair[0].Send(ctx, pair[1].ID(), rawTensor(1, 10, 1)); err == nil {
+			t.Fatalf("%s sent to %s", pair[0].ID(), pair[1].ID())
+		}
+	}
+	for _, p := range guarded.Peers() {
+		if p == stranger.ID() {
+			t.Fatal("guarded node keeps a connection to a stranger")
+		}
+	}
+	if v := counterValue(guarded.m.tensors.WithLabelValues("recv")); v != 0 {
+		t.Fatal("guarded node received a tensor from a stranger")
+	}
+	if v := counterValue(stranger.m.tensors.WithLabelValues("recv")); v != 0 {
+		t.Fatal("stranger received a tensor")
+	}
+	connect(t, friend, guarded)
+	go friend.Send(ctxT(t, 10*time.Second), guarded.ID(), rawTensor(1, 10, 1))
+	if _, err := guarded.Recv(ctxT(t, 10*time.Second), friend.ID(), 1, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitDisconnected(t testing.TB, n *Node, p peer.ID) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for n.host.Network().Connectedness(p) == network.Connected {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still connected to %s", n.ID(), p)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestBadFramesResetStream writes malformed frames on real streams: each
+// is refused with a reset, counted under its reason, and never delivered.
+func TestBadFramesResetStream(t *testing.T) {
+	a, b := newTestNode(t, nil), newTestNode(t, func(c *Config) { c.MaxTensorBytes = 1 << 20 })
+	connect(t, a, b)
+	good := rawHeader(3, 64)
+	payload := randBytes(int(good.length), 5)
+	frame := func(mut func(h *header)) []byte {
+		h := good
+		mut(&h)
+		return appendFrame(nil, &h, payload)
+	}
+	cases := []struct {
+		reason string
+		bytes  []byte
+	}{
+		{"too_large", frame(func(h *header) { h.codec = compression.IDInt8; h.length = 1 << 40 })},
+		{"checksum", func() []byte { f := frame(func(*header) {}); f[len(f)-1] ^= 1; return f }()},
+		{"unknown_codec", frame(func(h *header) { h.codec = 0x33 })},
+		{"unknown_dtype", frame(func(h *header) { h.dtype = 99 })},
+		{"shape_mismatch", frame(func(h *header) { h.shape[0] = 65 })},
+		{"bad_magic", []byte("GET / HTTP/1.1\r\n\r\n......................................................")},
+		{"truncated", frame(func(*header) {})[:fixedHeaderLen+12+100]},
+	}
+	for _, c := range cases {
+		t.Run(c.reason, func(t *testing.T) {
+			before := counterValue(b.m.rejected.WithLabelValues(c.reason))
+			s, err := a.host.NewStream(ctxT(t, 5*time.Second), b.ID(), ProtocolID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.SetDeadline(time.Now().Add(10 * time.Second))
+			s.Write(c.bytes)
+			if c.reason == "truncated" {
+				s.CloseWrite()
+			}
+			// The receiver answers with a reset, never with data.
+			n, err := s.Read(make([]byte, 1))
+			if n != 0 || err == nil || errors.Is(err, io.EOF) {
+				t.Fatalf("read %d, %v: want a reset", n, err)
+			}
+			if after := counterValue(b.m.rejected.WithLabelValues(c.reason)); after != before+1 {
+				t.Fatalf("rejected{%s} went %v -> %v", c.reason, before, after)
+			}
+		})
+	}
+	b.ts.mu.Lock()
+	defer b.ts.mu.Unlock()
+	if len(b.ts.ready) != 0 || len(b.ts.asm) != 0 || b.ts.parked != 0 {
+		t.Fatalf("bad frames left state: ready %d asm %d parked %d", len(b.ts.ready), len(b.ts.asm), b.ts.parked)
+	}
+}
+
+// TestLinkPipelined streams many 1 MiB chunks back to back over a Link and
+// checks each one.
+func TestLinkPipelined(t *testing.T) {
+	a, b := newTestNode(t, nil), newTestNode(t, nil)
+	connect(t, a, b)
+	const chunks = 32
+	l, err := a.Link(ctxT(t, 10*time.Second), b.ID(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var want [chunks]Tensor
+	for i := range want {
+		want[i] = rawTensor(Tag(100+i), 256<<10, uint64(i))
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for i := range want {
+			if err := l.Send(ctxT(t, 30*time.Second), want[i]); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	buf := make([]byte, 1<<20)
+	for i := range want {
+		got, err := b.Recv(ctxT(t, 30*time.Second), a.ID(), Tag(100+i), buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Payload, want[i].Payload) {
+			t.Fatalf("chunk %d differs", i)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if p := l.pool; len(p.idle) == 0 || len(p.idle) > 2 {
+		t.Fatalf("link keeps %d idle streams, want 1..2", len(p.idle))
+	}
+}
+
+// TestRelayedConnCarriesNoTensors connects two peers through a circuit
+// relay only: Send refuses the limited connection, and a stream forced onto
+// it is reset by the receiver.
+func TestRelayedConnCarriesNoTensors(t *testing.T) {
+	relay := newTestNode(t, func(c *Config) { c.RelayService = true })
+	a, b := newTestNode(t, nil), newTestNode(t, nil)
+	connect(t, b, relay)
+	connect(t, a, relay)
+	if _, err := client.Reserve(ctxT(t, 10*time.Second), b.host, relay.AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	circuit, err := ma.NewMultiaddr(relay.host.Addrs()[0].String() + "/p2p/" + relay.ID().String() + "/p2p-circuit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Connect(ctxT(t, 10*time.Second), peer.AddrInfo{ID: b.ID(), Addrs: []ma.Multiaddr{circuit}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range a.host.Network().ConnsToPeer(b.ID()) {
+		if !c.Stat().Limited {
+			t.Fatal("expected only a limited connection")
+		}
+	}
+	if err := a.Send(ctxT(t, time.Second), b.ID(), rawTensor(1, 10, 1)); !errors.Is(err, ErrLimitedConn) {
+		t.Fatalf("send over relay: %v, want ErrLimitedConn", err)
+	}
+	before := counterValue(b.m.rejected.WithLabelValues("limited_conn"))
+	ctx := network.WithAllowLimitedConn(ctxT(t, 5*time.Second), "test")
+	s, err := a.host.NewStream(ctx, b.ID(), ProtocolID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := rawHeader(1, 10)
+	s.Write(appendFrame(nil, &h, make([]byte, h.length)))
+	if _, err := s.Read(make([]byte, 1)); err == nil || errors.Is(err, io.EOF) {
+		t.Fatalf("read %v: want a reset", err)
+	}
+	if after := counterValue(b.m.rejected.WithLabelValues("limited_conn")); after != before+1 {
+		t.Fatalf("limited_conn rejections %v -> %v", before, after)
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	a := newTestNode(t, nil)
+	b := newTestNode(t, func(c *Config) { c.MetricsAddr = "127.0.0.1:0" })
+	connect(t, a, b)
+	go a.Send(ctxT(t, 10*time.Second), b.ID(), rawTensor(1, 1000, 1))
+	if _, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + b.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, want := range []string{
+		`starling_node_stream_bytes_total{direction="received",peer="` + a.ID().String() + `",protocol="/starling/tensor/1.0.0"}`,
+		`starling_node_tensors_total{direction="recv"} 1`,
+		`starling_node_transfer_seconds_bucket`,
+		`libp2p_`, // libp2p's own collectors
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func TestCloseFailsPendingRecv(t *testing.T) {
+	a := newTestNode(t, nil)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.Recv(context.Background(), "", 1, nil)
+		errc <- err
+	}()
+	waitPosted(t, a, mkey{"", 1})
+	a.Close()
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Fatalf("got %v, want ErrClosed", err)
+	}
+	if _, err := a.Recv(context.Background(), "", 1, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Recv after Close: %v", err)
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
