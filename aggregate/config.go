@@ -1,0 +1,147 @@
+package aggregate
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Algorithm is an all-reduce algorithm.
+type Algorithm uint8
+
+const (
+	// Auto picks Tree for linear rules on vectors of at most
+	// Config.TreeMaxBytes, and Butterfly otherwise.
+	Auto Algorithm = iota
+	// Tree reduces up a binary tree and broadcasts down it: 2·⌈log₂ n⌉
+	// hops, each peer sending at most three copies of the vector. Linear
+	// rules only.
+	Tree
+	// Butterfly is a direct reduce-scatter then all-gather: peer i owns
+	// shard i, every peer sends each shard to its owner, and each owner
+	// sends its reduced shard to every peer. Two hops; each peer sends and
+	// receives 2(n−1)/n of the vector. Every rule runs on it; owners apply
+	// robust rules to the n contributions of their shard.
+	Butterfly
+)
+
+func (a Algorithm) String() string {
+	switch a {
+	case Auto:
+		return "auto"
+	case Tree:
+		return "tree"
+	case Butterfly:
+		return "butterfly"
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm parses "auto", "tree" or "butterfly" (a --algo flag).
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "auto", "":
+		return Auto, nil
+	case "tree":
+		return Tree, nil
+	case "butterfly":
+		return Butterfly, nil
+	}
+	return Auto, fmt.Errorf("%w: unknown algorithm %q (want auto, tree or butterfly)", ErrInvalidConfig, s)
+}
+
+// Config holds the knobs of a Runner. Every member of a round must use the
+// same Rule, Algorithm, TreeMaxBytes and ChunkElems (peers that do not are
+// excluded with ErrConfigMismatch).
+type Config struct {
+	// Rule is the aggregation rule. Default Mean{} (FedAvg's weighted
+	// mean, weights = sample counts).
+	Rule Rule
+
+	// Algorithm picks the all-reduce. Default Auto.
+	Algorithm Algorithm
+
+	// TreeMaxBytes is the largest vector (4 bytes per value) for which Auto
+	// picks the tree. Default 64 KiB: up to about one chunk the cost is
+	// per-hop latency, above it the butterfly's 2(n−1)/n traffic wins.
+	TreeMaxBytes int
+
+	// ChunkElems is the number of float32 values per chunk, the unit of
+	// pipelining. Default 16384 (64 KiB): big enough that per-message costs
+	// are small, small enough that a 1 MiB shard flows in 4 chunks.
+	ChunkElems int
+
+	// StallTimeout is how long the driver waits for a peer to make progress
+	// before blaming it; waits that depend on other peers' progress get a
+	// small multiple of it. Members must enter a round within StallTimeout
+	// of each other. Default 10 s: long enough for a GC pause or a slow
+	// link's chunk, short enough to notice a dead peer in a training step.
+	StallTimeout time.Duration
+
+	// MaxAttempts bounds how many times a round is run (the first run
+	// plus re-runs after failures). Default 4.
+	MaxAttempts int
+
+	// Quorum is the fraction of a round's original group that must remain
+	// (strictly more) for the survivors to complete it. Default 0.5, a
+	// majority, so at most one side of a network partition completes a
+	// round; 0 lets any survivors continue.
+	Quorum float64
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		Rule:         Mean{},
+		Algorithm:    Auto,
+		TreeMaxBytes: 64 << 10,
+		ChunkElems:   16 << 10,
+		StallTimeout: 10 * time.Second,
+		MaxAttempts:  4,
+		Quorum:       0.5,
+	}
+}
+
+// Validate reports the first problem with c, wrapping ErrInvalidConfig. It
+// does not change c.
+func (c Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case c.Rule == nil:
+		return bad("Rule is nil")
+	case c.Algorithm > Butterfly:
+		return bad("unknown Algorithm %d", c.Algorithm)
+	case c.Algorithm == Tree && !c.Rule.Linear():
+		return fmt.Errorf("%w: %w: the tree runs sum and mean, not %s", ErrInvalidConfig, ErrUnsupported, c.Rule)
+	case c.TreeMaxBytes < 0:
+		return bad("TreeMaxBytes %d < 0", c.TreeMaxBytes)
+	case c.ChunkElems < 1 || c.ChunkElems > 1<<26:
+		return bad("ChunkElems %d not in [1, 2^26]", c.ChunkElems)
+	case c.StallTimeout <= 0:
+		return bad("StallTimeout %v ≤ 0", c.StallTimeout)
+	case c.MaxAttempts < 1 || c.MaxAttempts > math.MaxUint16:
+		return bad("MaxAttempts %d not in [1, 65535]", c.MaxAttempts)
+	case !(c.Quorum >= 0 && c.Quorum < 1):
+		return bad("Quorum %v not in [0, 1)", c.Quorum)
+	}
+	if v, ok := c.Rule.(interface{ validate() error }); ok {
+		if err := v.validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	return nil
+}
+
+// resolve returns the algorithm a round of d values runs.
+func (c Config) resolve(d int) Algorithm {
+	if c.Algorithm != Auto {
+		return c.Algorithm
+	}
+	if c.Rule.Linear() && 4*d <= c.TreeMaxBytes {
+		return Tree
+	}
+	return Butterfly
+}

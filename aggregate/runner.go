@@ -1,0 +1,658 @@
+package aggregate
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/starling-ml/starling/device"
+)
+
+// Result describes a completed round.
+type Result struct {
+	// Group is the group whose contributions the result aggregates: the
+	// round's group less the peers excluded along the way.
+	Group Group
+	// Algorithm is the algorithm that ran.
+	Algorithm Algorithm
+	// Attempts is how many times the round ran (1 when nothing failed).
+	Attempts int
+	// Weight is the sum of the weights of Group's contributions.
+	Weight float64
+	// Excluded lists the peers dropped from the round and why; each
+	// *PeerError wraps ErrStall, ErrUnreachable, ErrBadLength, ErrBadValue,
+	// ErrGroupMismatch or ErrConfigMismatch.
+	Excluded []*PeerError
+	// Rejected lists peers outside the group whose chunks were refused
+	// (each wraps ErrNotMember). Only transports that implement Scoper
+	// report them.
+	Rejected []*PeerError
+}
+
+// Runner is one peer's all-reduce driver. It owns the goroutines of a
+// round, and none between rounds. A Runner runs one round at a time:
+// concurrent AllReduce calls are serialised.
+type Runner struct {
+	self PeerID
+	t    Transport
+	cfg  Config
+	be   device.Backend
+
+	mu   sync.Mutex // held for a whole round
+	bufs map[string][]float32
+}
+
+// NewRunner returns a driver for peer self over t.
+func NewRunner(self PeerID, t Transport, cfg Config) (*Runner, error) {
+	if self == "" {
+		return nil, fmt.Errorf("%w: empty self id", ErrInvalidConfig)
+	}
+	if t == nil {
+		return nil, fmt.Errorf("%w: nil transport", ErrInvalidConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Runner{self: self, t: t, cfg: cfg, be: device.Default(), bufs: map[string][]float32{}}, nil
+}
+
+// Config returns the runner's configuration.
+func (r *Runner) Config() Config { return r.cfg }
+
+// buf returns a reusable buffer of n values named name; valid until the
+// round ends.
+func (r *Runner) buf(name string, n int) []float32 {
+	b := r.bufs[name]
+	if cap(b) < n {
+		b = make([]float32, n)
+		r.bufs[name] = b
+	}
+	return b[:n]
+}
+
+// AllReduce runs one round with group g: every member contributes its src
+// with its weight (a sample count; see the rule), and on success dst holds
+// the rule applied to the contributions of Result.Group, the same bits on
+// every member that succeeds. src is not modified; dst must not overlap it
+// unless it is the same slice. On error dst holds no result.
+//
+// Failures of other members (a peer that dies, stalls, or sends a wrong
+// length, NaN/Inf, or another group or setting) are detected within the
+// stall timeouts; the survivors re-form the group without the culprits and
+// run the round again, up to Config.MaxAttempts times and while more than
+// Config.Quorum of the group remains. Errors wrap ErrNotMember (g does not
+// name this peer), ErrExcluded (with a *PeerError naming this peer),
+// ErrTooFewPeers, ErrRoundFailed, ErrOverflow, ErrZeroWeight,
+// ErrTooFewInputs, ErrClosed, or ctx's error.
+func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, weight float64) (Result, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res := Result{Group: g, Algorithm: r.cfg.resolve(len(src))}
+	if len(dst) != len(src) {
+		return res, fmt.Errorf("%w: dst has %d values, src %d", ErrBadInput, len(dst), len(src))
+	}
+	if !validWeight(weight) {
+		return res, fmt.Errorf("%w: weight %v", ErrBadInput, weight)
+	}
+	if g.Rank(r.self) < 0 {
+		return res, &PeerError{Peer: r.self, Err: fmt.Errorf("%w: %v", ErrNotMember, g)}
+	}
+	if len(src) > 0 && len(dst) > 0 && &dst[0] == &src[0] {
+		cp := r.buf("src", len(src))
+		copy(cp, src)
+		src = cp
+	}
+	sc, _ := r.t.(Scoper)
+	defer func() {
+		if sc != nil {
+			res.Rejected = append(res.Rejected, sc.Rejected(g.round)...)
+		}
+	}()
+	orig := g.Size()
+	for {
+		res.Group = g
+		res.Attempts++
+		if g.Size() < r.cfg.Rule.MinInputs() {
+			return res, fmt.Errorf("%w: %s needs %d peers, %v has %d", ErrTooFewInputs, r.cfg.Rule, r.cfg.Rule.MinInputs(), g, g.Size())
+		}
+		if sc != nil {
+			sc.Scope(g)
+		}
+		a := r.newAttempt(g, dst, src, weight, res.Attempts > 1)
+		out, err := a.run(ctx)
+		if err != nil {
+			return res, err
+		}
+		if out.commit {
+			res.Weight = a.total
+			return res, nil
+		}
+		drop := make([]PeerID, len(out.excluded))
+		for i, pe := range out.excluded {
+			drop[i] = pe.Peer
+		}
+		res.Excluded = append(res.Excluded, out.excluded...)
+		if res.Attempts >= r.cfg.MaxAttempts {
+			return res, fmt.Errorf("%w: %v: %d attempts: %w", ErrRoundFailed, g, res.Attempts, out.cause())
+		}
+		g = g.Without(drop...)
+		if left := g.Size(); float64(left) <= r.cfg.Quorum*float64(orig) || left == 0 {
+			return res, fmt.Errorf("%w: %d of %d peers left (quorum > %v): %w", ErrTooFewPeers, left, orig, r.cfg.Quorum, out.cause())
+		}
+	}
+}
+
+// configHash identifies the settings every member of a round must share.
+func configHash(rule Rule, algo Algorithm, chunk int, d int) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "starling/aggregate/v1|%s|%s|%d|%d", rule, algo, chunk, d)
+	return h.Sum64()
+}
+
+// attempt is one run of a round over one group.
+type attempt struct {
+	r      *Runner
+	g      Group
+	n      int
+	rank   int
+	algo   Algorithm
+	cfg    uint64
+	src    []float32
+	dst    []float32
+	weight float64
+	stall  time.Duration
+	base   int64 // unix ns from which silence counts
+	total  float64
+
+	dataCtx  context.Context
+	stopData context.CancelFunc
+
+	mu        sync.Mutex
+	blame     []kind
+	fault     groupFault
+	fatal     error
+	lastHeard []atomic.Int64
+	lanes     atomic.Int64 // lanes still to complete
+	bad       atomic.Bool  // a lane failed
+
+	votes []peerVote
+}
+
+func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun bool) *attempt {
+	n := g.Size()
+	algo := r.cfg.resolve(len(src))
+	a := &attempt{
+		r: r, g: g, n: n, rank: g.Rank(r.self), algo: algo,
+		cfg: configHash(r.cfg.Rule, algo, r.cfg.ChunkElems, len(src)),
+		src: src, dst: dst, weight: weight, stall: r.cfg.StallTimeout,
+		blame: make([]kind, n), lastHeard: make([]atomic.Int64, n), votes: make([]peerVote, n),
+	}
+	a.base = time.Now().UnixNano()
+	if rerun {
+		// Members leave the previous attempt's vote at different times,
+		// up to a vote window apart.
+		a.base += int64(a.voteWait())
+	}
+	return a
+}
+
+// maxMult is the largest timeout multiple any member waits in this attempt.
+func (a *attempt) maxMult() int {
+	if a.algo == Tree {
+		return 2 + treeHeight(0, a.n)
+	}
+	return 2
+}
+
+// voteWait is how long a member waits for votes after its data phase: long
+// enough for every other member to time out its own waits and say so.
+func (a *attempt) voteWait() time.Duration { return time.Duration(a.maxMult()+1) * a.stall }
+
+func (a *attempt) tag(s Step, chunk uint32) Tag {
+	return Tag{Round: a.g.round, Digest: a.g.digest, Attempt: a.g.attempt, Step: s, Chunk: chunk}
+}
+
+// accuse records that rank j failed this peer in way k and stops the data
+// phase. A hard kind replaces a soft one; otherwise the first stands.
+func (a *attempt) accuse(j int, k kind) {
+	a.mu.Lock()
+	if old := a.blame[j]; old == kindNone || (!old.hard() && k.hard()) {
+		a.blame[j] = k
+	}
+	a.mu.Unlock()
+	a.bad.Store(true)
+	a.stopData()
+}
+
+func (a *attempt) setFault(f groupFault) {
+	a.mu.Lock()
+	if a.fault == faultNone {
+		a.fault = f
+	}
+	a.mu.Unlock()
+	a.bad.Store(true)
+	a.stopData()
+}
+
+func (a *attempt) setFatal(err error) {
+	a.mu.Lock()
+	if a.fatal == nil {
+		a.fatal = err
+	}
+	a.mu.Unlock()
+	a.bad.Store(true)
+	a.stopData()
+}
+
+func (a *attempt) heard(j int) { a.lastHeard[j].Store(time.Now().UnixNano()) }
+
+// laneDone marks one lane of the data phase complete.
+func (a *attempt) laneDone() { a.lanes.Add(-1) }
+
+// recv waits for chunk (s, c) from rank j into dst. The deadline is mult
+// stall timeouts after the later of the attempt's start and the last time j
+// was heard from on any lane; k is the blame if it passes. It returns false
+// when the data phase is over for any reason.
+func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind) bool {
+	peer, tag := a.g.members[j], a.tag(s, c)
+	for {
+		base := max(a.base, a.lastHeard[j].Load())
+		ctx, cancel := context.WithDeadline(a.dataCtx, time.Unix(0, base+int64(mult)*int64(a.stall)))
+		err := a.r.t.Recv(ctx, peer, tag, dst)
+		cancel()
+		if err == nil {
+			a.heard(j)
+			return true
+		}
+		if a.dataCtx.Err() != nil {
+			return false
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			if a.lastHeard[j].Load() > base {
+				continue // j made progress on another lane meanwhile
+			}
+			a.accuse(j, k)
+			return false
+		}
+		a.recvFailed(j, err)
+		return false
+	}
+}
+
+func (a *attempt) recvFailed(j int, err error) {
+	switch {
+	case errors.Is(err, ErrClosed):
+		a.setFatal(err)
+	case errors.Is(err, ErrGroupMismatch):
+		a.accuse(j, kindMismatch)
+	case errors.Is(err, ErrBadLength):
+		a.accuse(j, kindBadLength)
+	case errors.Is(err, ErrBadValue):
+		a.accuse(j, kindBadValue)
+	default:
+		a.accuse(j, kindUnreachable)
+	}
+}
+
+// send sends chunk (s, c) to rank j, giving it mult stall timeouts.
+func (a *attempt) send(j int, s Step, c uint32, data []float32, mult int) bool {
+	ctx, cancel := context.WithTimeout(a.dataCtx, time.Duration(mult)*a.stall)
+	err := a.r.t.Send(ctx, a.g.members[j], a.tag(s, c), data)
+	cancel()
+	if err == nil {
+		return true
+	}
+	if a.dataCtx.Err() != nil {
+		return false
+	}
+	switch {
+	case errors.Is(err, ErrClosed):
+		a.setFatal(err)
+	case errors.Is(err, ErrNotMember), errors.Is(err, ErrGroupMismatch):
+		a.accuse(j, kindMismatch) // j's group leaves us out
+	case errors.Is(err, context.DeadlineExceeded):
+		a.accuse(j, kindTimeout)
+	default:
+		a.accuse(j, kindUnreachable)
+	}
+	return false
+}
+
+// wait takes a token from ch, or returns false when the data phase ends.
+func (a *attempt) wait(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-a.dataCtx.Done():
+		return false
+	}
+}
+
+// checkHeader validates a lane's header from rank j.
+func (a *attempt) checkHeader(j int, w []float32) (header, bool) {
+	h, err := decodeHeader(w)
+	switch {
+	case err != nil:
+		a.accuse(j, kindBadValue)
+		return h, false
+	case h.d != uint64(len(a.src)):
+		a.accuse(j, kindBadLength)
+		return h, false
+	case h.cfg != a.cfg:
+		a.accuse(j, kindConfig)
+		return h, false
+	}
+	return h, true
+}
+
+// checkFinite blames rank j for a non-finite value in x.
+func (a *attempt) checkFinite(j int, x []float32) bool {
+	if firstNonFinite(x) >= 0 {
+		a.accuse(j, kindBadValue)
+		return false
+	}
+	return true
+}
+
+// outcome is an attempt's decision.
+type outcome struct {
+	commit   bool
+	excluded []*PeerError
+}
+
+func (o outcome) cause() error {
+	if len(o.excluded) == 0 {
+		return errors.New("a member failed without blaming anyone")
+	}
+	errs := make([]error, len(o.excluded))
+	for i, pe := range o.excluded {
+		errs[i] = pe
+	}
+	return errors.Join(errs...)
+}
+
+// run runs the data phase and the vote, and decides.
+func (a *attempt) run(ctx context.Context) (outcome, error) {
+	a.dataCtx, a.stopData = context.WithCancel(ctx)
+	defer a.stopData()
+	voteCtx, stopVotes := context.WithCancel(ctx)
+	defer stopVotes()
+
+	if firstNonFinite(a.src) >= 0 {
+		a.accuse(a.rank, kindBadValue) // own input: vote to be left out
+	}
+
+	// Votes double as the abort signal: a FAIL vote stops the data phase.
+	var votes sync.WaitGroup
+	arrived := make(chan int, a.n)
+	vl := voteLen(a.n)
+	vbuf := a.r.buf("votes", a.n*vl)
+	for j := range a.n {
+		if j == a.rank {
+			continue
+		}
+		votes.Go(func() {
+			a.recvVote(voteCtx, j, vbuf[j*vl:(j+1)*vl])
+			arrived <- j
+		})
+	}
+
+	if !a.bad.Load() {
+		switch a.algo {
+		case Tree:
+			a.tree()
+		default:
+			a.butterfly()
+		}
+	}
+	ok := !a.bad.Load() && a.lanes.Load() == 0
+	a.stopData()
+	a.mu.Lock()
+	fatal := a.fatal
+	own := vote{ok: ok, cfg: a.cfg, d: uint64(len(a.src)), fault: a.fault, blame: slices.Clone(a.blame)}
+	a.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		fatal = fmt.Errorf("aggregate: %v: %w", a.g, err)
+	}
+	if fatal != nil {
+		stopVotes()
+		votes.Wait()
+		return outcome{}, fatal
+	}
+	a.votes[a.rank] = peerVote{state: voteGot, v: own, digest: a.g.digest}
+
+	// Send our vote to everyone, then wait for theirs: until all are in,
+	// or every missing one is from a member some vote already blames, or
+	// the vote window closes.
+	var sends sync.WaitGroup
+	vw := make([]float32, vl)
+	own.encode(vw)
+	for j := range a.n {
+		if j == a.rank {
+			continue
+		}
+		sends.Go(func() {
+			sctx, cancel := context.WithTimeout(ctx, a.stall)
+			defer cancel()
+			_ = a.r.t.Send(sctx, a.g.members[j], a.tag(StepVote, 0), vw) // a lost vote reads as silence
+		})
+	}
+	timer := time.AfterFunc(a.voteWait(), stopVotes)
+	pending := make([]bool, a.n)
+	for j := range pending {
+		pending[j] = j != a.rank
+	}
+	for left := a.n - 1; left > 0; left-- {
+		pending[<-arrived] = false
+		if a.onlyBlamedMissing(pending) {
+			stopVotes()
+		}
+	}
+	timer.Stop()
+	stopVotes()
+	votes.Wait()
+	sends.Wait()
+	if err := ctx.Err(); err != nil {
+		return outcome{}, fmt.Errorf("aggregate: %v: %w", a.g, err)
+	}
+	return a.decide()
+}
+
+// onlyBlamedMissing reports whether every member whose vote is pending is
+// blamed by a vote already in (ours included).
+func (a *attempt) onlyBlamedMissing(pending []bool) bool {
+	for j, p := range pending {
+		if !p {
+			continue
+		}
+		blamed := false
+		for i := range a.n {
+			if !pending[i] && a.votes[i].state == voteGot && a.votes[i].v.blame[j] != kindNone {
+				blamed = true
+				break
+			}
+		}
+		if !blamed {
+			return false
+		}
+	}
+	return true
+}
+
+// peerVote is what this peer learned of one member's vote.
+type peerVote struct {
+	state  uint8 // voteMissing, voteGot, voteOther
+	v      vote
+	digest uint64 // the voter's group digest
+	known  bool   // for voteOther: v decoded
+}
+
+const (
+	voteMissing uint8 = iota
+	voteGot
+	voteOther // the voter formed another group or sent a malformed vote
+)
+
+func (a *attempt) recvVote(ctx context.Context, j int, buf []float32) {
+	pv := &a.votes[j]
+	err := a.r.t.Recv(ctx, a.g.members[j], a.tag(StepVote, 0), buf)
+	var me *MismatchError
+	switch {
+	case err == nil:
+		a.heard(j)
+		if decodeVote(buf, a.n, &pv.v) != nil {
+			pv.state, pv.digest = voteOther, 0
+			return
+		}
+		pv.state, pv.digest = voteGot, a.g.digest
+		if !pv.v.ok {
+			a.stopData()
+		}
+	case errors.As(err, &me):
+		pv.state, pv.digest = voteOther, me.Got
+		pv.known = decodeVote(buf, a.n, &pv.v) == nil
+		a.stopData()
+	case ctx.Err() != nil:
+		// missing
+	case errors.Is(err, ErrClosed):
+		a.setFatal(err)
+	default:
+		pv.state = voteOther
+		a.stopData()
+	}
+}
+
+// decide turns the votes into a commit, a list of peers to exclude, or an
+// error for this peer. All members that hold the same votes decide alike.
+//
+//   - Voters are split into classes by (group digest, settings hash); the
+//     largest class wins (ties to the smaller key). A peer outside it
+//     returns an error; the class excludes everyone outside it.
+//   - A group-wide fault (overflow, zero total weight) in the class ends
+//     the round with that error for everyone.
+//   - If every class vote is OK, commit: the data phase completed for every
+//     voter, so the result includes every member's contribution. (Members
+//     whose votes are missing died after doing their part.)
+//   - Otherwise exclude the members that did not vote, those outside the
+//     class, those a class voter blames with a hard kind, and those blamed
+//     with a soft kind (a timeout on a wait that depends on others) whose own
+//     vote blames nobody: a member that can blame no one is where the
+//     chain of waiting ends.
+func (a *attempt) decide() (outcome, error) {
+	type key struct{ digest, cfg uint64 }
+	mine := key{a.g.digest, a.cfg}
+	counts := map[key]int{}
+	keyOf := func(j int) (key, bool) {
+		pv := &a.votes[j]
+		switch {
+		case pv.state == voteGot:
+			return key{pv.digest, pv.v.cfg}, true
+		case pv.state == voteOther && pv.known:
+			return key{pv.digest, pv.v.cfg}, true
+		}
+		return key{}, false
+	}
+	for j := range a.n {
+		if k, ok := keyOf(j); ok {
+			counts[k]++
+		}
+	}
+	best := mine
+	for k, c := range counts {
+		if c > counts[best] || (c == counts[best] && (k.digest < best.digest || (k.digest == best.digest && k.cfg < best.cfg))) {
+			best = k
+		}
+	}
+	if best != mine {
+		// We are the odd one out. Say why as precisely as the votes allow.
+		why := ErrGroupMismatch
+		if best.digest == mine.digest {
+			why = ErrConfigMismatch
+			for j := range a.n {
+				if k, ok := keyOf(j); ok && k == best && a.votes[j].v.d != uint64(len(a.src)) {
+					why = ErrBadLength
+					break
+				}
+			}
+		}
+		return outcome{}, fmt.Errorf("%w: %w", ErrExcluded, &PeerError{Peer: a.r.self, Err: fmt.Errorf("%w: %d of %d members formed another view of %v", why, counts[best], a.n, a.g)})
+	}
+	inClass := func(j int) bool { k, ok := keyOf(j); return ok && k == mine && a.votes[j].state == voteGot }
+
+	allOK := true
+	for j := range a.n {
+		if !inClass(j) {
+			continue
+		}
+		v := &a.votes[j].v
+		if v.fault != faultNone {
+			return outcome{}, fmt.Errorf("aggregate: %v: %w (reported by %s)", a.g, v.fault.err(), a.g.members[j])
+		}
+		allOK = allOK && v.ok
+	}
+	if allOK {
+		return outcome{commit: true}, nil
+	}
+
+	why := make([]kind, a.n)
+	note := func(j int, k kind) {
+		if old := why[j]; old == kindNone || (!old.hard() && k.hard()) || (old == kindStall && k.hard() && k != kindStall) {
+			why[j] = k
+		}
+	}
+	for j := range a.n {
+		switch {
+		case a.votes[j].state == voteMissing:
+			note(j, kindStall)
+		case !inClass(j):
+			k := kindMismatch
+			if a.votes[j].known && a.votes[j].digest == a.g.digest {
+				k = kindConfig
+				if a.votes[j].v.d != uint64(len(a.src)) {
+					k = kindBadLength
+				}
+			}
+			note(j, k)
+		}
+	}
+	for i := range a.n {
+		if !inClass(i) {
+			continue
+		}
+		for j, k := range a.votes[i].v.blame {
+			switch {
+			case k == kindNone:
+			case k.hard():
+				note(j, k)
+			case !inClass(j) || !a.votes[j].v.blames():
+				note(j, k)
+			}
+		}
+	}
+	var out outcome
+	for j, k := range why {
+		if k == kindNone {
+			continue
+		}
+		pe := &PeerError{Peer: a.g.members[j], Err: fmt.Errorf("%w in %v", k.err(), a.g)}
+		if j == a.rank {
+			return outcome{}, fmt.Errorf("%w: %w", ErrExcluded, pe)
+		}
+		out.excluded = append(out.excluded, pe)
+	}
+	return out, nil
+}
+
+func sortPeerErrors(pes []*PeerError) {
+	slices.SortFunc(pes, func(a, b *PeerError) int { return cmp.Compare(a.Peer, b.Peer) })
+}
+
+// isFinite reports whether f is neither NaN nor ±Inf.
+func isFinite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }

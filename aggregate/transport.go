@@ -1,0 +1,105 @@
+package aggregate
+
+import (
+	"context"
+	"fmt"
+)
+
+// Tag labels one chunk between a sender and a receiver. A receiver asks for
+// the chunk with a given (Round, Attempt, Step, Chunk) from a given peer;
+// Digest is then compared, not matched: a chunk whose digest differs from the
+// receiver's means the two peers formed different groups, and Recv reports a
+// *MismatchError instead of handing over the data as if all were well.
+//
+// The fields fit node/'s frame header: Digest in its tag, Round in its model
+// version, and Attempt<<48 | Step<<32 | Chunk in its step.
+type Tag struct {
+	Round   uint64
+	Digest  uint64
+	Attempt uint16
+	Step    Step
+	Chunk   uint32
+}
+
+func (t Tag) String() string {
+	return fmt.Sprintf("r%d/a%d/%v/%d@%016x", t.Round, t.Attempt, t.Step, t.Chunk, t.Digest)
+}
+
+// Step is the protocol step a chunk belongs to. The values are wire values.
+type Step uint16
+
+// Steps of the all-reduce protocol.
+const (
+	// StepScatter carries a contribution's shard to the shard's owner
+	// (butterfly): chunk 0 is a header, chunk c+1 is data chunk c.
+	StepScatter Step = 1
+	// StepGather carries an owner's reduced shard to every peer
+	// (butterfly): chunk c is data chunk c.
+	StepGather Step = 2
+	// StepStats carries an owner's statistics for pass c of a non-local
+	// rule (Krum, centered clipping) to every other owner.
+	StepStats Step = 3
+	// StepUp carries a subtree's partial sum to its parent (tree): chunk
+	// 0 is a header, chunk c+1 is data chunk c.
+	StepUp Step = 4
+	// StepDown carries the final result from parent to child (tree):
+	// chunk 0 is a header, chunk c+1 is data chunk c.
+	StepDown Step = 5
+	// StepVote carries a peer's verdict on the attempt to every other
+	// member.
+	StepVote Step = 6
+)
+
+func (s Step) String() string {
+	switch s {
+	case StepScatter:
+		return "scatter"
+	case StepGather:
+		return "gather"
+	case StepStats:
+		return "stats"
+	case StepUp:
+		return "up"
+	case StepDown:
+		return "down"
+	case StepVote:
+		return "vote"
+	}
+	return fmt.Sprintf("step(%d)", uint16(s))
+}
+
+// Transport moves tagged float32 chunks between peers. It is the seam
+// between the all-reduce driver and the network: node/ implements it over
+// libp2p streams, aggtest over an in-memory network.
+//
+// Implementations are safe for concurrent use: the driver sends to and
+// receives from many peers at once, and may send several chunks to one peer
+// concurrently (matching is by tag, so order between tags does not matter).
+type Transport interface {
+	// Send delivers data to peer to under tag. It returns once data has
+	// been handed off; the caller may then reuse data. It honours ctx and
+	// fails (wrapping ErrClosed once this transport is closed) rather than
+	// block past its deadline.
+	Send(ctx context.Context, to PeerID, tag Tag, data []float32) error
+	// Recv waits for the chunk that peer from sent under tag and copies it
+	// into dst, which must have exactly the chunk's length (else a
+	// *PeerError wrapping ErrBadLength). A digest that differs from
+	// tag.Digest gives a *MismatchError. Recv returns ctx's error when ctx
+	// ends first, and ErrClosed after Close. At most one Recv may wait for
+	// a given (from, tag).
+	Recv(ctx context.Context, from PeerID, tag Tag, dst []float32) error
+}
+
+// Scoper is implemented by transports that can refuse chunks from peers
+// outside a round's group. *Mailbox implements it, so a transport that
+// embeds one does too. The driver calls Scope at the start of every attempt
+// and collects Rejected when the round ends.
+type Scoper interface {
+	// Scope declares g the current group: chunks tagged with its round and
+	// attempt from non-members are refused (and recorded), and chunks of
+	// earlier rounds and attempts are dropped.
+	Scope(g Group)
+	// Rejected returns, and forgets, the peers whose chunks for round were
+	// refused, one entry per peer.
+	Rejected(round uint64) []*PeerError
+}
