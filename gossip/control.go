@@ -1,0 +1,512 @@
+package gossip
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+)
+
+// Clock tells the time. The control plane reads it for heartbeat arrival
+// times, membership expiry and its first sequence number; tests inject a
+// fake one.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Config configures a ControlPlane. All peers of one swarm must agree on
+// Namespace, Model and MaxMessageSize.
+type Config struct {
+	// Namespace names the swarm: topics are /starling/<Namespace>/members/1
+	// and /starling/<Namespace>/deltas/1. No '/' allowed.
+	Namespace string
+	// Model is the model id this peer trains; messages for another model are
+	// dropped (DropModel). At most MaxModelIDLen bytes.
+	Model string
+	// HeartbeatInterval is the period of automatic heartbeats, and of
+	// membership expiry. 1 s: membership changes show within a couple of
+	// seconds at ~100 bytes/s per peer. 0 disables the loop: the caller
+	// calls Beat and Expire itself (simulations with virtual time).
+	HeartbeatInterval time.Duration
+	// PeerTTL is how long a peer stays live without a heartbeat. 5 s
+	// tolerates four lost heartbeats at the default interval.
+	PeerTTL time.Duration
+	// MaxMessageSize caps an encoded control message in bytes; larger ones
+	// are dropped (DropOversized). 4 KiB holds a heartbeat with 16 long
+	// addresses; GossipSub's own cap (1 MiB) stays untouched.
+	MaxMessageSize int
+	// AnnounceQueue is how many received announcements wait for Next before
+	// the oldest is dropped (DropOverflow). 256 covers a burst from 256 peers.
+	AnnounceQueue int
+	// ReplayRetention is how long a silent sender's replay state is kept.
+	// 10 min outlasts GossipSub's 2 min seen-message cache, so a replay the
+	// cache has forgotten is still caught.
+	ReplayRetention time.Duration
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		Namespace:         "default",
+		Model:             "default",
+		HeartbeatInterval: time.Second,
+		PeerTTL:           5 * time.Second,
+		MaxMessageSize:    4 << 10,
+		AnnounceQueue:     256,
+		ReplayRetention:   10 * time.Minute,
+	}
+}
+
+// Validate reports whether c is usable. It does not modify c.
+func (c Config) Validate() error {
+	switch {
+	case c.Namespace == "" || strings.ContainsRune(c.Namespace, '/'):
+		return fmt.Errorf("%w: namespace %q must be non-empty without '/'", ErrBadConfig, c.Namespace)
+	case c.Model == "" || len(c.Model) > MaxModelIDLen:
+		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, MaxModelIDLen)
+	case c.HeartbeatInterval < 0:
+		return fmt.Errorf("%w: heartbeat interval %v < 0", ErrBadConfig, c.HeartbeatInterval)
+	case c.PeerTTL <= c.HeartbeatInterval:
+		return fmt.Errorf("%w: peer TTL %v must exceed the heartbeat interval %v", ErrBadConfig, c.PeerTTL, c.HeartbeatInterval)
+	case c.MaxMessageSize < 256 || c.MaxMessageSize > 64<<10:
+		return fmt.Errorf("%w: max message size %d not in [256, 65536]", ErrBadConfig, c.MaxMessageSize)
+	case c.AnnounceQueue < 1:
+		return fmt.Errorf("%w: announce queue %d < 1", ErrBadConfig, c.AnnounceQueue)
+	case c.ReplayRetention < c.PeerTTL:
+		return fmt.Errorf("%w: replay retention %v shorter than peer TTL %v", ErrBadConfig, c.ReplayRetention, c.PeerTTL)
+	}
+	return nil
+}
+
+// Option sets an extra of New.
+type Option func(*options)
+
+type options struct {
+	clock  Clock
+	log    *slog.Logger
+	psOpts []pubsub.Option
+}
+
+// WithClock injects the clock (default: the wall clock).
+func WithClock(c Clock) Option { return func(o *options) { o.clock = c } }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithPubSubOptions adds GossipSub options (router parameters, scoring).
+// Signing is always strict and cannot be overridden.
+func WithPubSubOptions(opts ...pubsub.Option) Option {
+	return func(o *options) { o.psOpts = append(o.psOpts, opts...) }
+}
+
+// ControlPlane runs the GossipSub control plane of one peer: it publishes
+// heartbeats and delta announcements, validates what arrives, keeps the
+// membership view and queues announcements for the caller. Its methods are
+// safe for concurrent use. It owns a reader goroutine per topic and, when
+// HeartbeatInterval > 0, a heartbeat goroutine; Close stops and waits for
+// them.
+type ControlPlane struct {
+	cfg   Config
+	h     host.Host
+	clock Clock
+	log   *slog.Logger
+
+	ps                     *pubsub.PubSub
+	hbTopic, annTopic      *pubsub.Topic
+	hbSub, annSub          *pubsub.Subscription
+	hbName, annName        string
+	cancel                 context.CancelFunc
+	wg                     sync.WaitGroup
+	closeOnce              sync.Once
+	done                   chan struct{}
+	seq                    atomic.Uint64
+	version, samplesPerSec atomic.Uint64 // samplesPerSec holds float64 bits
+	ann                    chan *Announcement
+	stats                  counters
+
+	mu         sync.Mutex // guards members, hbReplay, annReplay
+	members    *Membership
+	hbReplay   *replayGuard
+	annReplay  *replayGuard
+	lastExpire time.Time
+}
+
+// New starts a GossipSub router on h with strict message signing, joins the
+// swarm's two topics with their validators and, if configured, starts
+// heartbeats. h may be a real host or a mocknet one. The router is this
+// control plane's; other packages may join further topics on it through
+// PubSub.
+func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := options{clock: realClock{}, log: slog.New(slog.DiscardHandler)}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	c := &ControlPlane{
+		cfg:       cfg,
+		h:         h,
+		clock:     o.clock,
+		log:       o.log,
+		hbName:    "/starling/" + cfg.Namespace + "/members/1",
+		annName:   "/starling/" + cfg.Namespace + "/deltas/1",
+		done:      make(chan struct{}),
+		ann:       make(chan *Announcement, cfg.AnnounceQueue),
+		members:   NewMembership(cfg.PeerTTL),
+		hbReplay:  newReplayGuard(),
+		annReplay: newReplayGuard(),
+	}
+	// Start sequence numbers at the clock's nanoseconds so that a restarted
+	// peer does not reuse numbers its old incarnation published.
+	start := c.clock.Now().UnixNano()
+	if start < 1 {
+		start = 1
+	}
+	c.seq.Store(uint64(start))
+
+	// The router lives until Close; its context is not a caller's.
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	psOpts := append(append([]pubsub.Option(nil), o.psOpts...),
+		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
+		pubsub.WithRawTracer(&dropTracer{c: c}),
+	)
+	ps, err := pubsub.NewGossipSub(ctx, h, psOpts...)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("gossip: start GossipSub: %w", err)
+	}
+	c.ps = ps
+	if err := c.join(); err != nil {
+		cancel()
+		return nil, err
+	}
+	c.wg.Add(2)
+	go c.readHeartbeats(ctx)
+	go c.readAnnouncements(ctx)
+	if cfg.HeartbeatInterval > 0 {
+		c.wg.Add(1)
+		go c.heartbeatLoop(ctx)
+	}
+	return c, nil
+}
+
+func (c *ControlPlane) join() error {
+	if err := c.ps.RegisterTopicValidator(c.hbName, c.validateHeartbeat); err != nil {
+		return fmt.Errorf("gossip: heartbeat validator: %w", err)
+	}
+	if err := c.ps.RegisterTopicValidator(c.annName, c.validateAnnouncement); err != nil {
+		return fmt.Errorf("gossip: announcement validator: %w", err)
+	}
+	var err error
+	if c.hbTopic, err = c.ps.Join(c.hbName); err != nil {
+		return fmt.Errorf("gossip: join %s: %w", c.hbName, err)
+	}
+	if c.annTopic, err = c.ps.Join(c.annName); err != nil {
+		return fmt.Errorf("gossip: join %s: %w", c.annName, err)
+	}
+	if c.hbSub, err = c.hbTopic.Subscribe(); err != nil {
+		return fmt.Errorf("gossip: subscribe %s: %w", c.hbName, err)
+	}
+	if c.annSub, err = c.annTopic.Subscribe(); err != nil {
+		return fmt.Errorf("gossip: subscribe %s: %w", c.annName, err)
+	}
+	return nil
+}
+
+// Close stops the heartbeats and readers, leaves the topics and stops the
+// router. It waits for the goroutines it owns and is idempotent.
+func (c *ControlPlane) Close() error {
+	c.closeOnce.Do(func() {
+		close(c.done)
+		c.hbSub.Cancel()
+		c.annSub.Cancel()
+		c.cancel()
+		c.wg.Wait()
+		_ = c.hbTopic.Close()
+		_ = c.annTopic.Close()
+	})
+	return nil
+}
+
+// PubSub returns the router, for joining other topics on the same host.
+func (c *ControlPlane) PubSub() *pubsub.PubSub { return c.ps }
+
+// Topics returns the names of the heartbeat and announcement topics.
+func (c *ControlPlane) Topics() (heartbeats, announcements string) { return c.hbName, c.annName }
+
+// Stats returns a snapshot of the counters.
+func (c *ControlPlane) Stats() Stats { return c.stats.snapshot() }
+
+// SetStatus sets the model version and throughput the next heartbeats
+// carry. Non-finite or negative throughput is sent as 0.
+func (c *ControlPlane) SetStatus(version uint64, samplesPerSec float32) {
+	if !(samplesPerSec >= 0) || math.IsInf(float64(samplesPerSec), 0) {
+		samplesPerSec = 0
+	}
+	c.version.Store(version)
+	c.samplesPerSec.Store(uint64(math.Float32bits(samplesPerSec)))
+}
+
+// Peers returns the live peers other than this one, sorted by ID.
+func (c *ControlPlane) Peers() []PeerInfo {
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.members.Live(now)
+}
+
+// Peer returns one live peer's info.
+func (c *ControlPlane) Peer(id peer.ID) (PeerInfo, bool) {
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.members.Get(id, now)
+}
+
+// Expire removes peers whose heartbeats stopped and forgets replay state
+// older than ReplayRetention. It returns the expired peers. The heartbeat
+// loop calls it every interval; call it yourself when the loop is off.
+func (c *ControlPlane) Expire() []peer.ID {
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lastExpire = now
+	c.hbReplay.Prune(now, c.cfg.ReplayRetention)
+	c.annReplay.Prune(now, c.cfg.ReplayRetention)
+	return c.members.Expire(now)
+}
+
+func (c *ControlPlane) nextSeq() uint64 { return c.seq.Add(1) }
+
+func (c *ControlPlane) addrs() []ma.Multiaddr {
+	var out []ma.Multiaddr
+	for _, a := range c.h.Addrs() {
+		if len(out) == MaxAddrs {
+			break
+		}
+		if len(a.Bytes()) <= MaxAddrLen {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Beat publishes one heartbeat now.
+func (c *ControlPlane) Beat(ctx context.Context) error {
+	hb := &Heartbeat{
+		Peer:          c.h.ID(),
+		Seq:           c.nextSeq(),
+		Model:         c.cfg.Model,
+		Version:       c.version.Load(),
+		SamplesPerSec: math.Float32frombits(uint32(c.samplesPerSec.Load())),
+		Addrs:         c.addrs(),
+	}
+	return c.publish(ctx, c.hbTopic, AppendHeartbeat(nil, hb))
+}
+
+// Announce publishes a; it fills in Peer, Seq and Model. The vector must be
+// ready to serve under a.Key before Announce is called.
+func (c *ControlPlane) Announce(ctx context.Context, a Announcement) error {
+	a.Peer = c.h.ID()
+	a.Seq = c.nextSeq()
+	a.Model = c.cfg.Model
+	b := AppendAnnouncement(nil, &a)
+	// Check locally what every receiver will check, to return a clear error
+	// instead of a silent drop.
+	if _, err := DecodeAnnouncement(b); err != nil {
+		return fmt.Errorf("gossip: announce: %w", err)
+	}
+	return c.publish(ctx, c.annTopic, b)
+}
+
+func (c *ControlPlane) publish(ctx context.Context, t *pubsub.Topic, b []byte) error {
+	select {
+	case <-c.done:
+		return ErrClosed
+	default:
+	}
+	if len(b) > c.cfg.MaxMessageSize {
+		return fmt.Errorf("gossip: publish: %w: %d bytes, cap %d", ErrTooLarge, len(b), c.cfg.MaxMessageSize)
+	}
+	if err := t.Publish(ctx, b); err != nil {
+		return fmt.Errorf("gossip: publish on %s: %w", t.String(), err)
+	}
+	return nil
+}
+
+// Next returns the next announcement from another peer, in arrival order.
+// It blocks until one arrives, ctx ends or the control plane closes
+// (ErrClosed). The returned value is owned by the caller.
+func (c *ControlPlane) Next(ctx context.Context) (*Announcement, error) {
+	select {
+	case a := <-c.ann:
+		return a, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-c.done:
+		return nil, ErrClosed
+	}
+}
+
+func (c *ControlPlane) heartbeatLoop(ctx context.Context) {
+	defer c.wg.Done()
+	t := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer t.Stop()
+	beat := func() {
+		bctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+		defer cancel()
+		if err := c.Beat(bctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("gossip: heartbeat", "err", err)
+		}
+	}
+	beat()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			beat()
+			for _, p := range c.Expire() {
+				c.log.Debug("gossip: peer expired", "peer", p)
+			}
+		}
+	}
+}
+
+func (c *ControlPlane) readHeartbeats(ctx context.Context) {
+	defer c.wg.Done()
+	self := c.h.ID()
+	for {
+		msg, err := c.hbSub.Next(ctx)
+		if err != nil {
+			return
+		}
+		hb, ok := msg.ValidatorData.(*Heartbeat)
+		if !ok || hb.Peer == self {
+			continue
+		}
+		now := c.clock.Now()
+		c.mu.Lock()
+		joined := c.members.Observe(hb, now)
+		c.mu.Unlock()
+		c.stats.heartbeats.Add(1)
+		if len(hb.Addrs) > 0 {
+			c.h.Peerstore().AddAddrs(hb.Peer, hb.Addrs, c.cfg.PeerTTL)
+		}
+		if joined {
+			c.log.Debug("gossip: peer joined", "peer", hb.Peer, "version", hb.Version)
+		}
+	}
+}
+
+func (c *ControlPlane) readAnnouncements(ctx context.Context) {
+	defer c.wg.Done()
+	self := c.h.ID()
+	for {
+		msg, err := c.annSub.Next(ctx)
+		if err != nil {
+			return
+		}
+		a, ok := msg.ValidatorData.(*Announcement)
+		if !ok || a.Peer == self {
+			continue
+		}
+		c.stats.announcements.Add(1)
+		select {
+		case c.ann <- a:
+			continue
+		default:
+		}
+		// Full: drop the oldest (this goroutine is the only sender, so the
+		// second send cannot block for long; the reader may race us to it).
+		select {
+		case <-c.ann:
+			c.stats.drop(DropOverflow)
+		default:
+		}
+		select {
+		case c.ann <- a:
+		default:
+			c.stats.drop(DropOverflow)
+		}
+	}
+}
+
+// validateHeartbeat is the heartbeat topic's validator. Structural faults
+// (size, encoding, NaN, a peer field that is not the signer) are Reject,
+// which also lowers the forwarder's GossipSub score; a foreign model or a
+// replay is Ignore, since an honest forwarder may relay those.
+func (c *ControlPlane) validateHeartbeat(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
+	data := msg.GetData()
+	if len(data) > c.cfg.MaxMessageSize {
+		c.stats.drop(DropOversized)
+		return pubsub.ValidationReject
+	}
+	hb, err := DecodeHeartbeat(data)
+	if err != nil {
+		c.stats.drop(reasonOf(err))
+		return pubsub.ValidationReject
+	}
+	if hb.Peer != msg.GetFrom() {
+		c.stats.drop(DropOrigin)
+		return pubsub.ValidationReject
+	}
+	if hb.Model != c.cfg.Model {
+		c.stats.drop(DropModel)
+		return pubsub.ValidationIgnore
+	}
+	c.mu.Lock()
+	fresh := c.hbReplay.Check(hb.Peer, hb.Seq, c.clock.Now())
+	c.mu.Unlock()
+	if !fresh {
+		c.stats.drop(DropReplay)
+		return pubsub.ValidationIgnore
+	}
+	msg.ValidatorData = hb
+	return pubsub.ValidationAccept
+}
+
+// validateAnnouncement is the announcement topic's validator; see
+// validateHeartbeat for the Reject/Ignore split.
+func (c *ControlPlane) validateAnnouncement(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
+	data := msg.GetData()
+	if len(data) > c.cfg.MaxMessageSize {
+		c.stats.drop(DropOversized)
+		return pubsub.ValidationReject
+	}
+	a, err := DecodeAnnouncement(data)
+	if err != nil {
+		c.stats.drop(reasonOf(err))
+		return pubsub.ValidationReject
+	}
+	if a.Peer != msg.GetFrom() {
+		c.stats.drop(DropOrigin)
+		return pubsub.ValidationReject
+	}
+	if a.Model != c.cfg.Model {
+		c.stats.drop(DropModel)
+		return pubsub.ValidationIgnore
+	}
+	c.mu.Lock()
+	fresh := c.annReplay.Check(a.Peer, a.Seq, c.clock.Now())
+	c.mu.Unlock()
+	if !fresh {
+		c.stats.drop(DropReplay)
+		return pubsub.ValidationIgnore
+	}
+	msg.ValidatorData = a
+	return pubsub.ValidationAccept
+}
