@@ -18,7 +18,9 @@ var _ Codec = FP32{}
 func (FP32) ID() ID { return IDFP32 }
 
 // Name implements Codec.
-func (FP32) Name() string { return "fp32" }
+func (c FP32) Name() string { return nameOf(c) }
+
+func (FP32) spec() string { return "fp32" }
 
 // Encode implements Codec.
 func (FP32) Encode(dst []byte, src []float32) []byte {
@@ -71,7 +73,9 @@ var _ Codec = FP16{}
 func (FP16) ID() ID { return IDFP16 }
 
 // Name implements Codec.
-func (FP16) Name() string { return "fp16" }
+func (c FP16) Name() string { return nameOf(c) }
+
+func (FP16) spec() string { return "fp16" }
 
 // Encode implements Codec.
 func (FP16) Encode(dst []byte, src []float32) []byte {
@@ -120,7 +124,9 @@ var _ Codec = BF16{}
 func (BF16) ID() ID { return IDBF16 }
 
 // Name implements Codec.
-func (BF16) Name() string { return "bf16" }
+func (c BF16) Name() string { return nameOf(c) }
+
+func (BF16) spec() string { return "bf16" }
 
 // Encode implements Codec.
 func (BF16) Encode(dst []byte, src []float32) []byte {

@@ -18,6 +18,25 @@ type Stateful interface {
 	LoadState(b []byte) error
 }
 
+// AppendState appends c's state to dst: nothing for a stateless codec.
+func AppendState(dst []byte, c Codec) []byte {
+	if s, ok := c.(Stateful); ok {
+		return s.AppendState(dst)
+	}
+	return dst
+}
+
+// LoadState loads a state AppendState wrote for a codec of the same spec.
+func LoadState(c Codec, b []byte) error {
+	if s, ok := c.(Stateful); ok {
+		return s.LoadState(b)
+	}
+	if len(b) != 0 {
+		return fmt.Errorf("%w: %s has no state, got %d bytes", ErrState, c.Name(), len(b))
+	}
+	return nil
+}
+
 // State format versions.
 const (
 	stateEF       = 0xef
@@ -61,7 +80,9 @@ func (e *ErrorFeedback) Inner() Codec { return e.inner }
 func (e *ErrorFeedback) ID() ID { return e.inner.ID() }
 
 // Name implements Codec: the inner name with the "ef" flag.
-func (e *ErrorFeedback) Name() string { return addParam(e.inner.Name(), "ef") }
+func (e *ErrorFeedback) Name() string { return nameOf(e) }
+
+func (e *ErrorFeedback) spec() string { return addParam(specOf(e.inner), "ef") }
 
 // Residual returns the current residual (nil before the first Encode). The
 // slice is owned by the ErrorFeedback and changes on the next Encode.

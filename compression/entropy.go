@@ -79,6 +79,14 @@ func NewEntropy(inner Codec, mode EntropyMode) (*Entropy, error) {
 // Inner returns the wrapped codec.
 func (e *Entropy) Inner() Codec { return e.inner }
 
+var _ Stateful = (*Entropy)(nil)
+
+// AppendState implements Stateful: the inner codec's state, if any.
+func (e *Entropy) AppendState(dst []byte) []byte { return AppendState(dst, e.inner) }
+
+// LoadState implements Stateful.
+func (e *Entropy) LoadState(b []byte) error { return LoadState(e.inner, b) }
+
 // Mode returns the configured mode.
 func (e *Entropy) Mode() EntropyMode { return e.mode }
 
@@ -86,7 +94,7 @@ func (e *Entropy) Mode() EntropyMode { return e.mode }
 func (e *Entropy) ID() ID { return e.inner.ID() | IDEntropy }
 
 // Name implements Codec.
-func (e *Entropy) Name() string { return addParam(e.inner.Name(), "entropy="+e.mode.String()) }
+func (e *Entropy) Name() string { return addParam(specOf(e.inner), "entropy="+e.mode.String()) }
 
 // Encode implements Codec.
 func (e *Entropy) Encode(dst []byte, src []float32) []byte {

@@ -39,7 +39,9 @@ func (c Int8) block() int {
 func (Int8) ID() ID { return IDInt8 }
 
 // Name implements Codec.
-func (c Int8) Name() string { return fmt.Sprintf("int8:block=%d", c.block()) }
+func (c Int8) Name() string { return nameOf(c) }
+
+func (c Int8) spec() string { return fmt.Sprintf("int8:block=%d", c.block()) }
 
 // Encode implements Codec.
 func (c Int8) Encode(dst []byte, src []float32) []byte {

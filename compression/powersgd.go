@@ -64,7 +64,9 @@ var _ Codec = (*PowerSGD)(nil)
 func (*PowerSGD) ID() ID { return IDPowerSGD }
 
 // Name implements Codec.
-func (c *PowerSGD) Name() string {
+func (c *PowerSGD) Name() string { return nameOf(c) }
+
+func (c *PowerSGD) spec() string {
 	return fmt.Sprintf("powersgd:rank=%d,seed=%d", c.rank(), c.Seed)
 }
 

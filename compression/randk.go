@@ -38,7 +38,9 @@ var _ Codec = (*RandK)(nil)
 func (*RandK) ID() ID { return IDRandK }
 
 // Name implements Codec.
-func (c *RandK) Name() string {
+func (c *RandK) Name() string { return nameOf(c) }
+
+func (c *RandK) spec() string {
 	return "randk:" + formatFrac(c.frac()) + ",seed=" + formatUint(c.Seed)
 }
 

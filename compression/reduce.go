@@ -17,10 +17,10 @@ var decoders = [...]Codec{
 	IDFP16:     FP16{},
 	IDBF16:     BF16{},
 	IDInt8:     Int8{},
-	IDTopK:     (*TopK)(nil),
-	IDRandK:    (*RandK)(nil),
+	IDTopK:     &TopK{},
+	IDRandK:    &RandK{},
 	IDSign:     Sign{},
-	IDPowerSGD: (*PowerSGD)(nil),
+	IDPowerSGD: &PowerSGD{},
 }
 
 // PeekID returns the codec id that starts src, the IDEntropy flag included.

@@ -272,6 +272,25 @@ func buildBase(id ID, kv map[string]string) (Codec, error) {
 	return c, err
 }
 
+// specOf returns c's spec without the entropy stage.
+func specOf(c Codec) string {
+	if s, ok := c.(interface{ spec() string }); ok {
+		return s.spec()
+	}
+	return c.Name()
+}
+
+// nameOf returns the name of a codec that is not entropy-wrapped: its spec,
+// with "entropy=none" where Parse would otherwise add the stage, so that
+// Parse(c.Name()) always rebuilds c.
+func nameOf(c Codec) string {
+	s := specOf(c)
+	if autoEntropy[c.ID()&^IDEntropy] != EntropyStored {
+		s = addParam(s, "entropy=none")
+	}
+	return s
+}
+
 // addParam appends a parameter to a codec name: "fp16"+"ef" → "fp16:ef",
 // "topk:0.01"+"ef" → "topk:0.01,ef".
 func addParam(name, p string) string {

@@ -42,7 +42,9 @@ func (c Sign) block(n int) int {
 func (Sign) ID() ID { return IDSign }
 
 // Name implements Codec.
-func (c Sign) Name() string {
+func (c Sign) Name() string { return nameOf(c) }
+
+func (c Sign) spec() string {
 	if c.Block < 0 {
 		return "sign:block=all"
 	}

@@ -51,7 +51,9 @@ var _ Codec = (*TopK)(nil)
 func (*TopK) ID() ID { return IDTopK }
 
 // Name implements Codec.
-func (c *TopK) Name() string { return "topk:" + formatFrac(c.frac()) }
+func (c *TopK) Name() string { return nameOf(c) }
+
+func (c *TopK) spec() string { return "topk:" + formatFrac(c.frac()) }
 
 func (c *TopK) frac() float64 {
 	if c.Frac <= 0 {
