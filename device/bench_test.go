@@ -69,3 +69,78 @@ func benchGemm(b *testing.B, be device.Backend, s gemmShape) {
 	}
 	b.ReportMetric(2*float64(s.m)*float64(s.n)*float64(s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 }
+
+// Parameter counts: the MLP 784-128-10 and the FedAvg CNN.
+const (
+	mlpParams = 784*128 + 128 + 128*10 + 10
+	cnnParams = 32*25 + 32 + 64*800 + 64 + 3136*512 + 512 + 512*10 + 10
+)
+
+// BenchmarkVec runs the elementwise kernels on the fast backend and on the
+// CPU baseline in the same run; MB/s counts every byte read or written.
+func BenchmarkVec(b *testing.B) {
+	backends := []device.Backend{device.NewFast(), device.NewCPU()}
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, n := range []int{mlpParams, cnnParams} {
+		x, y, z := devicetest.RandSlice(r, n), devicetest.RandSlice(r, n), devicetest.RandSlice(r, n)
+		srcs := make([][]float32, 8)
+		ws := make([]float32, len(srcs))
+		for j := range srcs {
+			srcs[j] = devicetest.RandSlice(r, n)
+			ws[j] = 1 / float32(len(srcs))
+		}
+		for _, k := range []struct {
+			name  string
+			bytes int // per element
+			run   func(be device.Backend)
+		}{
+			{"Axpy", 12, func(be device.Backend) { be.Axpy(1e-3, x, y) }},
+			{"Scale", 8, func(be device.Backend) { be.Scale(1, y) }},
+			{"Dot", 8, func(be device.Backend) { _ = be.Dot(x, y) }},
+			{"SumSquares", 4, func(be device.Backend) { _ = be.SumSquares(x) }},
+			{"WeightedSum8", 36, func(be device.Backend) { be.WeightedSum(z, srcs, ws) }},
+			{"ReLUBackward", 12, func(be device.Backend) { be.ReLUBackward(z, y, x) }},
+			{"SGDMomentum", 20, func(be device.Backend) { be.SGD(x, y, z, 1e-6, 0.9, 0, false) }},
+			{"Adam", 28, func(be device.Backend) { be.Adam(x, y, z, srcs[0], 1, 1e-6, 0.9, 0.999, 1e-8, 0, false) }},
+		} {
+			for _, be := range backends {
+				b.Run(fmt.Sprintf("%s/n=%d/%s", k.name, n, be.Name()), func(b *testing.B) {
+					b.SetBytes(int64(k.bytes * n))
+					b.ReportAllocs()
+					for b.Loop() {
+						k.run(be)
+					}
+				})
+			}
+		}
+	}
+	// Row kernels and the loss at the MLP's batch shapes.
+	const rows = 256
+	for _, cols := range []int{128, 10} {
+		x, v := devicetest.RandSlice(r, rows*cols), devicetest.RandSlice(r, cols)
+		grad, dst := make([]float32, rows*cols), make([]float32, cols)
+		labels := make([]int32, rows)
+		for i := range labels {
+			labels[i] = int32(r.IntN(cols))
+		}
+		for _, k := range []struct {
+			name  string
+			bytes int
+			run   func(be device.Backend)
+		}{
+			{"BiasReLU", 8, func(be device.Backend) { be.BiasReLU(grad, v, rows, cols) }},
+			{"SumRows", 4, func(be device.Backend) { be.SumRows(dst, x, rows, cols) }},
+			{"SoftmaxXent", 8, func(be device.Backend) { be.SoftmaxXent(grad, x, labels, rows, cols) }},
+		} {
+			for _, be := range backends {
+				b.Run(fmt.Sprintf("%s/%dx%d/%s", k.name, rows, cols, be.Name()), func(b *testing.B) {
+					b.SetBytes(int64(k.bytes * rows * cols))
+					b.ReportAllocs()
+					for b.Loop() {
+						k.run(be)
+					}
+				})
+			}
+		}
+	}
+}

@@ -37,3 +37,6 @@ func sgdAVX512(w, grad, buf *float32, n int, lr, mu, wd float32, nesterov bool)
 
 //go:noescape
 func adamAVX512(w, grad, m, v *float32, n int, p *adamParams)
+
+//go:noescape
+func softmaxRowAVX512(grad, z *float32, cols int, scale float32) (mx, sum float32, arg int)

@@ -315,49 +315,57 @@ ws_done:
 
 // func biasRowsAVX512(x, bias *float32, rows, cols int, relu bool)
 // x[r, :] = max(x[r, :] + bias, floor) with floor = 0 if relu, else −Inf
-// (so that without relu the max is the identity, NaN included).
+// (so that without relu the max is the identity, NaN included). cols ≥ 16:
+// a ragged row end is done as one unmasked vector over the row's last 16
+// elements, loaded before and stored after the rest of the row, so no
+// masked store ever overlaps the next row's loads.
 TEXT ·biasRowsAVX512(SB), NOSPLIT, $0-33
-	MOVQ    x+0(FP), DI
-	MOVQ    rows+16(FP), R8
-	MOVQ    cols+24(FP), DX
-	MOVL    $0xff800000, AX
-	CMPB    relu+32(FP), $0
-	JE      2(PC)
-	XORL    AX, AX
+	MOVQ         x+0(FP), DI
+	MOVQ         bias+8(FP), SI
+	MOVQ         rows+16(FP), R8
+	MOVQ         cols+24(FP), DX
+	MOVL         $0xff800000, AX
+	CMPB         relu+32(FP), $0
+	JE           2(PC)
+	XORL         AX, AX
 	VPBROADCASTD AX, Z30
-	TESTQ   R8, R8
-	JE      br_done
-	// K2 = mask of the last partial vector of a row.
-	MOVQ    DX, CX
-	ANDQ    $15, CX
-	JE      br_row
-	TAIL
-	KMOVW   K1, K2
+	LEAQ         -64(SI)(DX*4), R10 // last 16 of bias
+	MOVQ         DX, R11
+	ANDQ         $15, R11           // ragged?
+	MOVQ         DX, R12
+	SHLQ         $2, R12            // row bytes
+	TESTQ        R8, R8
+	JE           br_done
 
 br_row:
-	MOVQ bias+8(FP), SI
+	MOVQ    DI, R9 // row start
+	TESTQ   R11, R11
+	JE      br_full
+	VMOVUPS -64(DI)(R12*1), Z2
+	VADDPS  (R10), Z2, Z2
+	VMAXPS  Z2, Z30, Z2
+
+br_full:
+	MOVQ SI, BX
 	MOVQ DX, CX
 
 br_16:
 	CMPQ    CX, $16
-	JL      br_tail
+	JL      br_end
 	VMOVUPS (DI), Z0
-	VADDPS  (SI), Z0, Z0
+	VADDPS  (BX), Z0, Z0
 	VMAXPS  Z0, Z30, Z0
 	VMOVUPS Z0, (DI)
-	ADDQ    $64, SI
+	ADDQ    $64, BX
 	ADDQ    $64, DI
 	SUBQ    $16, CX
 	JMP     br_16
 
-br_tail:
-	TESTQ     CX, CX
-	JE        br_next
-	VMOVUPS.Z (DI), K2, Z0
-	VADDPS.Z  (SI), Z0, K2, Z0
-	VMAXPS    Z0, Z30, Z0
-	VMOVUPS   Z0, K2, (DI)
-	LEAQ      (DI)(CX*4), DI
+br_end:
+	LEAQ    (R9)(R12*1), DI
+	TESTQ   R11, R11
+	JE      br_next
+	VMOVUPS Z2, -64(DI)
 
 br_next:
 	DECQ R8
@@ -600,5 +608,184 @@ adam_go:
 	JG           adam_loop
 
 adam_done:
+	VZEROUPPER
+	RET
+
+// CONST broadcasts the float32 with bit pattern bits into reg; clobbers AX.
+#define CONST(bits, reg) \
+	MOVL         bits, AX \
+	VPBROADCASTD AX, reg
+
+// EXP sets Z1 = exp(Z1) lane-wise (Cephes expf: range reduction by ln 2 in
+// two parts, degree-7 polynomial, VSCALEFPS for 2^n; about 1 ulp). Inputs
+// are clamped below at ln(FLT_MIN) so the result never underflows to a
+// subnormal; NaN propagates. Uses the constants in Z21..Z31; clobbers Z2..Z4.
+#define EXP \
+	VMAXPS       Z1, Z21, Z1 \
+	VMULPS       Z22, Z1, Z2 \
+	VRNDSCALEPS  $0, Z2, Z2  \
+	VFNMADD231PS Z2, Z23, Z1 \
+	VFNMADD231PS Z2, Z24, Z1 \
+	VMOVAPS      Z25, Z3     \
+	VFMADD213PS  Z26, Z1, Z3 \
+	VFMADD213PS  Z27, Z1, Z3 \
+	VFMADD213PS  Z28, Z1, Z3 \
+	VFMADD213PS  Z29, Z1, Z3 \
+	VFMADD213PS  Z30, Z1, Z3 \
+	VMULPS       Z1, Z1, Z4  \
+	VFMADD213PS  Z1, Z4, Z3  \
+	VADDPS       Z31, Z3, Z3 \
+	VSCALEFPS    Z2, Z3, Z1
+
+// HREDUCE(op, z, t) leaves op over all 16 lanes of z in every lane of z.
+#define HREDUCE(op, z, t) \
+	VSHUFF32X4 $0x4e, z, z, t \
+	op         t, z, z        \
+	VSHUFF32X4 $0xb1, z, z, t \
+	op         t, z, z        \
+	VPERMILPS  $0x4e, z, t    \
+	op         t, z, z        \
+	VPERMILPS  $0xb1, z, t    \
+	op         t, z, z
+
+// func softmaxRowAVX512(grad, z *float32, cols int, scale float32) (mx, sum float32, arg int)
+// For one row of cols ≥ 1 logits: mx = max z, arg = the first index of mx
+// (−1 if none, i.e. NaN), sum = Σ exp(z − mx), grad = scale·exp(z − mx)/sum.
+// grad may be z: each chunk is read before it is written.
+TEXT ·softmaxRowAVX512(SB), NOSPLIT, $0-48
+	MOVQ z+8(FP), SI
+	MOVQ cols+16(FP), DX
+	CONST($0xff800000, Z16) // −Inf
+
+	// Pass 1: the maximum, into every lane of Z0.
+	VMOVAPS Z16, Z0
+	MOVQ    SI, R8
+	MOVQ    DX, CX
+
+sm_max16:
+	CMPQ   CX, $16
+	JL     sm_maxtail
+	VMAXPS (R8), Z0, Z0
+	ADDQ   $64, R8
+	SUBQ   $16, CX
+	JMP    sm_max16
+
+sm_maxtail:
+	TESTQ   CX, CX
+	JE      sm_maxred
+	TAIL
+	VMOVAPS Z16, Z1
+	VMOVUPS (R8), K1, Z1
+	VMAXPS  Z1, Z0, Z0
+
+sm_maxred:
+	HREDUCE(VMAXPS, Z0, Z1)
+
+	// Pass 2: the first index equal to the maximum.
+	MOVQ SI, R8
+	MOVQ DX, CX
+	XORQ R9, R9
+
+sm_arg16:
+	CMPQ   CX, $16
+	JL     sm_argtail
+	VCMPPS $0, (R8), Z0, K2
+	KMOVW  K2, AX
+	TESTL  AX, AX
+	JNE    sm_found
+	ADDQ   $64, R8
+	ADDQ   $16, R9
+	SUBQ   $16, CX
+	JMP    sm_arg16
+
+sm_argtail:
+	TESTQ  CX, CX
+	JE     sm_none
+	TAIL
+	VCMPPS $0, (R8), Z0, K1, K2
+	KMOVW  K2, AX
+	TESTL  AX, AX
+	JNE    sm_found
+
+sm_none:
+	MOVQ $-1, R9
+	JMP  sm_argdone
+
+sm_found:
+	TZCNTL AX, AX
+	ADDQ   AX, R9
+
+sm_argdone:
+	MOVQ R9, arg+40(FP)
+
+	// Pass 3: g = exp(z − mx), summed into Z20.
+	CONST($0xc2aeac4f, Z21) // ln(FLT_MIN)
+	CONST($0x3fb8aa3b, Z22) // log2(e)
+	CONST($0x3f318000, Z23) // ln 2, high part
+	CONST($0xb95e8083, Z24) // ln 2, low part
+	CONST($0x39506967, Z25)
+	CONST($0x3ab743ce, Z26)
+	CONST($0x3c088908, Z27)
+	CONST($0x3d2aa9c1, Z28)
+	CONST($0x3e2aaaaa, Z29)
+	CONST($0x3f000000, Z30)
+	CONST($0x3f800000, Z31) // 1
+	VPXORD Z20, Z20, Z20
+	MOVQ   SI, R8
+	MOVQ   grad+0(FP), DI
+	MOVQ   DI, R10
+	MOVQ   DX, CX
+
+sm_exp16:
+	CMPQ    CX, $16
+	JL      sm_exptail
+	VMOVUPS (R8), Z1
+	VSUBPS  Z0, Z1, Z1
+	EXP
+	VADDPS  Z1, Z20, Z20
+	VMOVUPS Z1, (R10)
+	ADDQ    $64, R8
+	ADDQ    $64, R10
+	SUBQ    $16, CX
+	JMP     sm_exp16
+
+sm_exptail:
+	TESTQ     CX, CX
+	JE        sm_sum
+	TAIL
+	VMOVUPS.Z (R8), K1, Z1
+	VSUBPS    Z0, Z1, Z1
+	EXP
+	VADDPS    Z1, Z20, K1, Z20
+	VMOVUPS   Z1, K1, (R10)
+
+sm_sum:
+	HREDUCE(VADDPS, Z20, Z1)
+	VBROADCASTSS scale+24(FP), Z5
+	VDIVPS       Z20, Z5, Z5 // scale / sum
+
+	// Pass 4: g *= scale/sum.
+	MOVQ DI, R10
+	MOVQ DX, CX
+
+sm_scale16:
+	CMPQ    CX, $16
+	JL      sm_scaletail
+	VMULPS  (R10), Z5, Z1
+	VMOVUPS Z1, (R10)
+	ADDQ    $64, R10
+	SUBQ    $16, CX
+	JMP     sm_scale16
+
+sm_scaletail:
+	TESTQ     CX, CX
+	JE        sm_done
+	TAIL
+	VMULPS.Z  (R10), Z5, K1, Z1
+	VMOVUPS   Z1, K1, (R10)
+
+sm_done:
+	MOVSS X0, mx+32(FP)
+	VMOVSS X20, sum+36(FP)
 	VZEROUPPER
 	RET

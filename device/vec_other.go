@@ -17,3 +17,7 @@ func sgdAVX512(w, grad, buf *float32, n int, lr, mu, wd float32, nesterov bool) 
 func adamAVX512(w, grad, m, v *float32, n int, p *adamParams)                   { panic(errNoAsm) }
 
 const errNoAsm = "device: assembly kernel called in a build without assembly"
+
+func softmaxRowAVX512(grad, z *float32, cols int, scale float32) (mx, sum float32, arg int) {
+	panic(errNoAsm)
+}
