@@ -33,9 +33,9 @@ func (g *allowlist) allowed(p peer.ID) bool {
 	return ok || p == g.self
 }
 
-func (g *allowlist) InterceptPeerDial(p peer.ID) bool                { return g.allowed(p) }
+func (g *allowlist) InterceptPeerDial(p peer.ID) bool                 { return g.allowed(p) }
 func (g *allowlist) InterceptAddrDial(p peer.ID, _ ma.Multiaddr) bool { return g.allowed(p) }
-func (g *allowlist) InterceptAccept(network.ConnMultiaddrs) bool     { return true }
+func (g *allowlist) InterceptAccept(network.ConnMultiaddrs) bool      { return true }
 func (g *allowlist) InterceptSecured(_ network.Direction, p peer.ID, _ network.ConnMultiaddrs) bool {
 	return g.allowed(p)
 }
