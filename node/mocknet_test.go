@@ -1,0 +1,193 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+)
+
+// newMocknet attaches n nodes to a fully connected mocknet whose links have
+// the given latency and bandwidth (bytes/s).
+func newMocknet(t *testing.T, n int, latency time.Duration, bw float64, mut func(*Config)) []*Node {
+	t.Helper()
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	mn.SetLinkDefaults(mocknet.LinkOptions{Latency: latency, Bandwidth: bw})
+	nodes := make([]*Node, n)
+	for i := range nodes {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := TestConfig()
+		if mut != nil {
+			mut(&cfg)
+		}
+		nodes[i], err = Attach(h, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nodes[i].Close() })
+	}
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	return nodes
+}
+
+func roundTag(round, chunk int) Tag { return Tag(round)<<32 | Tag(chunk) }
+
+// TestMocknetRing runs the traffic pattern of a ring all-reduce: every
+// peer streams chunks to its successor over a Link while receiving its
+// predecessor's, for several rounds, on links with latency.
+func TestMocknetRing(t *testing.T) {
+	const peers, rounds, chunks, chunkFloats = 8, 3, 4, 64 << 10
+	nodes := newMocknet(t, peers, 2*time.Millisecond, 200<<20, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	payload := func(from, round, chunk int) Tensor {
+		return rawTensor(roundTag(round, chunk), chunkFloats, uint64(from*1000+round*10+chunk))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*peers)
+	for i, n := range nodes {
+		next, prev := nodes[(i+1)%peers], (i+peers-1)%peers
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			l, err := n.Link(ctx, next.ID(), 2)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer l.Close()
+			for r := range rounds {
+				for c := range chunks {
+					if err := l.Send(ctx, payload(i, r, c)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 4*chunkFloats)
+			for r := range rounds {
+				for c := range chunks {
+					got, err := n.Recv(ctx, nodes[prev].ID(), roundTag(r, c), buf)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if want := payload(prev, r, c); !bytes.Equal(got.Payload, want.Payload) {
+						errs <- fmt.Errorf("peer %d round %d chunk %d: payload differs", i, r, c)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// TestMocknetFanIn: every peer sends the same tag to peer 0, which receives
+// them with from = "" (any peer) and must see each sender exactly once.
+func TestMocknetFanIn(t *testing.T) {
+	const peers = 10
+	nodes := newMocknet(t, peers, time.Millisecond, 0, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, n := range nodes[1:] {
+		go n.Send(ctx, nodes[0].ID(), rawTensor(42, 1000, uint64(i)))
+	}
+	seen := map[peer.ID]bool{}
+	for range peers - 1 {
+		got, err := nodes[0].Recv(ctx, "", 42, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[got.From] {
+			t.Fatalf("%s delivered twice", got.From)
+		}
+		seen[got.From] = true
+	}
+}
+
+// TestMocknetBackPressure: with room to park only one tensor, a second
+// unclaimed one waits in the sender's stream until its Recv comes, then
+// arrives intact.
+func TestMocknetBackPressure(t *testing.T) {
+	nodes := newMocknet(t, 2, 0, 0, func(c *Config) { c.MaxParkedBytes = 1 << 20 })
+	a, b := nodes[0], nodes[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	t1, t2 := rawTensor(1, 200<<10, 1), rawTensor(2, 200<<10, 2) // 800 KiB each
+	if err := a.Send(ctx, b.ID(), t1); err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- a.Send(ctx, b.ID(), t2) }()
+	// t2 cannot park while t1 holds the budget.
+	got, err := b.Recv(ctx, a.ID(), 2, nil)
+	if err != nil || !bytes.Equal(got.Payload, t2.Payload) {
+		t.Fatalf("t2: %v", err)
+	}
+	got, err = b.Recv(ctx, a.ID(), 1, nil)
+	if err != nil || !bytes.Equal(got.Payload, t1.Payload) {
+		t.Fatalf("t1: %v", err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMocknetRecvErrors(t *testing.T) {
+	nodes := newMocknet(t, 2, 0, 0, func(c *Config) { c.MaxTensorBytes = 1 << 20 })
+	a, b := nodes[0], nodes[1]
+
+	// Nothing sent: the deadline ends Recv, and nothing stays posted.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.Recv(ctx, a.ID(), 1, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want DeadlineExceeded", err)
+	}
+	b.ts.mu.Lock()
+	if len(b.ts.posted) != 0 {
+		t.Fatal("expired Recv left posted")
+	}
+	b.ts.mu.Unlock()
+
+	// Two Recvs for one key.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	go b.Recv(ctx2, a.ID(), 2, nil)
+	waitPosted(t, b, mkey{a.ID(), 2})
+	if _, err := b.Recv(context.Background(), a.ID(), 2, nil); !errors.Is(err, ErrDuplicateRecv) {
+		t.Fatalf("got %v, want ErrDuplicateRecv", err)
+	}
+	cancel2()
+
+	// A tensor larger than the sender's own limit is refused before any I/O.
+	big := Tensor{Tag: 3, Codec: 0, DType: Uint8, Shape: []int{int(a.cfg.MaxTensorBytes) + 1}}
+	big.Payload = make([]byte, a.cfg.MaxTensorBytes+1)
+	if err := a.Send(context.Background(), b.ID(), big); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("got %v, want ErrFrameTooLarge", err)
+	}
+	if err := a.Send(context.Background(), b.ID(), Tensor{Tag: 4, DType: Float32, Shape: []int{3}, Payload: make([]byte, 8)}); !errors.Is(err, ErrShapeMismatch) {
+		t.Fatalf("got %v, want ErrShapeMismatch", err)
+	}
+}
