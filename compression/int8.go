@@ -70,6 +70,12 @@ func (c Int8) Encode(dst []byte, src []float32) []byte {
 			inv = 127 / absmax
 		}
 		putFloat(scales, b, absmax/127)
+		if math.IsInf(float64(inv), 0) {
+			// absmax below 127/MaxFloat32: the float32 reciprocal
+			// overflows, so quantise this (rare) block in float64.
+			quantise64(q[lo:hi], x, 127/float64(absmax))
+			continue
+		}
 		quantise(q[lo:hi], x, inv)
 	}
 	return out
@@ -82,6 +88,13 @@ func quantise(q []byte, x []float32, inv float32) {
 		// Adding 1.5·2²³ leaves round(v·inv) in the low mantissa bits.
 		t := v*inv + 12582912
 		q[i] = byte(int32(math.Float32bits(t)) - 0x4b400000)
+	}
+}
+
+func quantise64(q []byte, x []float32, inv float64) {
+	q = q[:len(x)]
+	for i, v := range x {
+		q[i] = byte(int8(math.RoundToEven(float64(v) * inv)))
 	}
 }
 
