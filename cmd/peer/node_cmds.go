@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+	"github.com/starling-ml/starling/node"
+)
+
+func init() {
+	register(&command{name: "id", summary: "print this peer's ID (creating its identity key if missing)", run: runID})
+	register(&command{name: "keygen", summary: "create an identity key, or a swarm key with --psk", run: runKeygen})
+	register(&command{name: "bench", summary: "benchmarks: 'peer bench transfer' (one-to-one throughput)", run: runBench})
+	registerBench(&command{name: "transfer", summary: "one-to-one tensor throughput vs crypto/tls between two processes", run: runBenchTransfer})
+}
+
+// benchCommands are the subcommands of 'peer bench'; other files add theirs
+// with registerBench from their init.
+var benchCommands = map[string]*command{}
+
+func registerBench(c *command) {
+	if _, dup := benchCommands[c.name]; dup {
+		panic("peer: duplicate bench command " + c.name)
+	}
+	benchCommands[c.name] = c
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	names := make([]string, 0, len(benchCommands))
+	for n := range benchCommands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(args) == 0 || benchCommands[args[0]] == nil {
+		fmt.Fprintln(stderr, "usage: peer bench <benchmark> [flags]")
+		for _, n := range names {
+			fmt.Fprintf(stderr, "  %-10s %s\n", n, benchCommands[n].summary)
+		}
+		if len(args) == 0 {
+			return errors.New("no benchmark given")
+		}
+		return fmt.Errorf("unknown benchmark %q", args[0])
+	}
+	return benchCommands[args[0]].run(ctx, args[1:], stdout, stderr)
+}
+
+// defaultKeyFile is where the identity lives unless --key says otherwise.
+func defaultKeyFile() string {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		dir = "."
+	}
+	return filepath.Join(dir, "starling", "identity.key")
+}
+
+func runID(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("id", stderr)
+	key := fs.String("key", defaultKeyFile(), "identity key file (created, mode 0600, if missing)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sk, err := node.LoadOrCreateIdentity(*key)
+	if err != nil {
+		return err
+	}
+	id, err := peer.IDFromPrivateKey(sk)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, id)
+	return nil
+}
+
+func runKeygen(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := newFlagSet("keygen", stderr)
+	key := fset.String("key", defaultKeyFile(), "identity key file to create")
+	psk := fset.Bool("psk", false, "create a swarm key (IPFS swarm.key format) instead of an identity")
+	out := fset.String("out", "swarm.key", "with --psk: the swarm key file to create")
+	if err := fset.Parse(args); err != nil {
+		return err
+	}
+	if *psk {
+		k, err := node.GeneratePSK()
+		if err != nil {
+			return err
+		}
+		if err := node.WritePSK(*out, k); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote swarm key %s (mode 0600); give the same file to every member (--psk %s)\n", *out, *out)
+		return nil
+	}
+	if _, err := os.Stat(*key); err == nil {
+		return fmt.Errorf("%s: %w (peer id prints its ID)", *key, fs.ErrExist)
+	}
+	sk, err := node.LoadOrCreateIdentity(*key)
+	if err != nil {
+		return err
+	}
+	id, _ := peer.IDFromPrivateKey(sk)
+	fmt.Fprintf(stdout, "%s\n", id)
+	fmt.Fprintf(stderr, "wrote identity key %s (mode 0600)\n", *key)
+	return nil
+}
+
+// runBenchTransfer is both sides of the one-to-one benchmark. Without
+// --connect it serves (libp2p and the crypto/tls baseline) until
+// interrupted; with --connect it runs transfers against a server,
+// alternating libp2p and TLS so that both see the same conditions.
+func runBenchTransfer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fset := newFlagSet("bench transfer", stderr)
+	listen := fset.String("listen", "/ip4/0.0.0.0/tcp/4001", "server: libp2p listen multiaddr")
+	tlsListen := fset.String("tls-listen", ":4002", "server: crypto/tls baseline listen address (empty: none)")
+	addrFile := fset.String("addr-file", "", "server: write the libp2p address to this file once listening")
+	connect := fset.String("connect", "", "client: the server's libp2p multiaddr (with /p2p/ID)")
+	tlsAddr := fset.String("tls", "", "client: the server's baseline host:port (default: the --connect host, port 4002; 'none' to skip)")
+	sizeMiB := fset.Int("size-mib", 256, "client: tensor size in MiB")
+	count := fset.Int("count", 4, "client: transfers of each kind")
+	stripes := fset.Int("stripes", node.DefaultConfig().Stripes, "streams per tensor")
+	pskFile := fset.String("psk", "", "swarm key file (both sides)")
+	key := fset.String("key", "", "identity key file (default: a fresh identity)")
+	metrics := fset.String("metrics-addr", "", "serve Prometheus metrics on this address")
+	if err := fset.Parse(args); err != nil {
+		return err
+	}
+	cfg := node.DefaultConfig()
+	cfg.MDNS, cfg.DHT, cfg.NATPortMap, cfg.HolePunching, cfg.NATService = false, false, false, false, false
+	cfg.Stripes = *stripes
+	cfg.PSKFile = *pskFile
+	cfg.KeyFile = *key
+	cfg.MetricsAddr = *metrics
+	size := *sizeMiB << 20
+	if size <= 0 || int64(size) > cfg.MaxTensorBytes {
+		return fmt.Errorf("--size-mib %d out of range (1..%d)", *sizeMiB, cfg.MaxTensorBytes>>20)
+	}
+	if *connect == "" {
+		cfg.ListenAddrs = []string{*listen}
+		return benchServe(ctx, cfg, *tlsListen, *addrFile, stdout)
+	}
+	cfg.ListenAddrs = []string{}
+	return benchClient(ctx, cfg, *connect, *tlsAddr, size, *count, stdout)
+}
+
+func benchServe(ctx context.Context, cfg node.Config, tlsListen, addrFile string, stdout io.Writer) error {
+	n, err := node.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	addrs := n.Addrs()
+	for _, a := range addrs {
+		fmt.Fprintf(stdout, "libp2p listening on %s\n", a)
+	}
+	errc := make(chan error, 2)
+	if tlsListen != "" {
+		ln, err := net.Listen("tcp", tlsListen)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "tls baseline listening on %s\n", ln.Addr())
+		go func() { errc <- node.ServeTLSBaseline(ctx, ln, cfg.MaxTensorBytes) }()
+	}
+	if addrFile != "" && len(addrs) > 0 {
+		if err := os.WriteFile(addrFile, []byte(addrs[0].String()+"\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	go func() { errc <- n.ServeBench(ctx) }()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+func benchClient(ctx context.Context, cfg node.Config, connect, tlsAddr string, size, count int, stdout io.Writer) error {
+	ai, err := peer.AddrInfoFromString(connect)
+	if err != nil {
+		return fmt.Errorf("--connect: %w", err)
+	}
+	if tlsAddr == "" {
+		host, err := hostOf(ai.Addrs[0])
+		if err != nil {
+			return err
+		}
+		tlsAddr = net.JoinHostPort(host, "4002")
+	}
+	n, err := node.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = n.Connect(cctx, *ai)
+	cancel()
+	if err != nil {
+		return err
+	}
+	payload := make([]byte, size)
+	for i := range payload { // incompressible enough, cheap to make
+		payload[i] = byte(i*2654435761>>13) ^ byte(i>>9)
+	}
+	// Warm up both paths (connection set-up, windows, buffers).
+	if _, err := n.RunBench(ctx, ai.ID, payload, 1); err != nil {
+		return err
+	}
+	if tlsAddr != "none" {
+		if _, err := node.RunTLSBaseline(ctx, tlsAddr, size, 1); err != nil {
+			return fmt.Errorf("tls baseline at %s: %w", tlsAddr, err)
+		}
+	}
+	var p2p, base node.BenchResult
+	for range count {
+		r, err := n.RunBench(ctx, ai.ID, payload, 1)
+		if err != nil {
+			return err
+		}
+		p2p.Bytes += r.Bytes
+		p2p.Elapsed += r.Elapsed
+		if tlsAddr == "none" {
+			continue
+		}
+		r, err = node.RunTLSBaseline(ctx, tlsAddr, size, 1)
+		if err != nil {
+			return err
+		}
+		base.Bytes += r.Bytes
+		base.Elapsed += r.Elapsed
+	}
+	mode := "tls+yamux"
+	if cfg.PSKFile != "" {
+		mode = "psk+tls+yamux"
+	}
+	fmt.Fprintf(stdout, "libp2p (%s, %d stripes): %d x %d MiB in %v = %.1f MB/s\n",
+		mode, cfg.Stripes, count, size>>20, p2p.Elapsed.Round(time.Millisecond), p2p.MBps())
+	if tlsAddr != "none" {
+		fmt.Fprintf(stdout, "crypto/tls baseline:        %d x %d MiB in %v = %.1f MB/s\n",
+			count, size>>20, base.Elapsed.Round(time.Millisecond), base.MBps())
+		fmt.Fprintf(stdout, "ratio libp2p/tls: %.3f\n", p2p.MBps()/base.MBps())
+	}
+	return nil
+}
+
+// hostOf returns the IP or DNS name at the front of a multiaddr.
+func hostOf(a ma.Multiaddr) (string, error) {
+	for _, code := range []int{ma.P_IP4, ma.P_IP6, ma.P_DNS, ma.P_DNS4, ma.P_DNS6} {
+		if v, err := a.ValueForProtocol(code); err == nil {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("no host in %s", a)
+}
