@@ -91,10 +91,10 @@ func (r *Runner) buf(name string, n int) []float32 {
 // name this peer), ErrExcluded (with a *PeerError naming this peer),
 // ErrTooFewPeers, ErrRoundFailed, ErrOverflow, ErrZeroWeight,
 // ErrTooFewInputs, ErrClosed, or ctx's error.
-func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, weight float64) (Result, error) {
+func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, weight float64) (res Result, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	res := Result{Group: g, Algorithm: r.cfg.resolve(len(src))}
+	res = Result{Group: g, Algorithm: r.cfg.resolve(len(src))}
 	if len(dst) != len(src) {
 		return res, fmt.Errorf("%w: dst has %d values, src %d", ErrBadInput, len(dst), len(src))
 	}
@@ -206,7 +206,7 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 // maxMult is the largest timeout multiple any member waits in this attempt.
 func (a *attempt) maxMult() int {
 	if a.algo == Tree {
-		return 2 + treeHeight(0, a.n)
+		return max(2*treeHeight(0, a.n), 1)
 	}
 	return 2
 }
@@ -426,7 +426,7 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 		votes.Wait()
 		return outcome{}, fatal
 	}
-	a.votes[a.rank] = peerVote{state: voteGot, v: own, digest: a.g.digest}
+	a.votes[a.rank] = peerVote{state: voteGot, v: own, digest: a.g.digest, known: true}
 
 	// Send our vote to everyone, then wait for theirs: until all are in,
 	// or every missing one is from a member some vote already blames, or
@@ -466,7 +466,8 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 }
 
 // onlyBlamedMissing reports whether every member whose vote is pending is
-// blamed by a vote already in (ours included).
+// blamed by a vote already in (ours included) from a member that shares our
+// group and settings.
 func (a *attempt) onlyBlamedMissing(pending []bool) bool {
 	for j, p := range pending {
 		if !p {
@@ -474,7 +475,7 @@ func (a *attempt) onlyBlamedMissing(pending []bool) bool {
 		}
 		blamed := false
 		for i := range a.n {
-			if !pending[i] && a.votes[i].state == voteGot && a.votes[i].v.blame[j] != kindNone {
+			if !pending[i] && a.votes[i].state == voteGot && a.votes[i].v.cfg == a.cfg && a.votes[i].v.blame[j] != kindNone {
 				blamed = true
 				break
 			}
@@ -491,7 +492,7 @@ type peerVote struct {
 	state  uint8 // voteMissing, voteGot, voteOther
 	v      vote
 	digest uint64 // the voter's group digest
-	known  bool   // for voteOther: v decoded
+	known  bool   // v decoded
 }
 
 const (
@@ -511,7 +512,7 @@ func (a *attempt) recvVote(ctx context.Context, j int, buf []float32) {
 			pv.state, pv.digest = voteOther, 0
 			return
 		}
-		pv.state, pv.digest = voteGot, a.g.digest
+		pv.state, pv.digest, pv.known = voteGot, a.g.digest, true
 		if !pv.v.ok {
 			a.stopData()
 		}
@@ -556,6 +557,10 @@ func (a *attempt) decide() (outcome, error) {
 			return key{pv.digest, pv.v.cfg}, true
 		case pv.state == voteOther && pv.known:
 			return key{pv.digest, pv.v.cfg}, true
+		case pv.state == voteOther && pv.digest != 0:
+			// Another group (its vote may not even fit ours): settings
+			// unknown, so all such voters of one digest count together.
+			return key{pv.digest, 0}, true
 		}
 		return key{}, false
 	}

@@ -63,9 +63,21 @@ func (a *attempt) tree() {
 	wg.Wait()
 }
 
-// downMult is the timeout multiple for waits on the way down: the result
-// can only come after the whole tree has reduced.
-func (a *attempt) downMult() int { return 2 + treeHeight(0, a.n) }
+// downMult is the timeout multiple for rank me's wait on its parent: the
+// result comes only after the whole tree has reduced (the root waits at most
+// H stall timeouts for its children), and each level waits one timeout
+// longer than its parent, so that the member nearest a failure times out,
+// and says so, first.
+func (a *attempt) downMult(me int) int { return treeHeight(0, a.n) + treeDepth(me) }
+
+// treeDepth returns the depth of rank r (0 for the root).
+func treeDepth(r int) int {
+	d := 0
+	for ; r > 0; r = (r - 1) / 2 {
+		d++
+	}
+	return d
+}
 
 func (a *attempt) upFrom(c int, buf []float32, w *float64, arrived chan<- struct{}) {
 	h := treeHeight(c, a.n)
@@ -116,7 +128,7 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 	} else {
 		var hw [headerLen]float32
 		header{cfg: a.cfg, d: uint64(len(a.src)), weight: sub}.encode(hw[:])
-		if !a.send(parent, StepUp, 0, hw[:], a.downMult()) {
+		if !a.send(parent, StepUp, 0, hw[:], a.maxMult()) {
 			return
 		}
 	}
@@ -147,7 +159,7 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 			return
 		}
 		if me != 0 {
-			if !a.send(parent, StepUp, uint32(k+1), out, a.downMult()) {
+			if !a.send(parent, StepUp, uint32(k+1), out, a.maxMult()) {
 				return
 			}
 			continue
@@ -166,7 +178,7 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 }
 
 func (a *attempt) downFrom(parent, chunks int, publish func()) {
-	mult := a.downMult()
+	mult := a.downMult(a.rank)
 	var hw [headerLen]float32
 	if !a.recv(parent, StepDown, 0, hw[:], mult, kindTimeout) {
 		return
@@ -189,7 +201,7 @@ func (a *attempt) downFrom(parent, chunks int, publish func()) {
 }
 
 func (a *attempt) downTo(c, chunks int, ready <-chan struct{}) {
-	mult := a.downMult()
+	mult := a.maxMult()
 	if !a.wait(ready) {
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/starling-ml/starling/aggregate"
 )
@@ -57,9 +58,10 @@ func Chain(hs ...Hook) Hook {
 
 // Outcome is one peer's side of a round run by RunRound.
 type Outcome struct {
-	Result aggregate.Result
-	Err    error
-	Out    []float32 // the peer's dst
+	Result  aggregate.Result
+	Err     error
+	Out     []float32     // the peer's dst
+	Elapsed time.Duration // from the start of RunRound to this peer's return
 }
 
 // RunRound runs AllReduce on every runner at once, runner i contributing
@@ -68,6 +70,7 @@ type Outcome struct {
 func RunRound(ctx context.Context, runners []*aggregate.Runner, g aggregate.Group, srcs [][]float32, weights []float64) []Outcome {
 	out := make([]Outcome, len(runners))
 	var wg sync.WaitGroup
+	start := time.Now()
 	for i, r := range runners {
 		out[i].Out = make([]float32, len(srcs[i]))
 		w := 1.0
@@ -76,6 +79,7 @@ func RunRound(ctx context.Context, runners []*aggregate.Runner, g aggregate.Grou
 		}
 		wg.Go(func() {
 			out[i].Result, out[i].Err = r.AllReduce(ctx, g, out[i].Out, srcs[i], w)
+			out[i].Elapsed = time.Since(start)
 		})
 	}
 	wg.Wait()
