@@ -49,7 +49,8 @@ func refF16(x float32) uint16 {
 		sign, v = 0x8000, -v
 	}
 	if math.IsNaN(v) {
-		return sign | 0x7e00
+		// Quiet, with the top payload bits: what VCVTPS2PH does.
+		return sign | 0x7e00 | uint16(math.Float32bits(x)>>13)&0x3ff
 	}
 	if math.IsInf(v, 0) {
 		return sign | 0x7c00

@@ -11,7 +11,9 @@ const f16Max = 65504
 // f32ToF16 converts the float32 bit pattern f to IEEE 754 binary16 with round
 // to nearest even. Finite values beyond ±65504 saturate to ±65504 (as
 // hivemind's fp16 codec clamps) rather than becoming infinities; ±Inf stays
-// ±Inf and NaN stays a quiet NaN. After F. Giesen's float_to_half_fast3_rtne.
+// ±Inf and a NaN becomes a quiet NaN with the top payload bits, exactly as
+// the F16C instruction VCVTPS2PH does, so the assembly and the pure-Go paths
+// give the same bytes. After F. Giesen's float_to_half_fast3_rtne.
 func f32ToF16(f uint32) uint16 {
 	sign := uint16(f>>16) & 0x8000
 	f &= 0x7fffffff
@@ -35,20 +37,24 @@ func f32ToF16(f uint32) uint16 {
 func f16Special(f uint32) uint16 {
 	switch {
 	case f > 0x7f800000:
-		return 0x7e00
+		return 0x7e00 | uint16(f>>13)&0x3ff
 	case f == 0x7f800000:
 		return 0x7c00
 	}
 	return 0x7bff
 }
 
-// f16ToF32 converts the binary16 h to float32 exactly.
+// f16ToF32 converts the binary16 h to float32 exactly; a NaN comes out
+// quiet, as VCVTPH2PS makes it.
 func f16ToF32(h uint16) float32 {
 	o := uint32(h&0x7fff) << 13
 	exp := o & 0x0f800000
 	o += 0x38000000        // rebias (127-15)<<23
 	if exp == 0x0f800000 { // Inf or NaN
 		o += 0x38000000
+		if o&0x007fffff != 0 {
+			o |= 0x00400000
+		}
 	}
 	// Zero or subnormal: renormalise through the FPU (computed always; the
 	// select is a CMOV).

@@ -16,7 +16,7 @@ const maxBlock = 1 << 24
 // block's absmax as scale: q = round(x·127/absmax), x̂ = q·absmax/127, so the
 // absolute error of every value is at most absmax/254 (half a step) plus
 // float32 rounding (a relative 2⁻²⁰ of absmax). A block of zeros decodes to
-// zeros. Non-finite inputs give non-finite scales, never a panic.
+// zeros; a block holding an Inf or NaN decodes to NaNs.
 //
 // Wire: header, uvarint block, ⌈n/block⌉ float32 scales (absmax/127), then n
 // int8 values. A decoder reads the block size from the bytes, so any Int8
@@ -65,6 +65,13 @@ func (c Int8) Encode(dst []byte, src []float32) []byte {
 			}
 		}
 		absmax := math.Float32frombits(mx)
+		if mx >= 0x7f800000 {
+			// Inf or NaN in the block: send a NaN scale and zeros, so the
+			// whole block decodes to NaN on every machine.
+			putFloat(scales, b, float32(math.NaN()))
+			clear(q[lo:hi])
+			continue
+		}
 		var inv float32
 		if mx != 0 {
 			inv = 127 / absmax
@@ -85,8 +92,10 @@ func (c Int8) Encode(dst []byte, src []float32) []byte {
 func quantise(q []byte, x []float32, inv float32) {
 	q = q[:len(x)]
 	for i, v := range x {
-		// Adding 1.5·2²³ leaves round(v·inv) in the low mantissa bits.
-		t := v*inv + 12582912
+		// Adding 1.5·2²³ leaves round(v·inv) in the low mantissa bits. The
+		// conversion keeps the compiler from fusing this into an FMA, which
+		// would round differently from the assembly kernel.
+		t := float32(v*inv) + 12582912
 		q[i] = byte(int32(math.Float32bits(t)) - 0x4b400000)
 	}
 }
@@ -127,7 +136,7 @@ func (Int8) decodeAdd(acc []float32, src []byte) error {
 		x, qb := acc[lo:hi], q[lo:hi]
 		qb = qb[:len(x)]
 		for i := range x {
-			x[i] += float32(int8(qb[i])) * s
+			x[i] += float32(float32(int8(qb[i])) * s) // no FMA: bit-exact everywhere
 		}
 	}
 	return nil

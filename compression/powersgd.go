@@ -423,13 +423,18 @@ func powerDecode(dst []float32, src []byte, add bool) error {
 				a := getFloat(pt, l*rows+i)
 				q := qt[4*l*cols : 4*(l+1)*cols]
 				for j := range row {
-					row[j] += a * math.Float32frombits(binary.LittleEndian.Uint32(q[4*j:]))
+					row[j] += float32(a * math.Float32frombits(binary.LittleEndian.Uint32(q[4*j:])))
 				}
 			}
 		}
 	}
 	return nil
 }
+
+// The arithmetic below writes every product as float32(a*b) or
+// float64(a*b): Go may otherwise fuse a*b+c into an FMA on some targets
+// (GOAMD64=v3, arm64), and peers built differently would then orthonormalise
+// the same all-reduced P into different P̂.
 
 // orthonormalise runs modified Gram–Schmidt on the r columns of P, stored
 // column by column in pt (r×rows), accumulating in float64. A column that
@@ -456,13 +461,13 @@ func dot32(a, b []float32) float32 {
 	var s0, s1, s2, s3 float32
 	i := 0
 	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
+		s0 += float32(a[i] * b[i])
+		s1 += float32(a[i+1] * b[i+1])
+		s2 += float32(a[i+2] * b[i+2])
+		s3 += float32(a[i+3] * b[i+3])
 	}
 	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
+		s0 += float32(a[i] * b[i])
 	}
 	return (s0 + s1) + (s2 + s3)
 }
@@ -471,7 +476,7 @@ func dot64(a, b []float32) float64 {
 	b = b[:len(a)]
 	var s float64
 	for i, v := range a {
-		s += float64(v) * float64(b[i])
+		s += float64(float64(v) * float64(b[i]))
 	}
 	return s
 }
@@ -479,7 +484,7 @@ func dot64(a, b []float32) float64 {
 func sumSq(a []float32) float64 {
 	var s float64
 	for _, v := range a {
-		s += float64(v) * float64(v)
+		s += float64(float64(v) * float64(v))
 	}
 	return s
 }
@@ -488,7 +493,7 @@ func sumSq(a []float32) float64 {
 func axpy32(alpha float32, x, y []float32) {
 	y = y[:len(x)]
 	for i, v := range x {
-		y[i] += alpha * v
+		y[i] += float32(alpha * v)
 	}
 }
 
