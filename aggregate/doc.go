@@ -1,0 +1,90 @@
+// Package aggregate is Starling's all-reduce: who takes part in a round,
+// how their vectors are combined (sum, weighted mean, and rules robust to
+// peers that lie), how the combining runs over the network (tree or
+// butterfly, chunked and pipelined), and what happens when a peer dies,
+// stalls or sends garbage mid-round. It never hangs: every wait on a peer
+// has a deadline, and a round ends in a complete result or a typed error.
+//
+// # Rules (pure)
+//
+// A Rule turns n contributions into one vector: Sum, Mean (weights = sample
+// counts), Median, Trimmed (β), Krum (Multi-Krum with f, m) and CClip
+// (centered clipping with τ, L iterations). ParseRule reads them from flag
+// values ("mean", "trimmed:0.2", "krum:f=2,m=3", "cclip:tau=10,iters=3").
+// Reduce applies a rule to whole vectors. Every rule also runs sharded, as
+// the butterfly needs: each shard owner runs a Pass over the n contributions
+// of its shard; Krum and CClip agree on their few global numbers (pairwise
+// distances, norms) by summing each shard's Stats.
+//
+// # Groups (pure)
+//
+// Form(round, members) orders a membership set by a hash of (round, peer),
+// so every peer derives the same ranks and the tree root and shard owners
+// rotate between rounds; Group.Digest hashes (round, attempt, members) and
+// travels in every chunk's Tag, so peers that formed different groups find
+// out at their first chunk (MismatchError) instead of mixing data.
+//
+// # Transport
+//
+// Transport is the seam to the network: Send a tagged []float32 chunk to a
+// peer, Recv the chunk with a given tag from a given peer into a caller
+// buffer, both with a ctx. Mailbox is a ready-made receiving half (and a
+// Scoper, which refuses chunks from peers outside the round's group). The
+// aggtest package is an in-memory network with latency, bandwidth and
+// failure injection; aggregate/p2p runs the same Transport over node/'s
+// libp2p tensor streams.
+//
+// # The driver
+//
+// A Runner is one peer's driver; it owns a round's goroutines and none
+// between rounds.
+//
+//	r, _ := aggregate.NewRunner(self, transport, aggregate.DefaultConfig())
+//	for round := uint64(1); ; round++ {
+//		g, _ := aggregate.Form(round, members)        // same on every peer
+//		res, err := r.AllReduce(ctx, g, avg, grad, float64(samples))
+//		// err == nil: avg is the rule over res.Group's contributions, the
+//		// same bits on every member that succeeded.
+//	}
+//
+// A round runs in attempts. Each attempt has a data phase (tree or
+// butterfly) and a vote: every member sends every other member its verdict
+// (OK: "I hold the whole result"; or FAIL and whom it blames: a peer that
+// sent nothing within the stall timeout, a wrong length, NaN/Inf, another
+// group digest or other settings). A FAIL vote also stops the data phase of
+// whoever receives it, so a failure spreads in one hop. If all votes are OK
+// the members commit; otherwise every member derives the same next group
+// from the same votes (silent members, members blamed with a hard fault, or
+// blamed for a timeout while blaming no one themselves) and runs the round
+// again without them. A member outside the majority view, or blamed itself,
+// returns ErrExcluded with a *PeerError naming it. Rounds end with
+// ErrTooFewPeers when Config.Quorum would be broken (so at most one side of
+// a partition goes on), ErrRoundFailed after Config.MaxAttempts, or the
+// group-wide ErrOverflow / ErrZeroWeight that a re-run would not change.
+//
+// Timeouts grow with what a wait depends on: a butterfly owner waits one
+// StallTimeout for a contribution (which depends on nobody), a peer waits
+// two for an owner's reduced shard; in the tree a node waits 1+h timeouts
+// for a child of height h and H+depth for its parent's broadcast. So the
+// member closest to a failure times out first and its FAIL vote reaches the
+// others before their own, less informed, timeouts fire.
+//
+// What this does not guarantee: agreement under arbitrary network
+// partitions. A member whose FAIL vote reaches some members only after
+// their vote window closed (a vote delayed longer than (maxMult+1)
+// StallTimeouts) can leave those members committed on the full group while
+// the rest re-run without the lost member. Each Result names its Group, so
+// callers can compare digests; members that re-run in a different group
+// than others fail with ErrGroupMismatch rather than mix data.
+//
+// # Algorithms
+//
+// Butterfly (reduce-scatter then all-gather, direct): rank i owns shard i;
+// every peer sends each shard to its owner, the owner reduces the n
+// contributions chunk by chunk as they arrive (robust rules included) and
+// sends each reduced chunk to every peer. Each peer sends and receives
+// 2(n−1)/n of the vector, for any n ≥ 1. Tree (binary heap over ranks):
+// partial weighted sums flow up chunk by chunk and the root's result flows
+// down, 2·⌈log₂ n⌉ hops; sum and mean only. Auto uses the tree for linear
+// rules on vectors up to Config.TreeMaxBytes.
+package aggregate
