@@ -145,3 +145,40 @@ func BenchmarkMergeSparse(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkKernels compares each dispatched bulk loop (AVX2 where the CPU has
+// it) with its pure-Go version on the same 16 M values, in the same run.
+func BenchmarkKernels(b *testing.B) {
+	x := benchData()
+	n := len(x)
+	half := make([]byte, 2*n)
+	q := make([]byte, n)
+	y := make([]float32, n)
+	encodeF16Go(half, x)
+	quantiseGo(q, x, 0.5)
+	kernels := []struct {
+		name    string
+		fast, g func()
+	}{
+		{"fp16-encode", func() { encodeF16(half, x) }, func() { encodeF16Go(half, x) }},
+		{"fp16-decode", func() { decodeF16(y, half) }, func() { decodeF16Go(y, half) }},
+		{"bf16-encode", func() { encodeBF16(half, x) }, func() { encodeBF16Go(half, x) }},
+		{"bf16-decode", func() { decodeBF16(y, half) }, func() { decodeBF16Go(y, half) }},
+		{"int8-absmax", func() { absmaxBits(x) }, func() { absmaxBitsGo(x) }},
+		{"int8-quantise", func() { quantise(q, x, 1e3) }, func() { quantiseGo(q, x, 1e3) }},
+		{"int8-dequantise", func() { dequantise(y, q, 1e-3) }, func() { dequantiseGo(y, q, 1e-3) }},
+	}
+	for _, k := range kernels {
+		for _, v := range []struct {
+			name string
+			f    func()
+		}{{"dispatched", k.fast}, {"purego", k.g}} {
+			b.Run(k.name+"/"+v.name, func(b *testing.B) {
+				b.SetBytes(int64(4 * n))
+				for b.Loop() {
+					v.f()
+				}
+			})
+		}
+	}
+}

@@ -57,13 +57,7 @@ func (c Int8) Encode(dst []byte, src []float32) []byte {
 	for b := 0; b < nb; b++ {
 		lo, hi := b*block, min((b+1)*block, n)
 		x := src[lo:hi]
-		var mx uint32
-		for _, v := range x {
-			m := math.Float32bits(v) & 0x7fffffff
-			if m > mx {
-				mx = m
-			}
-		}
+		mx := absmaxBits(x)
 		absmax := math.Float32frombits(mx)
 		if mx >= 0x7f800000 {
 			// Inf or NaN in the block: send a NaN scale and zeros, so the
@@ -88,8 +82,28 @@ func (c Int8) Encode(dst []byte, src []float32) []byte {
 	return out
 }
 
-// quantise writes round(x·inv) (round half to even) for |x·inv| ≤ 127.
-func quantise(q []byte, x []float32, inv float32) {
+// The bulk loops; kernels_amd64.go swaps in AVX2 versions.
+var (
+	absmaxBits = absmaxBitsGo
+	quantise   = quantiseGo
+	dequantise = dequantiseGo
+)
+
+// absmaxBitsGo returns the largest magnitude bit pattern (sign cleared) in
+// x: the bits of max |x|, with NaN above Inf.
+func absmaxBitsGo(x []float32) uint32 {
+	var mx uint32
+	for _, v := range x {
+		m := math.Float32bits(v) & 0x7fffffff
+		if m > mx {
+			mx = m
+		}
+	}
+	return mx
+}
+
+// quantiseGo writes round(x·inv) (round half to even) for |x·inv| ≤ 127.
+func quantiseGo(q []byte, x []float32, inv float32) {
 	q = q[:len(x)]
 	for i, v := range x {
 		// Adding 1.5·2²³ leaves round(v·inv) in the low mantissa bits. The
@@ -115,14 +129,17 @@ func (Int8) Decode(dst []float32, src []byte) error {
 	}
 	for b := 0; b*block < len(dst); b++ {
 		lo, hi := b*block, min((b+1)*block, len(dst))
-		s := getFloat(scales, b)
-		x, qb := dst[lo:hi], q[lo:hi]
-		qb = qb[:len(x)]
-		for i := range x {
-			x[i] = float32(int8(qb[i])) * s
-		}
+		dequantise(dst[lo:hi], q[lo:hi], getFloat(scales, b))
 	}
 	return nil
+}
+
+// dequantiseGo writes float32(int8(q))·s.
+func dequantiseGo(x []float32, q []byte, s float32) {
+	q = q[:len(x)]
+	for i := range x {
+		x[i] = float32(int8(q[i])) * s
+	}
 }
 
 func (Int8) decodeAdd(acc []float32, src []byte) error {
