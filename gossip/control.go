@@ -135,7 +135,8 @@ type ControlPlane struct {
 	ann                    chan *Announcement
 	stats                  counters
 
-	mu         sync.Mutex // guards members, hbReplay, annReplay
+	mu         sync.Mutex    // guards members, hbReplay, annReplay, changed
+	changed    chan struct{} // closed and replaced when a heartbeat is applied
 	members    *Membership
 	hbReplay   *replayGuard
 	annReplay  *replayGuard
@@ -165,6 +166,7 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 		done:      make(chan struct{}),
 		ann:       make(chan *Announcement, cfg.AnnounceQueue),
 		members:   NewMembership(cfg.PeerTTL),
+		changed:   make(chan struct{}),
 		hbReplay:  newReplayGuard(),
 		annReplay: newReplayGuard(),
 	}
@@ -179,7 +181,12 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 	// The router lives until Close; its context is not a caller's.
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
-	psOpts := append(append([]pubsub.Option(nil), o.psOpts...),
+	// Flood-publish our own messages to every topic peer, not only the
+	// mesh: control messages are small, and GossipSub (v0.19 defaults to
+	// mesh-only) would otherwise silently drop what is published before
+	// the first mesh heartbeat. Callers may override it.
+	psOpts := append([]pubsub.Option{pubsub.WithFloodPublish(true)}, o.psOpts...)
+	psOpts = append(psOpts,
 		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
 		pubsub.WithRawTracer(&dropTracer{c: c}),
 	)
@@ -274,6 +281,29 @@ func (c *ControlPlane) Peer(id peer.ID) (PeerInfo, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.members.Get(id, now)
+}
+
+// WaitPeers blocks until at least n peers other than this one are live,
+// and returns them. It returns early with ctx's error or ErrClosed. It only
+// waits: heartbeats must flow (the loop, or the caller's Beat calls).
+func (c *ControlPlane) WaitPeers(ctx context.Context, n int) ([]PeerInfo, error) {
+	for {
+		now := c.clock.Now()
+		c.mu.Lock()
+		live := c.members.Live(now)
+		changed := c.changed
+		c.mu.Unlock()
+		if len(live) >= n {
+			return live, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return live, ctx.Err()
+		case <-c.done:
+			return nil, ErrClosed
+		}
+	}
 }
 
 // Expire removes peers whose heartbeats stopped and forgets replay state
@@ -401,6 +431,8 @@ func (c *ControlPlane) readHeartbeats(ctx context.Context) {
 		now := c.clock.Now()
 		c.mu.Lock()
 		joined := c.members.Observe(hb, now)
+		close(c.changed)
+		c.changed = make(chan struct{})
 		c.mu.Unlock()
 		c.stats.heartbeats.Add(1)
 		if len(hb.Addrs) > 0 {

@@ -1,0 +1,374 @@
+package gossip
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/host"
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+
+	"github.com/starling-ml/starling/compression"
+)
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// eventually polls cond until it holds or the deadline passes. The things
+// it waits for happen on mocknet goroutines, outside the test's control.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		<-tick.C
+	}
+}
+
+// mesh returns n mocknet hosts, linked but not yet connected: start the
+// routers first and then call connect, as GossipSub learns a peer's topics
+// when it connects (its own tests do the same).
+func mesh(t *testing.T, n int) (mocknet.Mocknet, []host.Host) {
+	t.Helper()
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	hosts := make([]host.Host, n)
+	for i := range hosts {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts[i] = h
+	}
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	return mn, hosts
+}
+
+func connect(t *testing.T, mn mocknet.Mocknet) {
+	t.Helper()
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func manualConfig() Config {
+	c := DefaultConfig()
+	c.Namespace = "test"
+	c.Model = "mnist-mlp"
+	c.HeartbeatInterval = 0
+	return c
+}
+
+func startPlanes(t *testing.T, hosts []host.Host, cfg Config, clock Clock) []*ControlPlane {
+	t.Helper()
+	cps := make([]*ControlPlane, len(hosts))
+	for i, h := range hosts {
+		cp, err := New(h, cfg, WithClock(clock))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cps[i] = cp
+		t.Cleanup(func() { cp.Close() })
+	}
+	return cps
+}
+
+// waitTopicPeers waits until every plane sees want peers on both topics, so
+// that what is published next reaches everyone.
+func waitTopicPeers(t *testing.T, cps []*ControlPlane, want int) {
+	t.Helper()
+	eventually(t, 20*time.Second, "topic peers", func() bool {
+		for _, cp := range cps {
+			if len(cp.hbTopic.ListPeers()) < want || len(cp.annTopic.ListPeers()) < want {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestMembershipOn16Hosts(t *testing.T) {
+	const n = 16
+	mn, hosts := mesh(t, n)
+	clock := newFakeClock()
+	cps := startPlanes(t, hosts, manualConfig(), clock)
+	connect(t, mn)
+	waitTopicPeers(t, cps, n-1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, cp := range cps {
+		cp.SetStatus(uint64(100+i), float32(10*i))
+		if err := cp.Beat(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, cp := range cps {
+		if _, err := cp.WaitPeers(ctx, n-1); err != nil {
+			t.Fatalf("host %d sees %d peers: %v", i, len(cp.Peers()), err)
+		}
+	}
+	// The view carries what each peer announced, and addresses reach the
+	// peerstore.
+	for i, cp := range cps {
+		for j, h := range hosts {
+			if i == j {
+				continue
+			}
+			p, ok := cp.Peer(h.ID())
+			if !ok || p.Version != uint64(100+j) || p.SamplesPerSec != float32(10*j) || p.Model != "mnist-mlp" {
+				t.Fatalf("host %d's view of %d: %+v %v", i, j, p, ok)
+			}
+			if len(p.Addrs) == 0 || len(hosts[i].Peerstore().Addrs(h.ID())) == 0 {
+				t.Fatalf("host %d has no addresses for %d", i, j)
+			}
+		}
+		if st := cp.Stats(); st.Heartbeats < n-1 || st.Dropped() != 0 {
+			t.Fatalf("host %d stats: %v", i, st)
+		}
+	}
+
+	// Silence: after the TTL every view is empty and Expire reports all.
+	clock.Advance(manualConfig().PeerTTL)
+	for i, cp := range cps {
+		if live := cp.Peers(); len(live) != 0 {
+			t.Fatalf("host %d still sees %d peers after the TTL", i, len(live))
+		}
+	}
+	if gone := cps[0].Expire(); len(gone) != n-1 {
+		t.Fatalf("Expire = %d peers, want %d", len(gone), n-1)
+	}
+	// One peer speaks again and comes back.
+	if err := cps[1].Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "host 1 to come back", func() bool {
+		p := cps[0].Peers()
+		return len(p) == 1 && p[0].ID == hosts[1].ID()
+	})
+}
+
+func TestAnnouncements(t *testing.T) {
+	mn, hosts := mesh(t, 4)
+	cps := startPlanes(t, hosts, manualConfig(), newFakeClock())
+	connect(t, mn)
+	waitTopicPeers(t, cps, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	a := Announcement{
+		Version: 12, Base: 10, Kind: KindDelta, Codec: compression.IDInt8,
+		Elems: 1000, Size: 1100, Samples: 64, Loss: 0.5,
+		Digest: sha256.Sum256([]byte("bytes")), Key: "delta/12",
+	}
+	if err := cps[0].Announce(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < 4; i++ {
+		got, err := cps[i].Next(ctx)
+		if err != nil {
+			t.Fatalf("host %d: %v (stats %v)", i, err, cps[i].Stats())
+		}
+		if got.Peer != hosts[0].ID() || got.Model != "mnist-mlp" || got.Version != 12 || got.Base != 10 ||
+			got.Digest != a.Digest || got.Key != "delta/12" || got.Source() != hosts[0].ID() {
+			t.Fatalf("host %d got %+v", i, got)
+		}
+	}
+	// A sender does not get its own announcements.
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if got, err := cps[0].Next(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("sender got %v, %v", got, err)
+	}
+	// Invalid announcements fail locally with the decoder's error.
+	bad := a
+	bad.Base = 13
+	if err := cps[0].Announce(ctx, bad); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("base > version: %v", err)
+	}
+	bad = a
+	bad.Loss = float32(math.NaN())
+	if err := cps[0].Announce(ctx, bad); !errors.Is(err, ErrNonFinite) {
+		t.Fatalf("NaN loss: %v", err)
+	}
+	// After Close, calls fail with ErrClosed.
+	cps[3].Close()
+	if err := cps[3].Beat(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Beat after Close: %v", err)
+	}
+	if _, err := cps[3].Next(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Next after Close: %v", err)
+	}
+}
+
+// attacker is a GossipSub router without our validators, publishing raw
+// bytes on our topics.
+type attacker struct {
+	ps          *pubsub.PubSub
+	hb, ann     *pubsub.Topic
+	cancelRoute context.CancelFunc
+}
+
+func newAttacker(t *testing.T, h host.Host, hbName, annName string, policy pubsub.MessageSignaturePolicy) *attacker {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ps, err := pubsub.NewGossipSub(ctx, h, pubsub.WithMessageSignaturePolicy(policy), pubsub.WithFloodPublish(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &attacker{ps: ps, cancelRoute: cancel}
+	if a.hb, err = ps.Join(hbName); err != nil {
+		t.Fatal(err)
+	}
+	if a.ann, err = ps.Join(annName); err != nil {
+		t.Fatal(err)
+	}
+	// Subscribing makes the honest routers count us as topic peers.
+	if _, err := a.hb.Subscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ann.Subscribe(); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestBadMessagesDropped has an attacker publish every kind of bad control
+// message to three honest peers: each is dropped and counted under its
+// reason, and only the attacker's one valid heartbeat gets through.
+func TestBadMessagesDropped(t *testing.T) {
+	mn, hosts := mesh(t, 5)
+	honest := hosts[:3]
+	cfg := manualConfig()
+	cps := startPlanes(t, honest, cfg, newFakeClock())
+	hbName, annName := cps[0].Topics()
+	evil := newAttacker(t, hosts[3], hbName, annName, pubsub.StrictSign)
+	unsigned := newAttacker(t, hosts[4], hbName, annName, pubsub.StrictNoSign)
+	connect(t, mn)
+	waitTopicPeers(t, cps, 4)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	evilID := hosts[3].ID()
+	hb := func(seq uint64, f func(*Heartbeat)) []byte {
+		h := &Heartbeat{Peer: evilID, Seq: seq, Model: cfg.Model, Version: 1, SamplesPerSec: 1}
+		if f != nil {
+			f(h)
+		}
+		return AppendHeartbeat(nil, h)
+	}
+	nanHB := hb(1, nil)
+	// Patch samples/s (4 bytes before the address count, the last byte) to
+	// a NaN: the encoder would refuse nothing, but we want raw bytes.
+	copy(nanHB[len(nanHB)-5:], []byte{0x00, 0x00, 0xc0, 0x7f})
+	nanAnn := AppendAnnouncement(nil, &Announcement{
+		Peer: evilID, Seq: 2, Model: cfg.Model, Version: 2, Base: 1, Kind: KindDelta,
+		Loss: float32(math.Inf(1)),
+	})
+	publish := []struct {
+		topic *pubsub.Topic
+		data  []byte
+	}{
+		{evil.hb, []byte("garbage")},
+		{evil.hb, nanHB},
+		{evil.ann, nanAnn},
+		{evil.hb, make([]byte, cfg.MaxMessageSize+1)},
+		{evil.hb, hb(3, func(h *Heartbeat) { h.Peer = honest[0].ID() })}, // claims another origin
+		{evil.hb, hb(4, func(h *Heartbeat) { h.Model = "other-model" })},
+		{evil.hb, hb(10, nil)}, // valid
+		{evil.hb, hb(10, nil)}, // replayed sequence number (a new pubsub message)
+		{unsigned.hb, []byte("unsigned")},
+	}
+	for _, p := range publish {
+		if err := p.topic.Publish(ctx, p.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[DropReason]uint64{
+		DropMalformed: 1, DropNonFinite: 2, DropOversized: 1, DropOrigin: 1,
+		DropModel: 1, DropReplay: 1, DropUnsigned: 1,
+	}
+	eventually(t, 20*time.Second, "every drop counted at every honest peer", func() bool {
+		for _, cp := range cps {
+			st := cp.Stats()
+			for r, n := range want {
+				if st.Drop(r) < n {
+					return false
+				}
+			}
+			if len(cp.Peers()) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	for i, cp := range cps {
+		st := cp.Stats()
+		t.Logf("honest peer %d: %v", i, st)
+		for r, n := range want {
+			if st.Drop(r) != n {
+				t.Errorf("peer %d: %s drops = %d, want %d", i, r, st.Drop(r), n)
+			}
+		}
+		if st.Heartbeats != 1 || st.Announcements != 0 {
+			t.Errorf("peer %d delivered %d heartbeats, %d announcements; want 1, 0", i, st.Heartbeats, st.Announcements)
+		}
+		if p := cp.Peers(); len(p) != 1 || p[0].ID != evilID || p[0].Seq != 10 {
+			t.Errorf("peer %d membership: %+v", i, p)
+		}
+	}
+}
+
+func TestHeartbeatLoop(t *testing.T) {
+	mn, hosts := mesh(t, 3)
+	cfg := manualConfig()
+	cfg.HeartbeatInterval = 20 * time.Millisecond
+	cfg.PeerTTL = time.Second
+	cps := startPlanes(t, hosts, cfg, realClock{})
+	connect(t, mn)
+	eventually(t, 20*time.Second, "automatic heartbeats", func() bool {
+		for _, cp := range cps {
+			if len(cp.Peers()) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	// Close stops the loop and waits for it; a second Close is harmless.
+	for _, cp := range cps {
+		if err := cp.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cp.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,366 @@
+package gossip
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"math"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/starling-ml/starling/compression"
+)
+
+func newPeerID(t testing.TB, seed byte) peer.ID {
+	t.Helper()
+	_, pub, err := crypto.GenerateEd25519Key(bytes.NewReader(bytes.Repeat([]byte{seed}, 64)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := peer.IDFromPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func sampleHeartbeat(t testing.TB) *Heartbeat {
+	return &Heartbeat{
+		Peer:          newPeerID(t, 1),
+		Seq:           1700000000123456789,
+		Model:         "mnist-mlp",
+		Version:       42,
+		SamplesPerSec: 1234.5,
+		Addrs: []ma.Multiaddr{
+			ma.StringCast("/ip4/10.0.0.2/tcp/4001"),
+			ma.StringCast("/ip6/::1/udp/4001/quic-v1"),
+		},
+	}
+}
+
+func sampleAnnouncement(t testing.TB) *Announcement {
+	return &Announcement{
+		Peer:    newPeerID(t, 2),
+		Seq:     7,
+		Model:   "mnist-mlp",
+		Version: 43,
+		Base:    40,
+		Kind:    KindDelta,
+		Codec:   compression.IDTopK | compression.IDEntropy,
+		Elems:   101770,
+		Size:    20480,
+		Samples: 640,
+		Loss:    0.25,
+		Digest:  sha256.Sum256([]byte("payload")),
+		Holder:  newPeerID(t, 3),
+		Key:     "delta/43",
+	}
+}
+
+func TestWireRoundTrip(t *testing.T) {
+	hb := sampleHeartbeat(t)
+	b := AppendHeartbeat(nil, hb)
+	got, err := DecodeHeartbeat(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Peer != hb.Peer || got.Seq != hb.Seq || got.Model != hb.Model || got.Version != hb.Version ||
+		got.SamplesPerSec != hb.SamplesPerSec || len(got.Addrs) != 2 ||
+		!got.Addrs[0].Equal(hb.Addrs[0]) || !got.Addrs[1].Equal(hb.Addrs[1]) {
+		t.Fatalf("heartbeat round trip: %+v != %+v", got, hb)
+	}
+	t.Logf("heartbeat with 2 addresses: %d bytes", len(b))
+
+	a := sampleAnnouncement(t)
+	b = AppendAnnouncement(nil, a)
+	ga, err := DecodeAnnouncement(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(ga, a) {
+		t.Fatalf("announcement round trip:\n%+v\n%+v", ga, a)
+	}
+	t.Logf("announcement: %d bytes", len(b))
+	if ga.Source() != a.Holder {
+		t.Error("Source should be the holder")
+	}
+	ga.Holder = ""
+	if ga.Source() != a.Peer {
+		t.Error("Source without a holder should be the sender")
+	}
+	// No holder and no addresses encode too.
+	a.Holder, a.Key = "", ""
+	if ga, err = DecodeAnnouncement(AppendAnnouncement(nil, a)); err != nil || ga.Holder != "" {
+		t.Fatalf("empty holder: %v %v", ga, err)
+	}
+	// Appending reuses dst.
+	buf := make([]byte, 0, 512)
+	out := AppendHeartbeat(buf, hb)
+	if &out[0] != &buf[:1][0] {
+		t.Error("AppendHeartbeat did not reuse dst")
+	}
+	// A heartbeat in the announcement decoder and vice versa is malformed.
+	if _, err := DecodeAnnouncement(AppendHeartbeat(nil, hb)); !errors.Is(err, ErrMalformed) {
+		t.Errorf("heartbeat as announcement: %v", err)
+	}
+	if _, err := DecodeHeartbeat(AppendAnnouncement(nil, a)); !errors.Is(err, ErrMalformed) {
+		t.Errorf("announcement as heartbeat: %v", err)
+	}
+}
+
+func TestWireRejects(t *testing.T) {
+	hb := func(f func(*Heartbeat)) []byte {
+		h := sampleHeartbeat(t)
+		f(h)
+		return AppendHeartbeat(nil, h)
+	}
+	an := func(f func(*Announcement)) []byte {
+		a := sampleAnnouncement(t)
+		f(a)
+		return AppendAnnouncement(nil, a)
+	}
+	good := AppendHeartbeat(nil, sampleHeartbeat(t))
+	manyAddrs := make([]ma.Multiaddr, MaxAddrs+1)
+	for i := range manyAddrs {
+		manyAddrs[i] = ma.StringCast("/ip4/1.2.3.4/tcp/1")
+	}
+	cases := []struct {
+		name string
+		b    []byte
+		ann  bool
+		want error
+	}{
+		{"empty", nil, false, ErrMalformed},
+		{"version", append([]byte{2}, good[1:]...), false, ErrMalformed},
+		{"truncated", good[:len(good)-3], false, ErrMalformed},
+		{"trailing", append(append([]byte(nil), good...), 0), false, ErrMalformed},
+		{"bad peer id", hb(func(h *Heartbeat) { h.Peer = "not-a-peer-id" }), false, ErrMalformed},
+		{"empty peer id", hb(func(h *Heartbeat) { h.Peer = "" }), false, ErrMalformed},
+		{"long model", hb(func(h *Heartbeat) { h.Model = string(make([]byte, MaxModelIDLen+1)) }), false, ErrTooLarge},
+		{"NaN samples/s", hb(func(h *Heartbeat) { h.SamplesPerSec = float32(math.NaN()) }), false, ErrNonFinite},
+		{"Inf samples/s", hb(func(h *Heartbeat) { h.SamplesPerSec = float32(math.Inf(1)) }), false, ErrNonFinite},
+		{"negative samples/s", hb(func(h *Heartbeat) { h.SamplesPerSec = -1 }), false, ErrMalformed},
+		{"too many addrs", hb(func(h *Heartbeat) { h.Addrs = manyAddrs }), false, ErrTooLarge},
+		{"NaN loss", an(func(a *Announcement) { a.Loss = float32(math.NaN()) }), true, ErrNonFinite},
+		{"-Inf loss", an(func(a *Announcement) { a.Loss = float32(math.Inf(-1)) }), true, ErrNonFinite},
+		{"base > version", an(func(a *Announcement) { a.Base = a.Version + 1 }), true, ErrMalformed},
+		{"kind 0", an(func(a *Announcement) { a.Kind = 0 }), true, ErrMalformed},
+		{"kind 9", an(func(a *Announcement) { a.Kind = 9 }), true, ErrMalformed},
+		{"unknown codec", an(func(a *Announcement) { a.Codec = 0x7f }), true, ErrMalformed},
+		{"huge size", an(func(a *Announcement) { a.Size = MaxPullSize + 1 }), true, ErrTooLarge},
+		{"long key", an(func(a *Announcement) { a.Key = string(make([]byte, MaxKeyLen+1)) }), true, ErrTooLarge},
+		{"bad holder", an(func(a *Announcement) { a.Holder = "xx" }), true, ErrMalformed},
+	}
+	// A hand-built address that is not a multiaddr.
+	badAddr := []byte{wireVersion, kindHeartbeat}
+	badAddr = appendBytes(badAddr, []byte(newPeerID(t, 1)))
+	badAddr = binary.AppendUvarint(badAddr, 1)
+	badAddr = appendBytes(badAddr, []byte("m"))
+	badAddr = binary.AppendUvarint(badAddr, 1)
+	badAddr = binary.LittleEndian.AppendUint32(badAddr, 0)
+	badAddr = binary.AppendUvarint(badAddr, 1)
+	badAddr = appendBytes(badAddr, []byte{0xff, 0xff, 0xff})
+	cases = append(cases, struct {
+		name string
+		b    []byte
+		ann  bool
+		want error
+	}{"bad multiaddr", badAddr, false, ErrMalformed})
+	// Elements beyond the cap.
+	hugeElems := []byte{wireVersion, kindAnnounce}
+	hugeElems = appendBytes(hugeElems, []byte(newPeerID(t, 1)))
+	hugeElems = binary.AppendUvarint(hugeElems, 1)
+	hugeElems = appendBytes(hugeElems, []byte("m"))
+	hugeElems = binary.AppendUvarint(hugeElems, 2)
+	hugeElems = binary.AppendUvarint(hugeElems, 1)
+	hugeElems = append(hugeElems, byte(KindDelta), 0)
+	hugeElems = binary.AppendUvarint(hugeElems, MaxElems+1)
+	cases = append(cases, struct {
+		name string
+		b    []byte
+		ann  bool
+		want error
+	}{"huge elems", hugeElems, true, ErrTooLarge})
+
+	for _, c := range cases {
+		var err error
+		if c.ann {
+			_, err = DecodeAnnouncement(c.b)
+		} else {
+			_, err = DecodeHeartbeat(c.b)
+		}
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+}
+
+func FuzzDecodeHeartbeat(f *testing.F) {
+	f.Add(AppendHeartbeat(nil, sampleHeartbeat(f)))
+	f.Add([]byte{1, 1})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		hb, err := DecodeHeartbeat(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNonFinite) {
+				t.Fatalf("error %v wraps no sentinel", err)
+			}
+			return
+		}
+		// Whatever decodes re-encodes to a message that decodes the same.
+		b2 := AppendHeartbeat(nil, hb)
+		hb2, err := DecodeHeartbeat(b2)
+		if err != nil {
+			t.Fatalf("re-encoded heartbeat does not decode: %v", err)
+		}
+		if !bytes.Equal(AppendHeartbeat(nil, hb2), b2) {
+			t.Fatal("encoding is not stable")
+		}
+	})
+}
+
+func FuzzDecodeAnnouncement(f *testing.F) {
+	f.Add(AppendAnnouncement(nil, sampleAnnouncement(f)))
+	f.Add([]byte{1, 2})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		a, err := DecodeAnnouncement(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNonFinite) {
+				t.Fatalf("error %v wraps no sentinel", err)
+			}
+			return
+		}
+		a2, err := DecodeAnnouncement(AppendAnnouncement(nil, a))
+		if err != nil {
+			t.Fatalf("re-encoded announcement does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(a, a2) {
+			t.Fatalf("round trip changed it: %+v %+v", a, a2)
+		}
+	})
+}
+
+func TestReplayGuard(t *testing.T) {
+	g := newReplayGuard()
+	t0 := time.Unix(0, 0)
+	p := peer.ID("p")
+	steps := []struct {
+		seq  uint64
+		want bool
+	}{
+		{100, true},
+		{100, false},          // exact replay
+		{101, true},           // in order
+		{99, true},            // reordered, within the window, new
+		{99, false},           // and replayed
+		{100 + 64, true},      // top moves to 164
+		{102, true},           // 62 below top: in the window, unseen
+		{101, false},          // 63 below top: in the window, seen before
+		{98, false},           // 66 below top: out of the window
+		{164, false},          // replay of top
+		{1000, true},          // big jump clears the window
+		{1000 - 63, true},     // in the window, unseen
+		{1000 - 64, false},    // outside
+		{1 << 63, true},       // huge jump
+		{(1 << 63) - 1, true}, // just below
+	}
+	for i, s := range steps {
+		if got := g.Check(p, s.seq, t0); got != s.want {
+			t.Fatalf("step %d: Check(%d) = %v, want %v", i, s.seq, got, s.want)
+		}
+	}
+	if !g.Check("q", 1, t0) || !g.Check("q", 0, t0) {
+		t.Fatal("peers must not share state")
+	}
+	g.Check("r", 5, t0.Add(time.Hour))
+	g.Prune(t0.Add(time.Hour), 10*time.Minute)
+	if g.Len() != 1 {
+		t.Fatalf("Prune left %d peers, want 1", g.Len())
+	}
+}
+
+func TestMembership(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	m := NewMembership(5 * time.Second)
+	a, b := newPeerID(t, 1), newPeerID(t, 2)
+	if !m.Observe(&Heartbeat{Peer: a, Seq: 1, Version: 3}, t0) {
+		t.Fatal("first heartbeat should join")
+	}
+	if m.Observe(&Heartbeat{Peer: a, Seq: 2, Version: 4}, t0.Add(time.Second)) {
+		t.Fatal("second heartbeat should not join")
+	}
+	// An older heartbeat arriving late does not roll the view back.
+	m.Observe(&Heartbeat{Peer: a, Seq: 1, Version: 3}, t0.Add(2*time.Second))
+	if p, _ := m.Get(a, t0.Add(2*time.Second)); p.Version != 4 || !p.LastSeen.Equal(t0.Add(time.Second)) {
+		t.Fatalf("stale heartbeat applied: %+v", p)
+	}
+	m.Observe(&Heartbeat{Peer: b, Seq: 1, Version: 9}, t0.Add(3*time.Second))
+	live := m.Live(t0.Add(4 * time.Second))
+	if len(live) != 2 || live[0].ID > live[1].ID {
+		t.Fatalf("Live = %+v", live)
+	}
+	// a was last seen at t0+1s: gone at t0+6s; b stays until t0+8s.
+	if live := m.Live(t0.Add(6 * time.Second)); len(live) != 1 || live[0].ID != b {
+		t.Fatalf("Live after a's TTL = %+v", live)
+	}
+	if _, ok := m.Get(a, t0.Add(6*time.Second)); ok {
+		t.Fatal("Get returned an expired peer")
+	}
+	if gone := m.Expire(t0.Add(6 * time.Second)); len(gone) != 1 || gone[0] != a {
+		t.Fatalf("Expire = %v", gone)
+	}
+	// A returning peer joins again, even with a lower sequence (restart).
+	if !m.Observe(&Heartbeat{Peer: a, Seq: 1}, t0.Add(7*time.Second)) {
+		t.Fatal("returning peer should join")
+	}
+	if m.Len() != 2 {
+		t.Fatalf("Len = %d", m.Len())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := []func(*Config){
+		func(c *Config) { c.Namespace = "" },
+		func(c *Config) { c.Namespace = "a/b" },
+		func(c *Config) { c.Model = "" },
+		func(c *Config) { c.Model = string(make([]byte, MaxModelIDLen+1)) },
+		func(c *Config) { c.HeartbeatInterval = -1 },
+		func(c *Config) { c.PeerTTL = c.HeartbeatInterval },
+		func(c *Config) { c.MaxMessageSize = 100 },
+		func(c *Config) { c.MaxMessageSize = 1 << 20 },
+		func(c *Config) { c.AnnounceQueue = 0 },
+		func(c *Config) { c.ReplayRetention = time.Second },
+	}
+	for i, f := range bad {
+		c := DefaultConfig()
+		f(&c)
+		if err := c.Validate(); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("case %d: %v, want ErrBadConfig", i, err)
+		}
+	}
+	c := DefaultConfig()
+	c.HeartbeatInterval = 0 // manual heartbeats
+	if err := c.Validate(); err != nil {
+		t.Errorf("manual heartbeats: %v", err)
+	}
+}
+
+func BenchmarkDecodeAnnouncement(b *testing.B) {
+	buf := AppendAnnouncement(nil, sampleAnnouncement(b))
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeAnnouncement(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
