@@ -105,26 +105,7 @@ func (e *Entropy) Encode(dst []byte, src []float32) []byte {
 // wrapID writes the entropy framing of the encoding p of the codec id.
 func (e *Entropy) wrapID(dst, p []byte, id ID) []byte {
 	limit := len(p) - int(float64(len(p))*minSaving)
-	out := dst[:0]
-	switch e.mode {
-	case EntropyS2:
-		out = resize(out, 2+s2.MaxEncodedLen(len(p)))
-		c := s2.Encode(out[2:], p)
-		out = out[:2+len(c)]
-	case EntropyZstd:
-		if e.enc == nil {
-			enc, err := zstd.NewWriter(nil,
-				zstd.WithEncoderLevel(zstd.SpeedFastest),
-				zstd.WithEncoderConcurrency(1),
-				zstd.WithEncoderCRC(false),
-				zstd.WithZeroFrames(true))
-			if err != nil {
-				panic(err) // constant options: cannot fail
-			}
-			e.enc = enc
-		}
-		out = e.enc.EncodeAll(p, append(out, 0, 0))
-	}
+	out := e.compress(append(dst[:0], 0, 0), p)
 	if len(out)-2 >= limit || len(out)-2 >= len(p) {
 		out = resize(out, 2+len(p))
 		copy(out[2:], p)
@@ -134,6 +115,35 @@ func (e *Entropy) wrapID(dst, p []byte, id ID) []byte {
 	}
 	out[0] = byte(id | IDEntropy)
 	return out
+}
+
+// compress appends the compressed form of p to dst.
+func (e *Entropy) compress(dst, p []byte) []byte {
+	switch e.mode {
+	case EntropyS2:
+		n := len(dst)
+		dst = resize(dst, n+s2.MaxEncodedLen(len(p)))
+		c := s2.Encode(dst[n:], p)
+		return dst[:n+len(c)]
+	case EntropyZstd:
+		if e.enc == nil {
+			enc, err := zstd.NewWriter(nil,
+				zstd.WithEncoderLevel(zstd.SpeedFastest),
+				zstd.WithEncoderConcurrency(1),
+				zstd.WithEncoderCRC(false),
+				zstd.WithZeroFrames(true),
+				// The fast levels skip Huffman-coding literals that look
+				// incompressible; codec output is nearly all literals
+				// whose gain is in the Huffman stage, so always try it.
+				zstd.WithAllLitEntropyCompression(true))
+			if err != nil {
+				panic(err) // constant options: cannot fail
+			}
+			e.enc = enc
+		}
+		return e.enc.EncodeAll(p, dst)
+	}
+	return append(dst, p...)
 }
 
 // Decode implements Codec.
