@@ -144,3 +144,16 @@ func BenchmarkVec(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGemmISA runs the model shapes on every instruction set this CPU
+// supports (AVX-512, AVX2, portable Go), for comparing the kernels.
+func BenchmarkGemmISA(b *testing.B) {
+	for _, s := range gemmShapes {
+		for _, isa := range device.SupportedISAs() {
+			be := device.NewFastISA(isa)
+			b.Run(fmt.Sprintf("%s-%dx%dx%d/%s", s.name, s.m, s.n, s.k, be.Name()), func(b *testing.B) {
+				benchGemm(b, be, s)
+			})
+		}
+	}
+}

@@ -26,3 +26,15 @@ func TestGeomValidate(t *testing.T) {
 		t.Error("pool larger than input: want error")
 	}
 }
+
+func TestDefaultIsFast(t *testing.T) {
+	f := device.NewFast()
+	want := f.Name()
+	if f.ISA() == "go" {
+		want = device.NewCPU().Name()
+	}
+	if got := device.Default().Name(); got != want {
+		t.Fatalf("Default() = %s, want %s", got, want)
+	}
+	t.Logf("default backend: %s", want)
+}

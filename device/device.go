@@ -119,8 +119,19 @@ func (g PoolGeom) Validate() error {
 	return nil
 }
 
-var defaultBackend Backend = NewCPU()
+var defaultBackend = pickDefault()
+
+// pickDefault returns the Fast backend where it has SIMD kernels for this
+// CPU (AVX-512, or AVX2 with FMA) and the gonum-based CPU backend otherwise
+// (other CPUs, -tags purego), whose Sgemm beats the portable Go kernel.
+func pickDefault() Backend {
+	if f := NewFast(); f.ISA() != "go" {
+		return f
+	}
+	return NewCPU()
+}
 
 // Default returns the process-wide default backend: the fastest CPU backend
-// this machine supports.
+// this machine supports ("cpu/avx512" or "cpu/avx2" from NewFast, else
+// "cpu/gonum" from NewCPU). It needs no build flags or environment.
 func Default() Backend { return defaultBackend }
