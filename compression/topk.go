@@ -27,9 +27,14 @@ func formatFrac(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 // rest. Ties at the threshold go to the lowest indices, so the selection is
 // deterministic. NaN counts as larger than every number.
 //
-// Selection is a radix select on the magnitude bits (three histogram passes
-// of 11, 11 and 9 bits) followed by one pass that emits the chosen values in
-// index order: O(n) time, 32 KiB of scratch, no sort and no copy of the input.
+// Selection is a radix select on the magnitude bits: one histogram pass over
+// the top 11 bits finds the bucket of the k-th largest, a second pass collects
+// the indices at or above that bucket (usually a few k), and two small
+// histogram passes over those (the next 11 and the last 9 bits) give the
+// exact threshold; the chosen values are then emitted in index order. O(n)
+// time, two passes over the input, no sort and no copy of it; scratch is
+// 32 KiB plus 4 bytes per candidate (at most max(4k, 65536), else two more
+// full passes replace the candidate list).
 //
 // Wire: header, uvarint k, k float32 values, then k uvarint index gaps (the
 // first index, then idx[j]-idx[j-1]-1), indices strictly increasing. The same
@@ -43,6 +48,7 @@ type TopK struct {
 	Frac float64
 
 	hist [4][1 << 11]uint32
+	cand []uint32 // indices of the selection's candidates
 }
 
 var _ Codec = (*TopK)(nil)
@@ -76,13 +82,39 @@ func (c *TopK) Encode(dst []byte, src []float32) []byte {
 func (c *TopK) encode(dst []byte, src []float32, residual []float32) ([]byte, int) {
 	n := len(src)
 	k := c.K(n)
-	thr, eq := c.threshold(src, k)
-	return emitSparse(dst, src, k, thr, eq, residual), k
+	if k == 0 {
+		return emitSparse(dst, src, nil, 0, math.MaxUint32, 0, residual), 0
+	}
+	b1, above := c.level1(src, k)
+	// Usually few values lie in or above the threshold's level-1 bucket
+	// (1/8 of an octave wide): collect their indices in one pass, then
+	// finish the selection and the output on them alone. A heavily tied or
+	// degenerate vector falls back to two more passes over everything.
+	if cand := above + int(c.hist[0][b1]); cand <= max(4*k, 1<<16) {
+		c.cand = collect(c.cand[:0], src, b1)
+		thr, eq := c.refine(src, c.cand, b1, k-above)
+		return emitSparse(dst, src, c.cand, k, thr, eq, residual), k
+	}
+	thr, eq := c.refine(src, nil, b1, k-above)
+	return emitSparse(dst, src, nil, k, thr, eq, residual), k
 }
 
-// emitSparse writes the sparse encoding of the k values of src whose
-// magnitude bits exceed thr, plus the first eq whose magnitude bits equal thr.
-func emitSparse(dst []byte, src []float32, k int, thr uint32, eq int, residual []float32) []byte {
+// collect appends the indices of the values whose magnitude's top 11 bits
+// are at least b1.
+func collect(idx []uint32, x []float32, b1 uint32) []uint32 {
+	lo := b1 << 20
+	for i, v := range x {
+		if math.Float32bits(v)&0x7fffffff >= lo {
+			idx = append(idx, uint32(i))
+		}
+	}
+	return idx
+}
+
+// emitSparse writes the sparse encoding of the k values of src (or of
+// src[idx[…]] when idx is not nil) whose magnitude bits exceed thr, plus the
+// first eq whose magnitude bits equal thr.
+func emitSparse(dst []byte, src []float32, idx []uint32, k int, thr uint32, eq int, residual []float32) []byte {
 	n := len(src)
 	h := headerLen(n) + uvarintLen(uint64(k))
 	voff := h
@@ -90,50 +122,70 @@ func emitSparse(dst []byte, src []float32, k int, thr uint32, eq int, residual [
 	out := resize(dst, ioff+k*uvarintLen(uint64(n)))
 	off := putHeader(out, IDTopK, n)
 	putUvarint(out[off:], uint64(k))
-	vals := out[voff:ioff]
-	pos := ioff
-	j := 0
-	next := 0 // the index after the last one emitted
+	e := sparseEmitter{out: out, vals: out[voff:ioff], pos: ioff, k: k, residual: residual}
+	if idx != nil {
+		for _, i := range idx {
+			v := src[i]
+			m := math.Float32bits(v) & 0x7fffffff
+			if m < thr || (m == thr && eq == 0) {
+				continue
+			}
+			if m == thr {
+				eq--
+			}
+			if !e.emit(int(i), v) {
+				break
+			}
+		}
+		return out[:e.pos]
+	}
 	for i, v := range src {
 		m := math.Float32bits(v) & 0x7fffffff
-		if m < thr {
+		if m < thr || (m == thr && eq == 0) {
 			continue
 		}
 		if m == thr {
-			if eq == 0 {
-				continue
-			}
 			eq--
 		}
-		if j == k {
+		if !e.emit(i, v) {
 			break
 		}
-		putFloat(vals, j, v)
-		gap := uint64(i - next)
-		if gap < 0x80 {
-			out[pos] = byte(gap)
-			pos++
-		} else {
-			pos += binary.PutUvarint(out[pos:], gap)
-		}
-		next = i + 1
-		j++
-		if residual != nil {
-			residual[i] = 0
-		}
 	}
-	return out[:pos]
+	return out[:e.pos]
 }
 
-// threshold returns the magnitude bits thr of the k-th largest magnitude in x
-// and how many values with exactly that magnitude belong to the top k.
-func (c *TopK) threshold(x []float32, k int) (thr uint32, eq int) {
-	if k == 0 {
-		return math.MaxUint32, 0
+// sparseEmitter writes values and index gaps of a sparse encoding.
+type sparseEmitter struct {
+	out, vals []byte
+	pos, j, k int
+	next      int // the index after the last one emitted
+	residual  []float32
+}
+
+// emit writes (i, v), i greater than every index before; it reports whether
+// there is room for more.
+func (e *sparseEmitter) emit(i int, v float32) bool {
+	putFloat(e.vals, e.j, v)
+	gap := uint64(i - e.next)
+	if gap < 0x80 {
+		e.out[e.pos] = byte(gap)
+		e.pos++
+	} else {
+		e.pos += binary.PutUvarint(e.out[e.pos:], gap)
 	}
-	// Level 1: the top 11 bits (sign dropped: 8 exponent bits and 3 mantissa
-	// bits), counted in four interleaved histograms so that runs of equal
-	// buckets do not serialise on one counter.
+	e.next = i + 1
+	e.j++
+	if e.residual != nil {
+		e.residual[i] = 0
+	}
+	return e.j < e.k
+}
+
+// level1 counts the top 11 bits of every magnitude (8 exponent bits and 3
+// mantissa bits) into c.hist[0] and returns the bucket holding the k-th
+// largest and how many values lie above that bucket. Four interleaved
+// histograms keep runs of equal buckets from serialising on one counter.
+func (c *TopK) level1(x []float32, k int) (b1 uint32, above int) {
 	h := &c.hist
 	clear(h[0][:])
 	clear(h[1][:])
@@ -153,31 +205,61 @@ func (c *TopK) threshold(x []float32, k int) (thr uint32, eq int) {
 	for b := range h[0] {
 		h[0][b] += h[1][b] + h[2][b] + h[3][b]
 	}
-	b1, above := pick(h[0][:], k)
+	return pick(h[0][:], k)
+}
 
-	// Level 2: the next 11 bits among values in bucket b1.
-	clear(h[0][:])
-	for _, v := range x {
-		m := math.Float32bits(v) & 0x7fffffff
-		if m>>20 == b1 {
-			h[0][(m>>9)&0x7ff]++
+// refine finds, among the values in level-1 bucket b1 (those of x, or of
+// x[idx[…]] when idx is not nil), the need-th largest magnitude: the middle
+// 11 and the low 9 bits in two histogram passes. It returns the magnitude
+// bits thr of the k-th largest overall and how many values equal to thr
+// belong to the top k.
+func (c *TopK) refine(x []float32, idx []uint32, b1 uint32, need int) (thr uint32, eq int) {
+	h := &c.hist[1]
+	clear(h[:])
+	if idx != nil {
+		for _, i := range idx {
+			if m := math.Float32bits(x[i]) & 0x7fffffff; m>>20 == b1 {
+				h[(m>>9)&0x7ff]++
+			}
+		}
+	} else {
+		for _, v := range x {
+			if m := math.Float32bits(v) & 0x7fffffff; m>>20 == b1 {
+				h[(m>>9)&0x7ff]++
+			}
 		}
 	}
-	b2, above2 := pick(h[0][:], k-above)
-	above += above2
+	b2, above2 := pick(h[:], need)
+	need -= above2
 
-	// Level 3: the last 9 bits.
-	clear(h[0][:512])
+	clear(h[:512])
 	pre := b1<<11 | b2
-	for _, v := range x {
-		m := math.Float32bits(v) & 0x7fffffff
-		if m>>9 == pre {
-			h[0][m&0x1ff]++
+	if idx != nil {
+		for _, i := range idx {
+			if m := math.Float32bits(x[i]) & 0x7fffffff; m>>9 == pre {
+				h[m&0x1ff]++
+			}
+		}
+	} else {
+		for _, v := range x {
+			if m := math.Float32bits(v) & 0x7fffffff; m>>9 == pre {
+				h[m&0x1ff]++
+			}
 		}
 	}
-	b3, above3 := pick(h[0][:512], k-above)
-	above += above3
-	return pre<<9 | b3, k - above
+	b3, above3 := pick(h[:512], need)
+	return pre<<9 | b3, need - above3
+}
+
+// threshold returns the magnitude bits thr of the k-th largest magnitude in x
+// and how many values with exactly that magnitude belong to the top k, by the
+// full-scan path (used by tests as the reference for the candidate path).
+func (c *TopK) threshold(x []float32, k int) (thr uint32, eq int) {
+	if k == 0 {
+		return math.MaxUint32, 0
+	}
+	b1, above := c.level1(x, k)
+	return c.refine(x, nil, b1, k-above)
 }
 
 // pick walks the histogram from the top bucket down and returns the bucket
