@@ -1,0 +1,192 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/nn"
+)
+
+// WorkerConfig configures one peer's local trainer.
+type WorkerConfig struct {
+	Model       string  // nn.New architecture
+	Batch       int     // samples per local step
+	LR          float32 // learning rate (peak, when a schedule is set)
+	Optimizer   string  // sgd, momentum, nesterov, adam, adamw
+	Schedule    string  // constant (default), cosine, step, warmup:N+…
+	TotalSteps  int     // horizon for the schedule (0: constant)
+	WeightDecay float32
+	ClipNorm    float64 // 0: off
+	// ModelSeed initialises the model. Peers that must start from the same
+	// model share it.
+	ModelSeed uint64
+	// DataSeed orders this worker's batches; peers should differ.
+	DataSeed uint64
+	// Slowdown makes the worker that many times slower than the machine:
+	// after each step it waits (Slowdown−1)× the step's compute time. 0 or
+	// 1 is full speed. It emulates stragglers in experiments.
+	Slowdown float64
+}
+
+// DefaultWorkerConfig returns settings that suit FedAvg's 2NN on MNIST.
+func DefaultWorkerConfig() WorkerConfig {
+	return WorkerConfig{Model: "mlp", Batch: 64, LR: 0.05, Optimizer: "momentum", Schedule: "constant", ModelSeed: 1, DataSeed: 1}
+}
+
+// Validate reports settings that cannot work.
+func (c WorkerConfig) Validate() error {
+	switch {
+	case c.Batch <= 0:
+		return fmt.Errorf("train: batch must be positive, got %d", c.Batch)
+	case !(c.LR > 0) || math.IsInf(float64(c.LR), 0):
+		return fmt.Errorf("train: learning rate must be positive and finite, got %v", c.LR)
+	case c.WeightDecay < 0, c.ClipNorm < 0, c.Slowdown < 0, c.TotalSteps < 0:
+		return fmt.Errorf("train: weight decay, clip norm, slowdown and total steps must not be negative")
+	}
+	return nil
+}
+
+// Worker is one peer's local trainer: a model, its optimiser, a schedule
+// and an iterator over the peer's data shard. It is the piece every
+// strategy (sync, federated, gossip, async) shares. Not safe for
+// concurrent use.
+type Worker struct {
+	Model *nn.Model
+	Opt   nn.Optimizer
+	Sched nn.Schedule
+	cfg   WorkerConfig
+	it    *data.Iterator
+	shard *data.Set
+
+	// Steps counts optimiser steps taken; Samples the samples trained on.
+	Steps, Samples int
+	// Compute is the time spent computing (without Slowdown waits).
+	Compute time.Duration
+}
+
+// NewWorker builds a worker training on shard.
+func NewWorker(cfg WorkerConfig, shard *data.Set) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if shard == nil || shard.Len() == 0 {
+		return nil, fmt.Errorf("train: worker has no data")
+	}
+	m, err := nn.New(cfg.Model, cfg.ModelSeed)
+	if err != nil {
+		return nil, err
+	}
+	if shard.Dim != m.Input.Size() {
+		return nil, fmt.Errorf("train: model %s takes %d inputs, data has %d", m.Arch, m.Input.Size(), shard.Dim)
+	}
+	opt, err := nn.NewOptimizer(cfg.Optimizer, cfg.WeightDecay)
+	if err != nil {
+		return nil, err
+	}
+	spec := cfg.Schedule
+	if spec == "" || cfg.TotalSteps == 0 {
+		spec = "constant"
+	}
+	sched, err := nn.ParseSchedule(spec, cfg.LR, cfg.TotalSteps)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{Model: m, Opt: opt, Sched: sched, cfg: cfg, it: data.NewIterator(shard, cfg.Batch, cfg.DataSeed), shard: shard}, nil
+}
+
+// Config returns the worker's configuration.
+func (w *Worker) Config() WorkerConfig { return w.cfg }
+
+// ShardSize returns the number of samples the worker trains on.
+func (w *Worker) ShardSize() int { return w.shard.Len() }
+
+// StepsPerEpoch returns the number of batches in one pass over the shard.
+func (w *Worker) StepsPerEpoch() int { return w.it.BatchesPerEpoch() }
+
+// Grad computes the gradient of the next batch into Model.Grads (starting
+// a new pass over the shard when one ends) and returns the batch's loss
+// and size. It does not update the parameters.
+func (w *Worker) Grad(ctx context.Context) (loss float64, n int, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	if !w.it.Next() && !w.it.Next() {
+		return 0, 0, fmt.Errorf("train: empty shard")
+	}
+	x, y := w.it.Batch()
+	start := time.Now()
+	loss, _ = w.Model.ForwardBackward(x, y)
+	if math.IsNaN(loss) || math.IsInf(loss, 0) {
+		return loss, len(y), fmt.Errorf("%w: loss is %v at local step %d", ErrDiverged, loss, w.Steps+1)
+	}
+	if w.cfg.ClipNorm > 0 {
+		if g := nn.ClipGlobalNorm(w.Model.Backend(), w.Model.Grads, w.cfg.ClipNorm); math.IsNaN(g) || math.IsInf(g, 0) {
+			return loss, len(y), fmt.Errorf("%w: gradient norm is %v at local step %d", ErrDiverged, g, w.Steps+1)
+		}
+	}
+	el := time.Since(start)
+	w.Compute += el
+	if err := w.slow(ctx, el); err != nil {
+		return loss, len(y), err
+	}
+	return loss, len(y), nil
+}
+
+// slow waits (Slowdown−1)× el to emulate a slower machine.
+func (w *Worker) slow(ctx context.Context, el time.Duration) error {
+	if w.cfg.Slowdown <= 1 {
+		return nil
+	}
+	t := time.NewTimer(time.Duration(float64(el) * (w.cfg.Slowdown - 1)))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Apply takes one optimiser step with the gradient in Model.Grads (as
+// computed by Grad, or replaced by an aggregate of several peers').
+func (w *Worker) Apply(samples int) {
+	w.Opt.Step(w.Model.Params, w.Model.Grads, w.Sched.LR(w.Steps))
+	w.Steps++
+	w.Samples += samples
+}
+
+// Step computes a gradient and applies it: one step of local SGD.
+func (w *Worker) Step(ctx context.Context) (loss float64, err error) {
+	loss, n, err := w.Grad(ctx)
+	if err != nil {
+		return loss, err
+	}
+	w.Apply(n)
+	return loss, nil
+}
+
+// LocalSteps runs k steps of local SGD and returns their mean loss and the
+// number of samples they used.
+func (w *Worker) LocalSteps(ctx context.Context, k int) (meanLoss float64, samples int, err error) {
+	for i := 0; i < k; i++ {
+		loss, n, err := w.Grad(ctx)
+		if err != nil {
+			return 0, samples, err
+		}
+		w.Apply(n)
+		meanLoss += loss * float64(n)
+		samples += n
+	}
+	if samples > 0 {
+		meanLoss /= float64(samples)
+	}
+	return meanLoss, samples, nil
+}
+
+// Evaluate returns the model's loss and accuracy on set.
+func (w *Worker) Evaluate(set *data.Set) (loss, acc float64) {
+	return w.Model.Evaluate(set.X, set.Y, 1000)
+}
