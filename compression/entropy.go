@@ -1,6 +1,7 @@
 package compression
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/klauspost/compress/s2"
@@ -213,6 +214,9 @@ func (e *Entropy) unwrap(src []byte, id ID, n int) ([]byte, error) {
 		out, err := e.dec.DecodeAll(p, buf)
 		if cap(out) >= cap(e.buf) {
 			e.buf = out[:0]
+		}
+		if errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+			return nil, fmt.Errorf("%w: zstd output over %d bytes for %d values", ErrTooLarge, limit, n)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)

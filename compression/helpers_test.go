@@ -60,3 +60,5 @@ func mustDecode(t testing.TB, c Codec, dst []float32, b []byte) {
 }
 
 func norm2(x []float32) float64 { return math.Sqrt(sumSq(x)) }
+
+func nil2rand() *rand.Rand { return rand.New(rand.NewPCG(77, 78)) }
