@@ -89,7 +89,7 @@ func TestEntropyDecompressionBomb(t *testing.T) {
 		"s2":              frame(EntropyS2, s2.Encode(nil, huge)),
 	}
 	d, _ := New(IDFP16|IDEntropy, "")
-	dst := make([]float32, 1000) // at most ~2 KB of fp16
+	dst := make([]float32, 1000)                                                   // at most ~2 KB of fp16
 	d.Decode(dst, frame(EntropyZstd, enc.EncodeAll(FP16{}.Encode(nil, dst), nil))) // warm the decoder
 	for name, b := range bombs {
 		if len(b) > 1<<20 {
