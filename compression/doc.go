@@ -25,16 +25,24 @@
 //
 // # Codecs
 //
-//	spec         bytes/value        error                                   id
-//	fp32         4                  none (bit-exact)                        0
-//	fp16         2                  ≤ 2⁻¹¹·|x| (≤ 2⁻²⁵ below 2⁻¹⁴), ±65504  1
-//	bf16         2                  ≤ 2⁻⁹·|x|                              2
-//	int8:256     1 + 4/256          ≤ absmax(block)/254                     3
-//	topk:f       ≈ f·(4 + ~1.2)     drops all but the k largest |x|        4
-//	randk:f      f·4                drops all but k random x               5
-//	sign:1024    1/8 + 4/1024       x ↦ ±mean|x| of its block              6
-//	powersgd:r   (rows+cols)·r·4/(rows·cols)  rank-r projection             7
+//	spec         bytes/value               error                                   id
+//	fp32         4                         none (bit-exact)                        0
+//	fp16         2                         ≤ 2⁻¹¹·|x| (≤ 2⁻²⁵ below 2⁻¹⁴); ±65504   1
+//	bf16         2                         ≤ 2⁻⁸·|x|                               2
+//	int8:256     1 + 4/256                 ≤ absmax(block)/254                     3
+//	topk:f       f·(4 + ~1) (zstd: −11 %)  drops all but the k largest |x|        4
+//	randk:f      f·4                       drops all but k random x               5
+//	sign:1024    1/8 + 4/1024              x ↦ ±mean|x| of its block              6
+//	powersgd:r   4·r·(rows+cols)/(rows·cols) rank-r projection per matrix       7
 //
+// Measured (BenchmarkEncode, BenchmarkDecode; 16 M gradient-like values, one
+// core of a shared 2-core AMD EPYC VM, best of 3): fp16 13.6 / 11.0 GB/s
+// encode / decode, bf16 13.9 / 3.8, int8 19.3 / 20.2, topk:0.01 2.2 / 27
+// (ratio 79.6; 95.7 with zstd), sign 3.1 / 2.7, randk 8.4 / 16.6, PowerSGD
+// rank 4 1.35 / 0.45 (one 4096² matrix). fp16, bf16 and int8 run AVX2/F16C
+// kernels (kernels_amd64.s) that give bit-for-bit the pure-Go loops' result;
+// build with -tags purego for the pure-Go loops alone (fp16 encode 1.6 GB/s).
+
 // The stateful codecs (ErrorFeedback, PowerSGD, RandK) implement Stateful to
 // save their state with a checkpoint. TopK, RandK, PowerSGD, ErrorFeedback,
 // Entropy, Decoder and Combiner hold scratch and must not be used from two
