@@ -42,7 +42,7 @@
 // rank 4 1.35 / 0.45 (one 4096² matrix). fp16, bf16 and int8 run AVX2/F16C
 // kernels (kernels_amd64.s) that give bit-for-bit the pure-Go loops' result;
 // build with -tags purego for the pure-Go loops alone (fp16 encode 1.6 GB/s).
-
+//
 // The stateful codecs (ErrorFeedback, PowerSGD, RandK) implement Stateful to
 // save their state with a checkpoint. TopK, RandK, PowerSGD, ErrorFeedback,
 // Entropy, Decoder and Combiner hold scratch and must not be used from two
