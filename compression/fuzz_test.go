@@ -264,3 +264,29 @@ func checkInt8Bound(t *testing.T, x, y []float32, block int) {
 		}
 	}
 }
+
+// Huge block sizes in the header are one block, not an overflow.
+func TestHugeBlockHeader(t *testing.T) {
+	for _, id := range []ID{IDInt8, IDSign} {
+		x := gradLike(5, 1)
+		var b []byte
+		if id == IDInt8 {
+			b = Int8{Block: 8}.Encode(nil, x)
+		} else {
+			b = Sign{Block: 8}.Encode(nil, x)
+		}
+		// Replace the block uvarint (8) with 2⁶⁴−1.
+		huge := append([]byte{b[0], b[1]}, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01)
+		huge = append(huge, b[3:]...)
+		c, _ := New(id, "")
+		y := make([]float32, 5)
+		if err := c.Decode(y, huge); err != nil {
+			t.Fatalf("id %d: %v", id, err)
+		}
+		z := make([]float32, 5)
+		mustDecode(t, c, z, b)
+		if !bitsEqual(y, z) {
+			t.Fatalf("id %d: huge block decodes to %v, want %v", id, y, z)
+		}
+	}
+}

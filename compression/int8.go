@@ -9,7 +9,8 @@ import (
 // share one float32 scale, 1.6 % overhead over the int8 payload.
 const DefaultInt8Block = 256
 
-// maxBlock bounds the block size a decoder accepts (and Parse allows).
+// maxBlock bounds the block size Parse allows (decoders take any block: a
+// block longer than the vector is one block).
 const maxBlock = 1 << 24
 
 // Int8 quantises each block of Block consecutive values to int8 with the
@@ -165,8 +166,13 @@ func int8Payload(dst []float32, src []byte) (block int, scales, q []byte, err er
 		return 0, nil, nil, err
 	}
 	bl := r.uvarint()
-	if r.err == nil && (bl == 0 || bl > maxBlock) {
-		r.fail("int8 block %d out of range [1, %d]", bl, maxBlock)
+	if r.err == nil && bl == 0 {
+		r.fail("int8 block of 0 values")
+	}
+	// A block longer than the vector is one block (and keeps the
+	// arithmetic below from overflowing).
+	if n := uint64(len(dst)); bl > n {
+		bl = max(n, 1)
 	}
 	n := uint64(len(dst))
 	nb := (n + bl - 1) / max(bl, 1)

@@ -91,7 +91,8 @@ func IsSparse(id ID) bool {
 // that two random-k encodings with the same seed and k (peers that drew the
 // same indices) sum in the random-k layout, and that a union whose sparse
 // encoding would not be smaller than dense float32 is written densified as
-// an FP32 encoding. Use Decoder (or Combiner) on the result.
+// an FP32 encoding. Use Decoder (or Combiner) on the result. dst must not
+// overlap a or b.
 func MergeSparse(dst []byte, a, b []byte, n int) ([]byte, error) {
 	var ia, ib sparseIter
 	if err := ia.init(a, n); err != nil {

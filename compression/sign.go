@@ -112,8 +112,13 @@ func signDecode(dst []float32, src []byte, add bool) error {
 		return err
 	}
 	bl := r.uvarint()
-	if r.err == nil && (bl == 0 || (bl > maxBlock && bl != uint64(len(dst)))) {
-		r.fail("sign block %d out of range", bl)
+	if r.err == nil && bl == 0 {
+		r.fail("sign block of 0 values")
+	}
+	// A block longer than the vector is one block (and keeps the
+	// arithmetic below from overflowing).
+	if n := uint64(len(dst)); bl > n {
+		bl = max(n, 1)
 	}
 	n := uint64(len(dst))
 	nb := (n + bl - 1) / max(bl, 1)
