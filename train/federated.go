@@ -1,0 +1,353 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/starling-ml/starling/device"
+)
+
+// FedConfig configures serverless federated learning. Every peer of a
+// federation must use the same settings.
+type FedConfig struct {
+	// Strategy is fedavg, fedprox, fedadam, fedyogi, fedadagrad or diloco.
+	Strategy string
+	// Rounds is the number of rounds to run.
+	Rounds int
+	// Fraction is C, the fraction of live peers sampled each round (at
+	// least one peer is always sampled).
+	Fraction float64
+	// LocalEpochs is E, passes over the peer's shard per round. When zero,
+	// LocalSteps sets the local work instead.
+	LocalEpochs int
+	// LocalSteps is H, local steps per round when LocalEpochs is zero
+	// (DiLoCo's inner steps).
+	LocalSteps int
+	// Mu is FedProx's proximal weight μ.
+	Mu float32
+	// ServerLR is the server (outer) learning rate: 1 for FedAvg, η for
+	// FedOpt (0.01 in Reddi et al. for Adam/Yogi), 0.7 for DiLoCo.
+	ServerLR float32
+	// ServerMomentum is DiLoCo's outer Nesterov momentum (0.9).
+	ServerMomentum float32
+	// Seed drives client sampling; all peers must share it.
+	Seed uint64
+	// RoundTimeout bounds one round: fetching state, local training and the
+	// all-reduce.
+	RoundTimeout time.Duration
+	// ResetClientOpt starts every round's local optimiser from fresh state
+	// (FedAvg's clients do); DiLoCo keeps its inner AdamW state.
+	ResetClientOpt bool
+}
+
+// DefaultFedConfig returns FedAvg with C = 0.1 and E = 1, as in McMahan et
+// al. 2017's MNIST experiments.
+func DefaultFedConfig() FedConfig {
+	return FedConfig{Strategy: "fedavg", Rounds: 100, Fraction: 0.1, LocalEpochs: 1, ServerLR: 1, Seed: 1,
+		RoundTimeout: 2 * time.Minute, ResetClientOpt: true}
+}
+
+// ParseStrategy sets Strategy and its parameters from a flag value such as
+// "fedavg", "fedprox:mu=0.01", "fedadam:lr=0.01", "fedyogi", "fedadagrad",
+// "diloco:h=50,lr=0.7,momentum=0.9", filling the papers' defaults.
+func (c *FedConfig) ParseStrategy(spec string) error {
+	name, args, _ := strings.Cut(spec, ":")
+	kv, err := parseKV(spec, args)
+	if err != nil {
+		return err
+	}
+	take := func(key string, dst *float32, def float32) {
+		if v, ok := kv[key]; ok {
+			*dst = float32(v)
+			delete(kv, key)
+		} else {
+			*dst = def
+		}
+	}
+	c.Strategy = name
+	switch name {
+	case "fedavg":
+		take("lr", &c.ServerLR, 1)
+		c.ResetClientOpt = true
+	case "fedprox":
+		take("mu", &c.Mu, 0.01)
+		take("lr", &c.ServerLR, 1)
+		c.ResetClientOpt = true
+	case "fedadam", "fedyogi", "fedadagrad":
+		def := float32(0.01)
+		if name == "fedadagrad" {
+			def = 0.1
+		}
+		take("lr", &c.ServerLR, def)
+		c.ResetClientOpt = true
+	case "diloco":
+		take("lr", &c.ServerLR, 0.7)
+		take("momentum", &c.ServerMomentum, 0.9)
+		var h float32
+		take("h", &h, 50)
+		c.LocalSteps, c.LocalEpochs = int(h), 0
+		c.ResetClientOpt = false
+	default:
+		return fmt.Errorf("%w: unknown strategy %q (want fedavg, fedprox, fedadam, fedyogi, fedadagrad or diloco)", ErrStrategy, name)
+	}
+	for k := range kv {
+		return fmt.Errorf("%w: %q: unknown parameter %q", ErrStrategy, spec, k)
+	}
+	return nil
+}
+
+// Validate reports settings that cannot work.
+func (c FedConfig) Validate() error {
+	switch {
+	case c.Rounds <= 0:
+		return fmt.Errorf("%w: rounds must be positive", ErrStrategy)
+	case !(c.Fraction > 0 && c.Fraction <= 1):
+		return fmt.Errorf("%w: fraction C must be in (0, 1], got %v", ErrStrategy, c.Fraction)
+	case c.LocalEpochs < 0 || c.LocalSteps < 0 || (c.LocalEpochs == 0 && c.LocalSteps == 0):
+		return fmt.Errorf("%w: set local epochs E or local steps H", ErrStrategy)
+	case !(c.ServerLR > 0):
+		return fmt.Errorf("%w: server learning rate must be positive", ErrStrategy)
+	case c.Mu < 0 || math.IsNaN(float64(c.Mu)):
+		return fmt.Errorf("%w: FedProx μ must not be negative", ErrStrategy)
+	case c.RoundTimeout <= 0:
+		return fmt.Errorf("%w: round timeout must be positive", ErrStrategy)
+	}
+	return nil
+}
+
+// newServerOpt builds the strategy's server optimiser for n parameters.
+func (c FedConfig) newServerOpt(n int) (ServerOpt, error) {
+	switch c.Strategy {
+	case "fedavg", "fedprox", "":
+		return &FedAvgServer{LR: c.ServerLR}, nil
+	case "fedadam", "fedyogi", "fedadagrad":
+		return NewFedOptServer(strings.TrimPrefix(c.Strategy, "fed"), c.ServerLR, n)
+	case "diloco":
+		return NewNesterovServer(c.ServerLR, c.ServerMomentum, n), nil
+	}
+	return nil, fmt.Errorf("%w: unknown strategy %q", ErrStrategy, c.Strategy)
+}
+
+// Sample returns the peers of members taking part in a round: ⌈C·n⌉ of
+// them (at least one), chosen by a hash of (seed, round, peer), so every
+// peer with the same member list derives the same sample. The result is
+// sorted.
+func Sample(seed, round uint64, members []string, fraction float64) []string {
+	n := len(members)
+	if n == 0 {
+		return nil
+	}
+	k := min(n, max(1, int(math.Ceil(fraction*float64(n)-1e-9))))
+	type keyed struct {
+		h uint64
+		p string
+	}
+	ks := make([]keyed, n)
+	for i, p := range members {
+		ks[i] = keyed{device.Hash64(seed^round*0x9e3779b97f4a7c15, fnv64(p)), p}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int {
+		if a.h != b.h {
+			if a.h < b.h {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.p, b.p)
+	})
+	out := make([]string, k)
+	for i := range out {
+		out[i] = ks[i].p
+	}
+	slices.Sort(out)
+	return out
+}
+
+func fnv64(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// FedNet is what a federated peer needs from the network. Implementations
+// are safe for concurrent use, and every blocking call honours ctx.
+type FedNet interface {
+	// Self returns this peer's id.
+	Self() string
+	// Members returns the sorted ids of the federation's live peers
+	// (including Self) as this peer sees them at the start of round.
+	Members(ctx context.Context, round uint64) ([]string, error)
+	// AllReduce sets dst to the sample-weighted mean of the src vectors of
+	// group (which includes Self) for round, and returns the peers whose
+	// contributions it holds.
+	AllReduce(ctx context.Context, round uint64, group []string, dst, src []float32, weight float64) ([]string, error)
+	// Publish makes state, the global state after round version, available
+	// to Fetch. The network keeps its own copy.
+	Publish(version uint64, state []float32)
+	// Fetch fills dst with the published state of one of peers whose
+	// version is at least version (waiting for one to get there until ctx
+	// ends), and returns the version it got.
+	Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error)
+}
+
+// ErrNoState reports that no peer could provide the global state.
+var ErrNoState = errors.New("train: no peer provided the global state")
+
+// RoundInfo describes a finished round as one participant saw it.
+type RoundInfo struct {
+	Round        uint64
+	Participants []string // the group whose contributions were averaged
+	Sampled      []string
+	Global       []float32 // the new global parameters (a view; copy to keep)
+	Loss         float64   // this peer's mean local training loss
+	Elapsed      time.Duration
+}
+
+// Federated runs serverless federated learning for one peer: each round
+// it checks whether it is sampled; if so it brings its global state up to
+// date (fetching it from the previous round's participants when it missed
+// rounds), trains locally from the global model, all-reduces its delta
+// with the other sampled peers weighted by shard size, and applies the
+// server optimiser to the averaged delta, identically on every
+// participant. onRound, if not nil, is called after each round this peer
+// took part in; returning true stops the peer.
+func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	params := w.Model.Params
+	n := len(params)
+	server, err := cfg.newServerOpt(n)
+	if err != nil {
+		return err
+	}
+	st := server.State()
+	state := make([]float32, n+len(st)) // [global params | server state]
+	copy(state, params)
+	global := state[:n]
+	delta := make([]float32, n)
+	avg := make([]float32, n)
+	var version uint64
+	net.Publish(0, state)
+	start := time.Now()
+	self := net.Self()
+	var prevSample []string
+
+	for r := uint64(1); r <= uint64(cfg.Rounds); r++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		members, err := net.Members(ctx, r)
+		if err != nil {
+			return fmt.Errorf("round %d: %w", r, err)
+		}
+		sampled := Sample(cfg.Seed, r, members, cfg.Fraction)
+		prev := prevSample
+		prevSample = sampled
+		if !slices.Contains(sampled, self) {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout)
+		info, skip, err := fedRound(rctx, w, net, cfg, server, state, delta, avg, &version, r, prev, sampled)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, ErrDiverged) {
+				return err
+			}
+			// A failed round leaves the global state as it was; the peer
+			// goes on with the next round.
+			if rec != nil {
+				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "round-failed"})
+			}
+			continue
+		}
+		if skip {
+			continue
+		}
+		info.Global = global
+		info.Elapsed = time.Since(start)
+		if rec != nil {
+			rec.Snapshot(self, info.Elapsed, int(r), global)
+			rec.Event(Event{Peer: self, At: info.Elapsed, Kind: "round", Loss: info.Loss, Weight: float64(len(info.Participants))})
+		}
+		if onRound != nil && onRound(info) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// fedRound runs round r for a sampled peer. skip reports that the peer
+// found the round already done without it.
+func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server ServerOpt, state, delta, avg []float32, version *uint64, r uint64, prev, sampled []string) (RoundInfo, bool, error) {
+	n := len(w.Model.Params)
+	global := state[:n]
+	if *version < r-1 {
+		// Missed rounds: fetch the state after round r−1 from its
+		// participants (they are the ones who have it).
+		from := slices.DeleteFunc(slices.Clone(prev), func(p string) bool { return p == net.Self() })
+		if len(from) == 0 {
+			from = slices.DeleteFunc(slices.Clone(sampled), func(p string) bool { return p == net.Self() })
+		}
+		v, err := net.Fetch(ctx, from, r-1, state)
+		if err != nil {
+			return RoundInfo{}, false, fmt.Errorf("round %d: fetching state %d: %w", r, r-1, err)
+		}
+		copy(server.State(), state[n:])
+		*version = v
+		if v >= r {
+			net.Publish(v, state)
+			return RoundInfo{}, true, nil
+		}
+	}
+	// Local training from the global model.
+	copy(w.Model.Params, global)
+	if cfg.ResetClientOpt {
+		w.Opt.SetState(0, map[string][]float32{})
+	}
+	steps := cfg.LocalSteps
+	if cfg.LocalEpochs > 0 {
+		steps = cfg.LocalEpochs * w.StepsPerEpoch()
+	}
+	be := w.Model.Backend()
+	var lossSum float64
+	samples := 0
+	for s := 0; s < steps; s++ {
+		loss, k, err := w.Grad(ctx)
+		if err != nil {
+			return RoundInfo{}, false, err
+		}
+		if cfg.Mu > 0 {
+			// FedProx: ∇ μ/2·‖w − w_global‖² = μ(w − w_global).
+			be.Axpy(cfg.Mu, w.Model.Params, w.Model.Grads)
+			be.Axpy(-cfg.Mu, global, w.Model.Grads)
+		}
+		w.Apply(k)
+		lossSum += loss * float64(k)
+		samples += k
+	}
+	for i := range delta {
+		delta[i] = w.Model.Params[i] - global[i]
+	}
+	used, err := net.AllReduce(ctx, r, sampled, avg, delta, float64(w.ShardSize()))
+	if err != nil {
+		return RoundInfo{}, false, fmt.Errorf("round %d: all-reduce: %w", r, err)
+	}
+	server.Apply(global, avg)
+	copy(state[n:], server.State())
+	copy(w.Model.Params, global)
+	*version = r
+	net.Publish(r, state)
+	return RoundInfo{Round: r, Participants: used, Sampled: sampled, Loss: lossSum / float64(max(samples, 1))}, false, nil
+}
