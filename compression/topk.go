@@ -381,7 +381,7 @@ func (it *sparseIter) next() (i int, v float32, ok bool) {
 		} else {
 			var w int
 			gap, w = binary.Uvarint(it.idx)
-			if w <= 0 {
+			if w <= 0 || it.idx[w-1] == 0 { // error or overlong
 				it.err = fmt.Errorf("%w: bad index varint", ErrCorrupt)
 				return 0, 0, false
 			}

@@ -98,7 +98,9 @@ func (r *reader) uvarint() uint64 {
 		return 0
 	}
 	v, k := binary.Uvarint(r.b)
-	if k <= 0 {
+	if k <= 0 || (k > 1 && r.b[k-1] == 0) {
+		// Overlong forms are refused so that every value has one
+		// encoding and MaxEncodedLen holds.
 		r.fail("bad uvarint")
 		return 0
 	}
