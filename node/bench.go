@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -21,8 +22,8 @@ import (
 
 // This file holds the one-to-one throughput benchmark behind
 // `peer bench transfer` and BenchmarkLoopback: libp2p tensor transfers and,
-// as the baseline, Go's crypto/tls over one TCP connection, with the same
-// sizes and the same acknowledgement per transfer.
+// as baselines, Go's crypto/tls over one TCP connection and plain TCP, with
+// the same sizes and the same acknowledgement per transfer.
 
 // BenchResult is the outcome of one benchmark run.
 type BenchResult struct {
@@ -116,38 +117,54 @@ func randUint64() uint64 {
 	return binary.LittleEndian.Uint64(b[:])
 }
 
-// ServeTLSBaseline accepts connections on ln until ctx ends or ln closes.
-// On each it reads transfers (an 8-byte length, then the bytes) into one
-// reused buffer and acknowledges each with one byte. maxBytes bounds a
-// transfer.
-func ServeTLSBaseline(ctx context.Context, ln net.Listener, maxBytes int64) error {
+// ServeBaseline accepts connections on ln until ctx ends or ln closes: Go's
+// crypto/tls (TLS 1.3, AES-GCM) over TCP, or — for a client that opens
+// with rawMagic — plain TCP, the link's ceiling. On each connection it reads
+// transfers (an 8-byte length, then the bytes) into one reused buffer and
+// acknowledges each with one byte. maxBytes bounds a transfer.
+func ServeBaseline(ctx context.Context, ln net.Listener, maxBytes int64) error {
 	cert, err := selfSignedCert()
 	if err != nil {
 		return err
 	}
-	tln := tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13})
+	tcfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	for {
-		c, err := tln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
 			return err
 		}
-		go serveTLSConn(ctx, c, maxBytes)
+		go serveBaselineConn(ctx, c, tcfg, maxBytes)
 	}
 }
 
-func serveTLSConn(ctx context.Context, c net.Conn, maxBytes int64) {
+const rawMagic = "RAW!"
+
+func serveBaselineConn(ctx context.Context, c net.Conn, tcfg *tls.Config, maxBytes int64) {
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
+	br := bufio.NewReaderSize(c, 64<<10)
+	first, err := br.Peek(4)
+	if err != nil {
+		return
+	}
+	var r io.Reader = br
+	var w io.Writer = c
+	if string(first) == rawMagic {
+		br.Discard(4)
+	} else {
+		tc := tls.Server(&bufferedConn{c, br}, tcfg)
+		r, w = tc, tc
+	}
 	var buf []byte
 	var hdr [8]byte
 	for {
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return
 		}
 		n := int64(binary.LittleEndian.Uint64(hdr[:]))
@@ -157,44 +174,75 @@ func serveTLSConn(ctx context.Context, c net.Conn, maxBytes int64) {
 		if int64(cap(buf)) < n {
 			buf = make([]byte, n)
 		}
-		if _, err := io.ReadFull(c, buf[:n]); err != nil {
+		if _, err := io.ReadFull(r, buf[:n]); err != nil {
 			return
 		}
-		if _, err := c.Write([]byte{1}); err != nil {
+		if _, err := w.Write([]byte{1}); err != nil {
 			return
 		}
 	}
 }
 
-// RunTLSBaseline connects to addr (ServeTLSBaseline) and times count
-// transfers of size bytes, each acknowledged before the next.
-func RunTLSBaseline(ctx context.Context, addr string, size, count int) (BenchResult, error) {
+// bufferedConn is a net.Conn whose reads go through a bufio.Reader that has
+// already peeked at the first bytes.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// BaselineClient is one connection to ServeBaseline.
+type BaselineClient struct {
+	c net.Conn
+}
+
+// DialBaseline connects to ServeBaseline at addr, over crypto/tls when
+// useTLS is set, plain TCP otherwise.
+func DialBaseline(ctx context.Context, addr string, useTLS bool) (*BaselineClient, error) {
+	if !useTLS {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := c.Write([]byte(rawMagic)); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return &BaselineClient{c}, nil
+	}
 	d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return BenchResult{}, err
+		return nil, err
 	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { c.Close() })
+	return &BaselineClient{c}, nil
+}
+
+// Run times count transfers of payload, each acknowledged before the next.
+func (b *BaselineClient) Run(ctx context.Context, payload []byte, count int) (BenchResult, error) {
+	stop := context.AfterFunc(ctx, func() { b.c.Close() })
 	defer stop()
-	payload := make([]byte, size)
-	rand.Read(payload[:min(size, 1<<20)])
 	var hdr [8]byte
-	binary.LittleEndian.PutUint64(hdr[:], uint64(size))
+	binary.LittleEndian.PutUint64(hdr[:], uint64(len(payload)))
 	start := time.Now()
 	for range count {
-		if _, err := c.Write(hdr[:]); err != nil {
+		if _, err := b.c.Write(hdr[:]); err != nil {
 			return BenchResult{}, err
 		}
-		if _, err := c.Write(payload); err != nil {
+		if _, err := b.c.Write(payload); err != nil {
 			return BenchResult{}, err
 		}
-		if _, err := io.ReadFull(c, hdr[:1]); err != nil {
+		if _, err := io.ReadFull(b.c, hdr[:1]); err != nil {
 			return BenchResult{}, err
 		}
 	}
-	return BenchResult{Bytes: int64(size) * int64(count), Elapsed: time.Since(start)}, nil
+	return BenchResult{Bytes: int64(len(payload)) * int64(count), Elapsed: time.Since(start)}, nil
 }
+
+// Close closes the connection.
+func (b *BaselineClient) Close() error { return b.c.Close() }
 
 // selfSignedCert makes a throwaway ECDSA P-256 certificate for the
 // baseline server (the client skips verification: this measures the

@@ -25,7 +25,12 @@ func BenchmarkLoopback(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	go ServeTLSBaseline(ctx, ln, size)
+	go ServeBaseline(ctx, ln, size)
+	tlsc, err := DialBaseline(ctx, ln.Addr().String(), true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tlsc.Close()
 
 	psk, _ := GeneratePSK()
 	dir := b.TempDir()
@@ -59,7 +64,7 @@ func BenchmarkLoopback(b *testing.B) {
 			if _, err := sender.RunBench(ctx, recv.ID(), payload, 1); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := RunTLSBaseline(ctx, ln.Addr().String(), size, 1); err != nil {
+			if _, err := tlsc.Run(ctx, payload, 1); err != nil {
 				b.Fatal(err)
 			}
 			b.SetBytes(size)
@@ -68,7 +73,7 @@ func BenchmarkLoopback(b *testing.B) {
 			b.ResetTimer()
 			for range b.N {
 				b.StopTimer()
-				r, err := RunTLSBaseline(ctx, ln.Addr().String(), size, 1)
+				r, err := tlsc.Run(ctx, payload, 1)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -120,7 +120,7 @@ func runKeygen(ctx context.Context, args []string, stdout, stderr io.Writer) err
 func runBenchTransfer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fset := newFlagSet("bench transfer", stderr)
 	listen := fset.String("listen", "/ip4/0.0.0.0/tcp/4001", "server: libp2p listen multiaddr")
-	tlsListen := fset.String("tls-listen", ":4002", "server: crypto/tls baseline listen address (empty: none)")
+	tlsListen := fset.String("tls-listen", ":4002", "server: baseline (crypto/tls and plain TCP) listen address (empty: none)")
 	addrFile := fset.String("addr-file", "", "server: write the libp2p address to this file once listening")
 	connect := fset.String("connect", "", "client: the server's libp2p multiaddr (with /p2p/ID)")
 	tlsAddr := fset.String("tls", "", "client: the server's baseline host:port (default: the --connect host, port 4002; 'none' to skip)")
@@ -167,8 +167,8 @@ func benchServe(ctx context.Context, cfg node.Config, tlsListen, addrFile string
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "tls baseline listening on %s\n", ln.Addr())
-		go func() { errc <- node.ServeTLSBaseline(ctx, ln, cfg.MaxTensorBytes) }()
+		fmt.Fprintf(stdout, "baseline listening on %s\n", ln.Addr())
+		go func() { errc <- node.ServeBaseline(ctx, ln, cfg.MaxTensorBytes) }()
 	}
 	if addrFile != "" && len(addrs) > 0 {
 		if err := os.WriteFile(addrFile, []byte(addrs[0].String()+"\n"), 0o644); err != nil {
@@ -211,16 +211,38 @@ func benchClient(ctx context.Context, cfg node.Config, connect, tlsAddr string, 
 	for i := range payload { // incompressible enough, cheap to make
 		payload[i] = byte(i*2654435761>>13) ^ byte(i>>9)
 	}
-	// Warm up both paths (connection set-up, windows, buffers).
+	// Baselines on their own connections to the same server: crypto/tls
+	// (what libp2p's TLS+yamux should approach) and plain TCP (the link).
+	type baseline struct {
+		name string
+		c    *node.BaselineClient
+		res  node.BenchResult
+	}
+	var bases []*baseline
+	if tlsAddr != "none" {
+		for _, b := range []struct {
+			name string
+			tls  bool
+		}{{"crypto/tls", true}, {"plain tcp", false}} {
+			c, err := node.DialBaseline(ctx, tlsAddr, b.tls)
+			if err != nil {
+				return fmt.Errorf("baseline at %s: %w", tlsAddr, err)
+			}
+			defer c.Close()
+			bases = append(bases, &baseline{name: b.name, c: c})
+		}
+	}
+	// Warm up every path (connection set-up, windows, buffers), then
+	// alternate them so that all see the same conditions.
 	if _, err := n.RunBench(ctx, ai.ID, payload, 1); err != nil {
 		return err
 	}
-	if tlsAddr != "none" {
-		if _, err := node.RunTLSBaseline(ctx, tlsAddr, size, 1); err != nil {
-			return fmt.Errorf("tls baseline at %s: %w", tlsAddr, err)
+	for _, b := range bases {
+		if _, err := b.c.Run(ctx, payload, 1); err != nil {
+			return err
 		}
 	}
-	var p2p, base node.BenchResult
+	var p2p node.BenchResult
 	for range count {
 		r, err := n.RunBench(ctx, ai.ID, payload, 1)
 		if err != nil {
@@ -228,15 +250,14 @@ func benchClient(ctx context.Context, cfg node.Config, connect, tlsAddr string, 
 		}
 		p2p.Bytes += r.Bytes
 		p2p.Elapsed += r.Elapsed
-		if tlsAddr == "none" {
-			continue
+		for _, b := range bases {
+			r, err := b.c.Run(ctx, payload, 1)
+			if err != nil {
+				return err
+			}
+			b.res.Bytes += r.Bytes
+			b.res.Elapsed += r.Elapsed
 		}
-		r, err = node.RunTLSBaseline(ctx, tlsAddr, size, 1)
-		if err != nil {
-			return err
-		}
-		base.Bytes += r.Bytes
-		base.Elapsed += r.Elapsed
 	}
 	mode := "tls+yamux"
 	if cfg.PSKFile != "" {
@@ -244,10 +265,9 @@ func benchClient(ctx context.Context, cfg node.Config, connect, tlsAddr string, 
 	}
 	fmt.Fprintf(stdout, "libp2p (%s, %d stripes): %d x %d MiB in %v = %.1f MB/s\n",
 		mode, cfg.Stripes, count, size>>20, p2p.Elapsed.Round(time.Millisecond), p2p.MBps())
-	if tlsAddr != "none" {
-		fmt.Fprintf(stdout, "crypto/tls baseline:        %d x %d MiB in %v = %.1f MB/s\n",
-			count, size>>20, base.Elapsed.Round(time.Millisecond), base.MBps())
-		fmt.Fprintf(stdout, "ratio libp2p/tls: %.3f\n", p2p.MBps()/base.MBps())
+	for _, b := range bases {
+		fmt.Fprintf(stdout, "%-12s baseline: %d x %d MiB in %v = %.1f MB/s (libp2p/%s = %.3f)\n",
+			b.name, count, size>>20, b.res.Elapsed.Round(time.Millisecond), b.res.MBps(), b.name, p2p.MBps()/b.res.MBps())
 	}
 	return nil
 }
