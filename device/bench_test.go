@@ -16,16 +16,19 @@ type gemmShape struct {
 	m, n, k int
 }
 
-// Shapes of the MLP 784-128-10 at batch 256 and of the FedAvg CNN
-// (conv5x5×32, pool, conv5x5×64, pool, FC 3136→512, FC 512→10) at batch 64
-// with im2col convolutions.
+// The GEMMs of a training step as nn/ calls them (weights stored out×in,
+// PyTorch's layout): forward Y = X·Wᵀ (NT), weight gradient dW = dYᵀ·X
+// (TN), input gradient dX = dY·W (NN). The MLP 784-128-10 at batch 256; the
+// FedAvg CNN (conv5x5×32 same, pool, conv5x5×64 same, pool, FC 3136→512,
+// FC 512→10) at batch 64 with im2col convolutions (rows = N·H·W output
+// pixels, k = C·5·5).
 var gemmShapes = []gemmShape{
-	{"mlp/fc1-fwd", false, false, 256, 128, 784},
-	{"mlp/fc1-dW", true, false, 784, 128, 256},
-	{"mlp/fc1-dX", false, true, 256, 784, 128},
-	{"mlp/fc2-fwd", false, false, 256, 10, 128},
-	{"mlp/fc2-dW", true, false, 128, 10, 256},
-	{"mlp/fc2-dX", false, true, 256, 128, 10},
+	{"mlp/fc1-fwd", false, true, 256, 128, 784},
+	{"mlp/fc1-dW", true, false, 128, 784, 256},
+	{"mlp/fc1-dX", false, false, 256, 784, 128},
+	{"mlp/fc2-fwd", false, true, 256, 10, 128},
+	{"mlp/fc2-dW", true, false, 10, 128, 256},
+	{"mlp/fc2-dX", false, false, 256, 128, 10},
 	{"cnn/conv1-fwd", false, true, 64 * 28 * 28, 32, 25},
 	{"cnn/conv1-dW", true, false, 32, 25, 64 * 28 * 28},
 	{"cnn/conv2-fwd", false, true, 64 * 14 * 14, 64, 800},
@@ -34,6 +37,9 @@ var gemmShapes = []gemmShape{
 	{"cnn/fc1-fwd", false, true, 64, 512, 3136},
 	{"cnn/fc1-dW", true, false, 512, 3136, 64},
 	{"cnn/fc1-dX", false, false, 64, 3136, 512},
+	{"cnn/fc2-fwd", false, true, 64, 10, 512},
+	{"cnn/fc2-dW", true, false, 10, 512, 64},
+	{"cnn/fc2-dX", false, false, 64, 512, 10},
 }
 
 func gemmOperands(s gemmShape) (a, b, c []float32) {
@@ -154,6 +160,11 @@ func BenchmarkGemmISA(b *testing.B) {
 			b.Run(fmt.Sprintf("%s-%dx%dx%d/%s", s.name, s.m, s.n, s.k, be.Name()), func(b *testing.B) {
 				benchGemm(b, be, s)
 			})
+			if isa == "avx512" && !s.tB {
+				b.Run(fmt.Sprintf("%s-%dx%dx%d/cpu/avx512-packB", s.name, s.m, s.n, s.k), func(b *testing.B) {
+					benchGemm(b, device.NewFastPackedB(), s)
+				})
+			}
 		}
 	}
 }

@@ -12,5 +12,3 @@ func gemmFor(isa string) *gemmImpl {
 	}
 	return nil
 }
-
-func packTransposed(d, src []float32, ld, rows, kc, w int) { packTransposedGo(d, src, ld, rows, kc, w) }

@@ -88,6 +88,8 @@ func TestGemmDifferential(t *testing.T) {
 			m, n, k = 1+r.IntN(40), 1+r.IntN(40), 257+r.IntN(400)
 		case 4:
 			m, n, k = 100+r.IntN(60), 100+r.IntN(60), 100+r.IntN(60) // split across goroutines
+		case 5:
+			m, n, k = 20+r.IntN(30), 20+r.IntN(40), 1500+r.IntN(1500) // split along k
 		}
 		tA, tB := r.IntN(2) == 1, r.IntN(2) == 1
 		alpha := []float32{1, -1, 0.5, 3}[r.IntN(4)]

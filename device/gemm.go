@@ -8,28 +8,36 @@ import (
 
 // microKernel computes one MR×NR tile of C:
 //
-//	C[0:rows, cols] = alpha·(A·Bp) + beta·C[0:rows, cols]
+//	C[0:rows, cols] = alpha·(A·B) + beta·C[0:rows, cols]
 //
-// Bp is a packed panel (kc steps of NR values). A is read in place in one of
-// two layouts, chosen by which kernel is called: step layout A(r, p) =
-// a[p·lda + r] (a packed panel with lda = MR, or op(A) = Aᵀ in place) or row
-// layout A(r, p) = a[r·lda + p] (op(A) = A in place). C is not read when
-// beta is +0 (callers turn −0 into +0). Kernels that honour the column mask
-// store only the columns whose bit is set; the others store all NR columns
-// and are only called on full-width tiles.
-type microKernel func(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+// A is read in place in one of two layouts, chosen by which kernel is
+// called: step layout A(r, p) = a[p·lda + r] (a packed panel with lda = MR,
+// or op(A) = Aᵀ in place) or row layout A(r, p) = a[r·lda + p] (op(A) = A in
+// place). B is a packed panel (kc steps of NR values; ldb ignored) or, for
+// the direct kernels, B(p, j) = b[p·ldb + j] in place, read through the
+// column mask. C is not read when beta is +0 (callers turn −0 into +0).
+// Kernels that honour the column mask store (and, if direct, load) only the
+// columns whose bit is set; the others store all NR columns and are only
+// called on full-width tiles.
+type microKernel func(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)
 
 // gemmImpl is a blocked GEMM in the GotoBLAS/BLIS layout around one
-// micro-kernel: B is packed in kc×nc panels of NR-wide slivers and the
-// kernel sweeps the MR×NR tiles of C. Full MR-row slivers of A are read in
-// place (no packing); only the ragged last sliver is packed, zero padded.
+// micro-kernel family: B is packed in kc×nc panels of NR-wide slivers (or,
+// where a direct kernel exists and op(B) = B, read in place) and the kernel
+// sweeps the MR×NR tiles of C. Full MR-row slivers of A are read in place;
+// only the ragged last sliver is packed, zero padded.
 type gemmImpl struct {
 	name    string
 	mr, nr  int
 	masked  bool        // kernels honour the column mask
-	kStep   microKernel // step layout
-	kRow    microKernel // row layout; nil: pack A instead
+	kStep   microKernel // A step layout, B packed
+	kRow    microKernel // A row layout, B packed; nil: pack A instead
+	kStepB  microKernel // A step layout, B in place; nil: pack B
+	kRowB   microKernel // A row layout, B in place
 	packAll bool        // pack every A sliver (for kernels without in-place reads)
+
+	// pack16 transposes 16×16 blocks for the transposing packs; nil: Go loops.
+	pack16 func(d, src *float32, ld, w, blocks int)
 
 	kc, mc, nc int // cache blocking: depth, rows of A per block, columns of B per panel
 
@@ -103,22 +111,21 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 		g.serial(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
+	if g.kSplit(m, n, k, nt) {
+		g.splitK(nt, tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+		return
+	}
 	// Split the larger tile dimension into nt contiguous parts; every part is
 	// an independent GEMM with its own packing buffers.
 	mt, ntl := (m+g.mr-1)/g.mr, (n+g.nr-1)/g.nr
-	var wg sync.WaitGroup
 	splitM := mt >= ntl
 	tiles, unit := ntl, g.nr
 	if splitM {
 		tiles, unit = mt, g.mr
 	}
-	part := func(w int) (lo, hi int) {
-		lo = tiles * w / nt * unit
-		hi = tiles * (w + 1) / nt * unit
-		return lo, hi
-	}
-	run := func(w int) {
-		lo, hi := part(w)
+	parallel(nt, func(w int) {
+		lo := tiles * w / nt * unit
+		hi := tiles * (w + 1) / nt * unit
 		if splitM {
 			hi = min(hi, m)
 			if lo >= hi {
@@ -140,29 +147,93 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 			bo = lo * ldb
 		}
 		g.serial(tA, tB, m, hi-lo, k, alpha, a, lda, b[bo:], ldb, beta, c[lo:], ldc)
-	}
+	})
+}
+
+// parallel runs f(0..nt-1), f(0) on the calling goroutine, and waits.
+func parallel(nt int, f func(w int)) {
+	var wg sync.WaitGroup
 	wg.Add(nt - 1)
 	for w := 1; w < nt; w++ {
 		go func() {
 			defer wg.Done()
-			run(w)
+			f(w)
 		}()
 	}
-	run(0)
+	f(0)
 	wg.Wait()
 }
 
-// threads returns how many goroutines a GEMM of this shape should use.
+var partPool = sync.Pool{New: func() any { return new([]float32) }}
+
+// splitK runs a GEMM whose m and n are small next to k (a weight gradient
+// over a large batch) on nt goroutines, each over a contiguous range of k:
+// worker 0 accumulates into C with the caller's beta, the others into
+// private m×n buffers that are then added into C. Each worker streams only
+// its share of A and B.
+func (g *gemmImpl) splitK(nt int, tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	parts := make([]*[]float32, nt)
+	for w := 1; w < nt; w++ {
+		p := partPool.Get().(*[]float32)
+		*p = grow(*p, m*n)
+		parts[w] = p
+	}
+	steps := (k + g.kc - 1) / g.kc
+	parallel(nt, func(w int) {
+		k0 := steps * w / nt * g.kc
+		k1 := min(steps*(w+1)/nt*g.kc, k)
+		if k0 >= k1 {
+			if w > 0 {
+				clear(*parts[w])
+			}
+			return
+		}
+		ao, bo := k0, k0*ldb
+		if tA {
+			ao = k0 * lda
+		}
+		if tB {
+			bo = k0
+		}
+		if w == 0 {
+			g.serial(tA, tB, m, n, k1-k0, alpha, a[ao:], lda, b[bo:], ldb, beta, c, ldc)
+			return
+		}
+		g.serial(tA, tB, m, n, k1-k0, alpha, a[ao:], lda, b[bo:], ldb, 0, *parts[w], n)
+	})
+	for w := 1; w < nt; w++ {
+		p := *parts[w]
+		for i := 0; i < m; i++ {
+			row := c[i*ldc : i*ldc+n]
+			for j, v := range p[i*n : i*n+n] {
+				row[j] += v
+			}
+		}
+		partPool.Put(parts[w])
+	}
+}
+
+// threads returns how many goroutines a GEMM of this shape should use:
+// GOMAXPROCS, less where the arithmetic would not pay for the hand-off, and
+// at most one per two tiles (or per kc of depth, for a split along k).
 func (g *gemmImpl) threads(m, n, k int) int {
 	p := runtime.GOMAXPROCS(0)
-	if p <= 1 || 2*m*n*k < g.parFlops {
+	flops := 2 * m * n * k
+	if p <= 1 || flops < g.parFlops {
 		return 1
 	}
+	p = min(p, flops/g.parFlops)
+	if g.kSplit(m, n, k, p) {
+		return min(p, k/g.kc)
+	}
 	tiles := max((m+g.mr-1)/g.mr, (n+g.nr-1)/g.nr)
-	// Each worker should get at least two tiles along the split dimension
-	// and enough arithmetic to pay for a goroutine hand-off.
-	p = min(p, tiles/2, 2*m*n*k/g.parFlops)
-	return max(p, 1)
+	return max(min(p, tiles/2), 1)
+}
+
+// kSplit reports whether nt goroutines should split the k dimension: when m
+// and n are small next to k, as in a weight gradient over a large batch.
+func (g *gemmImpl) kSplit(m, n, k, nt int) bool {
+	return k >= 4*max(m, n) && k >= 2*g.kc
 }
 
 // serial runs the blocked algorithm on the calling goroutine.
@@ -180,11 +251,17 @@ func (g *gemmImpl) serial(tA, tB bool, m, n, k int, alpha float32, a []float32, 
 	if nr >= 64 {
 		full = ^uint64(0)
 	}
+	// B is read in place unless its row stride is a multiple of 2 KiB, which
+	// would fold a kc-deep sliver onto a few L1 sets (measured: 15–20 %
+	// slower at ldb = 1024 than packing).
+	directB := !tB && g.kStepB != nil && ldb%512 != 0
 	for jc := 0; jc < n; jc += g.nc {
 		nc := min(g.nc, n-jc)
 		for pc := 0; pc < k; pc += g.kc {
 			kc := min(g.kc, k-pc)
-			packB(buf.b, b, ldb, tB, pc, jc, kc, nc, nr)
+			if !directB {
+				g.packB(buf.b, b, ldb, tB, pc, jc, kc, nc)
+			}
 			bet := beta
 			if pc > 0 {
 				bet = 1
@@ -193,7 +270,13 @@ func (g *gemmImpl) serial(tA, tB bool, m, n, k int, alpha float32, a []float32, 
 				mc := min(g.mc, m-ic)
 				for jr := 0; jr < nc; jr += nr {
 					cols := min(nr, nc-jr)
-					bp := &buf.b[jr*kc]
+					var bp *float32
+					lb := nr
+					if directB {
+						bp, lb = &b[pc*ldb+jc+jr], ldb
+					} else {
+						bp = &buf.b[jr*kc]
+					}
 					mask := full
 					if cols < nr {
 						mask = uint64(1)<<cols - 1
@@ -201,25 +284,35 @@ func (g *gemmImpl) serial(tA, tB bool, m, n, k int, alpha float32, a []float32, 
 					for ir := 0; ir < mc; ir += mr {
 						rows := min(mr, mc-ir)
 						i0 := ic + ir
-						kern, ap, la := g.kStep, (*float32)(nil), mr
+						var ap *float32
+						la, rowA := mr, false
 						switch {
 						case rows < mr || g.packAll || (!tA && g.kRow == nil):
 							if jr == 0 {
-								packA(buf.a[ir*kc:], a, lda, tA, i0, pc, rows, kc, mr)
+								g.packA(buf.a[ir*kc:], a, lda, tA, i0, pc, rows, kc)
 							}
 							ap = &buf.a[ir*kc]
 						case tA:
 							ap, la = &a[pc*lda+i0], lda
 						default:
-							kern, ap, la = g.kRow, &a[i0*lda+pc], lda
+							ap, la, rowA = &a[i0*lda+pc], lda, true
+						}
+						kern := g.kStep
+						switch {
+						case rowA && directB:
+							kern = g.kRowB
+						case rowA:
+							kern = g.kRow
+						case directB:
+							kern = g.kStepB
 						}
 						co := i0*ldc + jc + jr
 						if cols == nr || g.masked {
-							kern(kc, ap, bp, &c[co], la, ldc, alpha, bet, rows, mask)
+							kern(kc, ap, bp, &c[co], la, lb, ldc, alpha, bet, rows, mask)
 							continue
 						}
 						t := buf.tile
-						kern(kc, ap, bp, &t[0], la, nr, 1, 0, rows, full)
+						kern(kc, ap, bp, &t[0], la, lb, nr, 1, 0, rows, full)
 						mergeTile(c[co:], ldc, t, nr, rows, cols, alpha, bet)
 					}
 				}
@@ -248,7 +341,8 @@ func mergeTile(c []float32, ldc int, t []float32, ldt, rows, cols int, alpha, be
 // packA copies the mc×kc block of op(A) at (i0, p0) into MR-tall slivers:
 // sliver s holds, for each p, the MR values op(A)[i0+s·MR+r, p0+p], zero
 // padded past mc.
-func packA(dst, a []float32, lda int, tA bool, i0, p0, mc, kc, mr int) {
+func (g *gemmImpl) packA(dst, a []float32, lda int, tA bool, i0, p0, mc, kc int) {
+	mr := g.mr
 	for s := 0; s*mr < mc; s++ {
 		d := dst[s*mr*kc : (s+1)*mr*kc]
 		rows := min(mr, mc-s*mr)
@@ -266,14 +360,15 @@ func packA(dst, a []float32, lda int, tA bool, i0, p0, mc, kc, mr int) {
 		if rows < mr {
 			clear(d)
 		}
-		packTransposed(d, a[r0*lda+p0:], lda, rows, kc, mr)
+		g.packTransposed(d, a[r0*lda+p0:], lda, rows, kc, mr)
 	}
 }
 
 // packB copies the kc×nc panel of op(B) at (p0, j0) into NR-wide slivers:
 // sliver s holds, for each p, the NR values op(B)[p0+p, j0+s·NR+j], zero
 // padded past nc.
-func packB(dst, b []float32, ldb int, tB bool, p0, j0, kc, nc, nr int) {
+func (g *gemmImpl) packB(dst, b []float32, ldb int, tB bool, p0, j0, kc, nc int) {
+	nr := g.nr
 	for s := 0; s*nr < nc; s++ {
 		d := dst[s*nr*kc : (s+1)*nr*kc]
 		cols := min(nr, nc-s*nr)
@@ -290,7 +385,7 @@ func packB(dst, b []float32, ldb int, tB bool, p0, j0, kc, nc, nr int) {
 		if cols < nr {
 			clear(d)
 		}
-		packTransposed(d, b[c0*ldb+p0:], ldb, cols, kc, nr)
+		g.packTransposed(d, b[c0*ldb+p0:], ldb, cols, kc, nr)
 	}
 }
 
@@ -303,5 +398,28 @@ func packTransposedGo(d, src []float32, ld, rows, kc, w int) {
 		for p, v := range row {
 			dd[p*w] = v
 		}
+	}
+}
+
+// packTransposed writes d[p·w + r] = src[r·ld + p] for r < rows, p < kc,
+// 16×16 blocks at a time with g.pack16 where there is one.
+func (g *gemmImpl) packTransposed(d, src []float32, ld, rows, kc, w int) {
+	if g.pack16 == nil || kc < 16 || rows < 16 {
+		packTransposedGo(d, src, ld, rows, kc, w)
+		return
+	}
+	blocks := kc / 16
+	r := 0
+	for ; r+16 <= rows; r += 16 {
+		// The whole region the assembly touches, bounds-checked once.
+		_ = src[(r+15)*ld+blocks*16-1]
+		_ = d[(blocks*16-1)*w+r+15]
+		g.pack16(&d[r], &src[r*ld], ld, w, blocks)
+		if blocks*16 < kc {
+			packTransposedGo(d[blocks*16*w+r:], src[r*ld+blocks*16:], ld, 16, kc-blocks*16, w)
+		}
+	}
+	if r < rows {
+		packTransposedGo(d[r:], src[r*ld:], ld, rows-r, kc, w)
 	}
 }

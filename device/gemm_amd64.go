@@ -8,22 +8,22 @@ package device
 // microKernel for the contract.
 
 //go:noescape
-func gemmAVX512Step8x32(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+func gemmAVX512Step8x32(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)
 
 //go:noescape
-func gemmAVX512Row8x32(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+func gemmAVX512Row8x32(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)
 
 //go:noescape
-func gemmAVX512Step12x32(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+func gemmAVX512StepB8x32(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)
 
 //go:noescape
-func gemmAVX512Row12x32(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+func gemmAVX512RowB8x32(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)
 
 //go:noescape
-func gemmAVX2Step6x16(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+func gemmAVX2Step6x16(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)
 
 //go:noescape
-func gemmAVX2Row6x16(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+func gemmAVX2Row6x16(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)
 
 // transpose16AVX512 transposes blocks consecutive 16×16 blocks:
 // d[p·w + r] = src[r·ld + p] for r < 16, p < 16·blocks.

@@ -5,7 +5,7 @@ import "unsafe"
 // gemmGo4x4 is the portable micro-kernel (step layout only) (4×4 tile, 16 accumulators): the
 // fallback for CPUs without AVX2/FMA and for -tags purego. It honours the
 // column mask, so it needs no scratch tile at the edges.
-func gemmGo4x4(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64) {
+func gemmGo4x4(kc int, a, b, c *float32, lda, _, ldc int, alpha, beta float32, rows int, mask uint64) {
 	ap := unsafe.Slice(a, (kc-1)*lda+4)
 	bp := unsafe.Slice(b, kc*4)
 	var c00, c01, c02, c03, c10, c11, c12, c13 float32

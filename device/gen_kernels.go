@@ -8,14 +8,15 @@
 //
 // Every micro-kernel has the Go signature
 //
-//	func k(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)
+//	func k(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)
 //
 // and computes, for the first rows rows (1..MR) of an MR×NR tile,
 //
 //	C = alpha·(A·Bpanel) + beta·C     (C is not read when beta == +0)
 //
-// where Bpanel is packed (kc steps of NR values) and A is read in one of two
-// layouts:
+// where B is a packed panel (kc steps of NR values) or, in the direct
+// kernels, read in place with row stride ldb through the column mask (so a
+// ragged edge is never read past), and A is read in one of two layouts:
 //
 //	step: A(r, p) = a[p·lda + r]   (a packed panel with lda = MR, or Aᵀ in place)
 //	row:  A(r, p) = a[r·lda + p]   (A in place, row-major)
@@ -31,11 +32,12 @@ import (
 )
 
 type kernel struct {
-	name   string
-	avx512 bool
-	rowA   bool // A(r, p) = a[r·lda + p]; otherwise a[p·lda + r]
-	mr, nv int  // rows, vectors per row
-	unroll int
+	name    string
+	avx512  bool
+	rowA    bool // A(r, p) = a[r·lda + p]; otherwise a[p·lda + r]
+	directB bool // B(p, j) = b[p·ldb + j] with masked loads; otherwise packed (ldb = NR)
+	mr, nv  int  // rows, vectors per row
+	unroll  int
 }
 
 func (k kernel) vw() int { // floats per vector
@@ -90,17 +92,32 @@ func gen(k kernel) {
 	if k.rowA {
 		layout = "A(r, p) = a[r·lda + p]"
 	}
-	p("// func %s(kc int, a, b, c *float32, lda, ldc int, alpha, beta float32, rows int, mask uint64)", k.name)
-	p("// %d×%d tile, %s, %s.", k.mr, nr, map[bool]string{true: "AVX-512", false: "AVX2+FMA"}[k.avx512], layout)
-	p("TEXT ·%s(SB), NOSPLIT, $0-72", k.name)
+	bl := "B packed"
+	if k.directB {
+		bl = "B(p, j) = b[p·ldb + j]"
+	}
+	p("// func %s(kc int, a, b, c *float32, lda, ldb, ldc int, alpha, beta float32, rows int, mask uint64)", k.name)
+	p("// %d×%d tile, %s, %s, %s.", k.mr, nr, map[bool]string{true: "AVX-512", false: "AVX2+FMA"}[k.avx512], layout, bl)
+	p("TEXT ·%s(SB), NOSPLIT, $0-80", k.name)
 	p("\tMOVQ kc+0(FP), CX")
 	p("\tMOVQ a+8(FP), AX")
 	p("\tMOVQ b+16(FP), BX")
 	p("\tMOVQ c+24(FP), DI")
 	p("\tMOVQ lda+32(FP), R8")
 	p("\tSHLQ $2, R8")
-	p("\tMOVQ ldc+40(FP), DX")
+	p("\tMOVQ ldb+40(FP), R13")
+	p("\tSHLQ $2, R13")
+	p("\tMOVQ ldc+48(FP), DX")
 	p("\tSHLQ $2, DX")
+	if k.avx512 {
+		p("\tMOVQ mask+72(FP), R9")
+		for v := 0; v < k.nv; v++ {
+			p("\tKMOVW R9, K%d", v+1)
+			if v+1 < k.nv {
+				p("\tSHRQ $16, R9")
+			}
+		}
+	}
 	if k.rowA {
 		p("\tLEAQ (R8)(R8*2), R9")
 		for i := 1; i*5 < k.mr; i++ {
@@ -118,7 +135,14 @@ func gen(k kernel) {
 	step := func(u int) {
 		bo := u * nr * 4
 		for v := 0; v < k.nv; v++ {
-			p("\tVMOVUPS %d(BX), %s", bo+v*k.vw()*4, bReg(v))
+			if k.directB {
+				p("\tVMOVUPS.Z %d(BX), K%d, %s", v*k.vw()*4, v+1, bReg(v))
+			} else {
+				p("\tVMOVUPS %d(BX), %s", bo+v*k.vw()*4, bReg(v))
+			}
+		}
+		if k.directB {
+			p("\tADDQ R13, BX")
 		}
 		for r := 0; r < k.mr; r++ {
 			if k.rowA {
@@ -140,7 +164,9 @@ func gen(k kernel) {
 				p("\tADDQ $%d, %s", steps*4, rowBases[i])
 			}
 		}
-		p("\tADDQ $%d, BX", steps*nr*4)
+		if !k.directB {
+			p("\tADDQ $%d, BX", steps*nr*4)
+		}
 	}
 	U := k.unroll
 	p("\tCMPQ CX, $%d", U)
@@ -164,22 +190,13 @@ func gen(k kernel) {
 
 	p("%s_store:", k.name)
 	alpha, beta := bReg(0), bc(0)
-	p("\tVBROADCASTSS alpha+48(FP), %s", alpha)
-	p("\tVBROADCASTSS beta+52(FP), %s", beta)
-	p("\tMOVQ rows+56(FP), SI")
-	if k.avx512 {
-		p("\tMOVQ mask+64(FP), R9")
-		for v := 0; v < k.nv; v++ {
-			p("\tKMOVW R9, K%d", v+1)
-			if v+1 < k.nv {
-				p("\tSHRQ $16, R9")
-			}
-		}
-	}
+	p("\tVBROADCASTSS alpha+56(FP), %s", alpha)
+	p("\tVBROADCASTSS beta+60(FP), %s", beta)
+	p("\tMOVQ rows+64(FP), SI")
 	for i := 0; i < nacc; i++ {
 		p("\tVMULPS %s, %s, %s", alpha, k.reg(i), k.reg(i))
 	}
-	p("\tMOVL beta+52(FP), R8")
+	p("\tMOVL beta+60(FP), R8")
 	p("\tTESTL R8, R8")
 	p("\tJE %s_zero", k.name)
 	for _, withBeta := range []bool{true, false} {
@@ -310,8 +327,8 @@ func main() {
 	for _, k := range []kernel{
 		{name: "gemmAVX512Step8x32", avx512: true, mr: 8, nv: 2, unroll: 4},
 		{name: "gemmAVX512Row8x32", avx512: true, rowA: true, mr: 8, nv: 2, unroll: 4},
-		{name: "gemmAVX512Step12x32", avx512: true, mr: 12, nv: 2, unroll: 4},
-		{name: "gemmAVX512Row12x32", avx512: true, rowA: true, mr: 12, nv: 2, unroll: 4},
+		{name: "gemmAVX512StepB8x32", avx512: true, directB: true, mr: 8, nv: 2, unroll: 4},
+		{name: "gemmAVX512RowB8x32", avx512: true, rowA: true, directB: true, mr: 8, nv: 2, unroll: 4},
 		{name: "gemmAVX2Step6x16", mr: 6, nv: 2, unroll: 4},
 		{name: "gemmAVX2Row6x16", rowA: true, mr: 6, nv: 2, unroll: 4},
 	} {
