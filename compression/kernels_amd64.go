@@ -2,11 +2,7 @@
 
 package compression
 
-import (
-	"math"
-
-	"golang.org/x/sys/cpu"
-)
+import "golang.org/x/sys/cpu"
 
 // AVX2 (+F16C) kernels in kernels_amd64.s. They index through raw pointers
 // and process a multiple of 16 values; the wrappers below check lengths and
@@ -99,5 +95,3 @@ func dequantiseAVX2Go(x []float32, q []byte, s float32) {
 	}
 	dequantiseGo(x[n:], q[n:], s)
 }
-
-var _ = math.Float32bits
