@@ -268,7 +268,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			// A failed round leaves the global state as it was; the peer
 			// goes on with the next round.
 			if rec != nil {
-				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "round-failed"})
+				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "round-failed", Detail: err.Error()})
 			}
 			continue
 		}
@@ -342,7 +342,29 @@ func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server 
 	}
 	used, err := net.AllReduce(ctx, r, sampled, avg, delta, float64(w.ShardSize()))
 	if err != nil {
-		return RoundInfo{}, false, fmt.Errorf("round %d: all-reduce: %w", r, err)
+		// This peer holds state r−1 but no result for round r. If others
+		// completed the round without it, take their state; if nobody did,
+		// the round changed nothing and every participant moves to version
+		// r with the state of r−1, so that later rounds never wait for a
+		// state nobody will publish.
+		err = fmt.Errorf("round %d: all-reduce: %w", r, err)
+		others := slices.DeleteFunc(slices.Clone(sampled), func(p string) bool { return p == net.Self() })
+		if len(others) > 0 && ctx.Err() == nil {
+			fctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout/8)
+			v, ferr := net.Fetch(fctx, others, r, state)
+			cancel()
+			if ferr == nil {
+				copy(server.State(), state[n:])
+				copy(w.Model.Params, global)
+				*version = v
+				net.Publish(v, state)
+				return RoundInfo{}, true, err
+			}
+		}
+		copy(w.Model.Params, global)
+		*version = r
+		net.Publish(r, state)
+		return RoundInfo{}, false, err
 	}
 	server.Apply(global, avg)
 	copy(state[n:], server.State())

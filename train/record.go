@@ -34,6 +34,7 @@ type Event struct {
 	Staleness int           // τ of a merged contribution
 	Weight    float64       // weight given to it
 	Bytes     int64         // bytes sent for it
+	Detail    string        // e.g. why a round failed
 }
 
 // Point is an evaluated snapshot.
