@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -45,12 +46,22 @@ type Runner struct {
 	cfg  Config
 	be   device.Backend
 
-	mu   sync.Mutex // held for a whole round
-	bufs map[string][]float32
+	log *slog.Logger
+
+	mu        sync.Mutex // held for a whole round
+	bufs      map[string][]float32
+	voteSends sync.WaitGroup // vote sends of the current round
 }
 
+// Option is an extra for NewRunner.
+type Option func(*Runner)
+
+// WithLogger makes the runner log each attempt's blames and decision at
+// debug level, and failed rounds at warn level.
+func WithLogger(l *slog.Logger) Option { return func(r *Runner) { r.log = l } }
+
 // NewRunner returns a driver for peer self over t.
-func NewRunner(self PeerID, t Transport, cfg Config) (*Runner, error) {
+func NewRunner(self PeerID, t Transport, cfg Config, opts ...Option) (*Runner, error) {
 	if self == "" {
 		return nil, fmt.Errorf("%w: empty self id", ErrInvalidConfig)
 	}
@@ -60,7 +71,11 @@ func NewRunner(self PeerID, t Transport, cfg Config) (*Runner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Runner{self: self, t: t, cfg: cfg, be: device.Default(), bufs: map[string][]float32{}}, nil
+	r := &Runner{self: self, t: t, cfg: cfg, be: device.Default(), bufs: map[string][]float32{}, log: slog.New(discard{})}
+	for _, o := range opts {
+		o(r)
+	}
+	return r, nil
 }
 
 // Config returns the runner's configuration.
@@ -94,6 +109,7 @@ func (r *Runner) buf(name string, n int) []float32 {
 func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, weight float64) (res Result, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer r.voteSends.Wait()
 	res = Result{Group: g, Algorithm: r.cfg.resolve(len(src))}
 	if len(dst) != len(src) {
 		return res, fmt.Errorf("%w: dst has %d values, src %d", ErrBadInput, len(dst), len(src))
@@ -168,6 +184,7 @@ type attempt struct {
 	dst    []float32
 	weight float64
 	stall  time.Duration
+	start  int64 // unix ns
 	base   int64 // unix ns from which silence counts
 	total  float64
 
@@ -194,7 +211,8 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 		src: src, dst: dst, weight: weight, stall: r.cfg.StallTimeout,
 		blame: make([]kind, n), lastHeard: make([]atomic.Int64, n), votes: make([]peerVote, n),
 	}
-	a.base = time.Now().UnixNano()
+	a.start = time.Now().UnixNano()
+	a.base = a.start
 	if rerun {
 		// Members leave the previous attempt's vote at different times,
 		// up to a vote window apart.
@@ -222,6 +240,7 @@ func (a *attempt) tag(s Step, chunk uint32) Tag {
 // accuse records that rank j failed this peer in way k and stops the data
 // phase. A hard kind replaces a soft one; otherwise the first stands.
 func (a *attempt) accuse(j int, k kind) {
+	a.r.log.Debug("aggregate: blame", "self", a.r.self, "group", a.g.String(), "peer", a.g.members[j], "kind", k.err(), "hard", k.hard())
 	a.mu.Lock()
 	if old := a.blame[j]; old == kindNone || (!old.hard() && k.hard()) {
 		a.blame[j] = k
@@ -287,6 +306,7 @@ func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind)
 }
 
 func (a *attempt) recvFailed(j int, err error) {
+	a.r.log.Debug("aggregate: recv failed", "self", a.r.self, "peer", a.g.members[j], "err", err)
 	switch {
 	case errors.Is(err, ErrClosed):
 		a.setFatal(err)
@@ -303,7 +323,11 @@ func (a *attempt) recvFailed(j int, err error) {
 
 // send sends chunk (s, c) to rank j, giving it mult stall timeouts.
 func (a *attempt) send(j int, s Step, c uint32, data []float32, mult int) bool {
-	ctx, cancel := context.WithTimeout(a.dataCtx, time.Duration(mult)*a.stall)
+	// A send blocks only while the receiver does not read (flow control):
+	// give it mult stall timeouts, counted from the attempt's base at the
+	// earliest, like a wait.
+	start := max(time.Now().UnixNano(), a.base)
+	ctx, cancel := context.WithDeadline(a.dataCtx, time.Unix(0, start+int64(mult)*int64(a.stall)))
 	err := a.r.t.Send(ctx, a.g.members[j], a.tag(s, c), data)
 	cancel()
 	if err == nil {
@@ -312,6 +336,7 @@ func (a *attempt) send(j int, s Step, c uint32, data []float32, mult int) bool {
 	if a.dataCtx.Err() != nil {
 		return false
 	}
+	a.r.log.Debug("aggregate: send failed", "self", a.r.self, "peer", a.g.members[j], "err", err)
 	switch {
 	case errors.Is(err, ErrClosed):
 		a.setFatal(err)
@@ -427,11 +452,12 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 		return outcome{}, fatal
 	}
 	a.votes[a.rank] = peerVote{state: voteGot, v: own, digest: a.g.digest, known: true}
+	a.r.log.Debug("aggregate: data phase over", "self", a.r.self, "group", a.g.String(), "ok", ok, "after", time.Since(time.Unix(0, a.start)))
 
 	// Send our vote to everyone, then wait for theirs: until all are in,
 	// or every missing one is from a member some vote already blames, or
 	// the vote window closes.
-	var sends sync.WaitGroup
+	sends := &a.r.voteSends
 	vw := make([]float32, vl)
 	own.encode(vw)
 	for j := range a.n {
@@ -441,7 +467,10 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 		sends.Go(func() {
 			sctx, cancel := context.WithTimeout(ctx, a.stall)
 			defer cancel()
-			_ = a.r.t.Send(sctx, a.g.members[j], a.tag(StepVote, 0), vw) // a lost vote reads as silence
+			// A lost vote reads as silence.
+			if err := a.r.t.Send(sctx, a.g.members[j], a.tag(StepVote, 0), vw); err != nil {
+				a.r.log.Debug("aggregate: vote not sent", "self", a.r.self, "peer", a.g.members[j], "err", err)
+			}
 		})
 	}
 	timer := time.AfterFunc(a.voteWait(), stopVotes)
@@ -458,7 +487,8 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 	timer.Stop()
 	stopVotes()
 	votes.Wait()
-	sends.Wait()
+	// The vote sends are not waited for here (one to a dead or frozen
+	// member may take a stall timeout); AllReduce waits for them on return.
 	if err := ctx.Err(); err != nil {
 		return outcome{}, fmt.Errorf("aggregate: %v: %w", a.g, err)
 	}
@@ -466,8 +496,9 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 }
 
 // onlyBlamedMissing reports whether every member whose vote is pending is
-// blamed by a vote already in (ours included) from a member that shares our
-// group and settings.
+// blamed with a hard kind (which excludes it whatever it votes) by a vote
+// already in (ours included) from a member that shares our group and
+// settings.
 func (a *attempt) onlyBlamedMissing(pending []bool) bool {
 	for j, p := range pending {
 		if !p {
@@ -475,7 +506,7 @@ func (a *attempt) onlyBlamedMissing(pending []bool) bool {
 		}
 		blamed := false
 		for i := range a.n {
-			if !pending[i] && a.votes[i].state == voteGot && a.votes[i].v.cfg == a.cfg && a.votes[i].v.blame[j] != kindNone {
+			if !pending[i] && a.votes[i].state == voteGot && a.votes[i].v.cfg == a.cfg && a.votes[i].v.blame[j].hard() {
 				blamed = true
 				break
 			}
@@ -543,10 +574,19 @@ func (a *attempt) recvVote(ctx context.Context, j int, buf []float32) {
 //     whose votes are missing died after doing their part.)
 //   - Otherwise exclude the members that did not vote, those outside the
 //     class, those a class voter blames with a hard kind, and those blamed
-//     with a soft kind (a timeout on a wait that depends on others) whose own
-//     vote blames nobody: a member that can blame no one is where the
-//     chain of waiting ends.
+//     for a timeout on a wait that depends on others whose own vote blames
+//     nobody: a member that can blame no one is where the chain of waiting
+//     ends. Blame for an unreachable peer (a failed send, a reset stream)
+//     alone excludes no voter: a member that stops its data phase cancels
+//     its sends, and some transports reset the receivers' streams.
 func (a *attempt) decide() (outcome, error) {
+	if a.r.log.Enabled(context.Background(), slog.LevelDebug) {
+		for j := range a.n {
+			pv := &a.votes[j]
+			a.r.log.Debug("aggregate: vote", "self", a.r.self, "group", a.g.String(), "voter", a.g.members[j],
+				"state", pv.state, "ok", pv.v.ok, "cfg", pv.v.cfg, "digest", pv.digest, "blame", fmt.Sprint(pv.v.blame))
+		}
+	}
 	type key struct{ digest, cfg uint64 }
 	mine := key{a.g.digest, a.cfg}
 	counts := map[key]int{}
@@ -636,7 +676,7 @@ func (a *attempt) decide() (outcome, error) {
 			case k == kindNone:
 			case k.hard():
 				note(j, k)
-			case !inClass(j) || !a.votes[j].v.blames():
+			case k == kindTimeout && (!inClass(j) || !a.votes[j].v.blames()):
 				note(j, k)
 			}
 		}
@@ -661,3 +701,11 @@ func sortPeerErrors(pes []*PeerError) {
 
 // isFinite reports whether f is neither NaN nor ±Inf.
 func isFinite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+// discard is a slog.Handler that drops everything.
+type discard struct{}
+
+func (discard) Enabled(context.Context, slog.Level) bool  { return false }
+func (discard) Handle(context.Context, slog.Record) error { return nil }
+func (d discard) WithAttrs([]slog.Attr) slog.Handler      { return d }
+func (d discard) WithGroup(string) slog.Handler           { return d }

@@ -77,7 +77,7 @@ const (
 
 // hard kinds exclude the accused on one accusation; soft ones only when the
 // accused cannot blame anyone itself (see decide).
-func (k kind) hard() bool { return k != kindTimeout && k != kindUnreachable }
+func (k kind) hard() bool { return k != kindNone && k != kindTimeout && k != kindUnreachable }
 
 func (k kind) err() error {
 	switch k {

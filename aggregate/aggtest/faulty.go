@@ -1,0 +1,118 @@
+package aggtest
+
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/starling-ml/starling/aggregate"
+)
+
+// Faulty wraps any aggregate.Transport (node/ streams on mocknet or on
+// loopback) with a Hook, to inject the same failures as the in-memory
+// Network does: Kill calls the kill function (close the node) and fails
+// this and every later call; Stall blocks this and every later Send until
+// its ctx ends or Resume. The hook sees a copy of the data. Safe for
+// concurrent use.
+type Faulty struct {
+	t    aggregate.Transport
+	self aggregate.PeerID
+	hook Hook
+	kill func()
+
+	mu      sync.Mutex
+	dead    bool
+	stalled chan struct{}
+}
+
+var _ aggregate.Transport = (*Faulty)(nil)
+
+// NewFaulty wraps t, the transport of peer self.
+func NewFaulty(t aggregate.Transport, self aggregate.PeerID, hook Hook, kill func()) *Faulty {
+	return &Faulty{t: t, self: self, hook: hook, kill: kill}
+}
+
+// Send implements aggregate.Transport.
+func (f *Faulty) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.Tag, data []float32) error {
+	if err := f.thawed(ctx); err != nil {
+		return err
+	}
+	if f.hook != nil {
+		data = slices.Clone(data)
+		switch f.hook(f.self, to, tag, data) {
+		case Drop:
+			return nil
+		case Kill:
+			f.Kill()
+			return aggregate.ErrClosed
+		case Stall:
+			f.mu.Lock()
+			if f.stalled == nil {
+				f.stalled = make(chan struct{})
+			}
+			f.mu.Unlock()
+			if err := f.thawed(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return f.t.Send(ctx, to, tag, data)
+}
+
+// Recv implements aggregate.Transport.
+func (f *Faulty) Recv(ctx context.Context, from aggregate.PeerID, tag aggregate.Tag, dst []float32) error {
+	f.mu.Lock()
+	dead := f.dead
+	f.mu.Unlock()
+	if dead {
+		return aggregate.ErrClosed
+	}
+	return f.t.Recv(ctx, from, tag, dst)
+}
+
+// Kill runs the kill function once and fails every later call.
+func (f *Faulty) Kill() {
+	f.mu.Lock()
+	if f.dead {
+		f.mu.Unlock()
+		return
+	}
+	f.dead = true
+	if f.stalled != nil {
+		close(f.stalled)
+		f.stalled = nil
+	}
+	f.mu.Unlock()
+	if f.kill != nil {
+		f.kill()
+	}
+}
+
+// Resume unfreezes a stalled peer.
+func (f *Faulty) Resume() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stalled != nil {
+		close(f.stalled)
+		f.stalled = nil
+	}
+}
+
+func (f *Faulty) thawed(ctx context.Context) error {
+	for {
+		f.mu.Lock()
+		dead, ch := f.dead, f.stalled
+		f.mu.Unlock()
+		if dead {
+			return aggregate.ErrClosed
+		}
+		if ch == nil {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,292 @@
+package p2p_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/aggtest"
+	"github.com/starling-ml/starling/aggregate/p2p"
+	"github.com/starling-ml/starling/node"
+)
+
+// newMocknet attaches n nodes to a fully connected mocknet whose links have
+// the given latency and bandwidth (bytes/s, 0 for unlimited).
+func newMocknet(t testing.TB, n int, latency time.Duration, bw float64) []*node.Node {
+	t.Helper()
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	mn.SetLinkDefaults(mocknet.LinkOptions{Latency: latency, Bandwidth: bw})
+	nodes := make([]*node.Node, n)
+	for i := range nodes {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i], err = node.Attach(h, node.TestConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nodes[i].Close() })
+	}
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	return nodes
+}
+
+type peerSet struct {
+	nodes   []*node.Node
+	ids     []aggregate.PeerID
+	faulty  []*aggtest.Faulty
+	runners []*aggregate.Runner
+}
+
+func newPeers(t testing.TB, nodes []*node.Node, cfg aggregate.Config, hook aggtest.Hook) *peerSet {
+	t.Helper()
+	ps := &peerSet{nodes: nodes}
+	for _, n := range nodes {
+		id := p2p.ID(n.ID())
+		tr := p2p.New(n)
+		t.Cleanup(func() { tr.Close() })
+		f := aggtest.NewFaulty(tr, id, hook, func() { tr.Close(); n.Close() })
+		var opts []aggregate.Option
+		if os.Getenv("AGGDEBUG") != "" {
+			opts = append(opts, aggregate.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+		}
+		r, err := aggregate.NewRunner(id, f, cfg, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps.ids = append(ps.ids, id)
+		ps.faulty = append(ps.faulty, f)
+		ps.runners = append(ps.runners, r)
+	}
+	return ps
+}
+
+func randVecs(seed uint64, n, d int) ([][]float32, []float64) {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	srcs := make([][]float32, n)
+	w := make([]float64, n)
+	for i := range srcs {
+		srcs[i] = make([]float32, d)
+		for k := range srcs[i] {
+			srcs[i][k] = float32(rng.NormFloat64())
+		}
+		w[i] = float64(1 + rng.IntN(50))
+	}
+	return srcs, w
+}
+
+func expected(t testing.TB, rule aggregate.Rule, g aggregate.Group, ids []aggregate.PeerID, srcs [][]float32, w []float64) []float32 {
+	t.Helper()
+	var in [][]float32
+	var iw []float64
+	for _, p := range g.Members() {
+		i := slices.Index(ids, p)
+		in = append(in, srcs[i])
+		iw = append(iw, w[i])
+	}
+	out := make([]float32, len(srcs[0]))
+	if err := aggregate.Reduce(rule, out, in, iw); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func checkSame(t testing.TB, outs []aggtest.Outcome, idx []int, want []float32) {
+	t.Helper()
+	for _, i := range idx {
+		if outs[i].Err != nil {
+			t.Fatalf("peer %d: %v", i, outs[i].Err)
+		}
+		for k, v := range outs[i].Out {
+			if math.Float32bits(v) != math.Float32bits(outs[idx[0]].Out[k]) {
+				t.Fatalf("peer %d differs from peer %d at %d", i, idx[0], k)
+			}
+			if math.Abs(float64(v-want[k])) > 1e-5*(1+math.Abs(float64(want[k]))) {
+				t.Fatalf("peer %d coord %d: %v, want %v", i, k, v, want[k])
+			}
+		}
+	}
+}
+
+func TestAllReduceOnMocknet(t *testing.T) {
+	nodes := newMocknet(t, 5, time.Millisecond, 0)
+	for _, tc := range []struct {
+		algo aggregate.Algorithm
+		rule aggregate.Rule
+	}{
+		{aggregate.Tree, aggregate.Mean{}},
+		{aggregate.Butterfly, aggregate.Mean{}},
+		{aggregate.Butterfly, aggregate.Median{}},
+		{aggregate.Butterfly, aggregate.Krum{F: 1, M: 2}},
+	} {
+		t.Run(fmt.Sprintf("%v/%v", tc.algo, tc.rule), func(t *testing.T) {
+			cfg := aggregate.DefaultConfig()
+			cfg.Algorithm, cfg.Rule, cfg.StallTimeout = tc.algo, tc.rule, 5*time.Second
+			ps := newPeers(t, nodes, cfg, nil)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			for round := uint64(1); round <= 3; round++ {
+				g, _ := aggregate.Form(round, ps.ids)
+				srcs, w := randVecs(round, 5, 50_000)
+				outs := aggtest.RunRound(ctx, ps.runners, g, srcs, w)
+				checkSame(t, outs, []int{0, 1, 2, 3, 4}, expected(t, tc.rule, g, ps.ids, srcs, w))
+				if outs[0].Result.Attempts != 1 {
+					t.Fatalf("round %d: %+v", round, outs[0].Result)
+				}
+			}
+		})
+	}
+}
+
+// TestFailuresOnMocknet injects failures at the protocol points of
+// aggregate's in-memory tests, over real node/ streams: the killed peer's
+// node is closed (its connections reset), a stalled one stops sending.
+func TestFailuresOnMocknet(t *testing.T) {
+	const stall = time.Second
+	cases := []struct {
+		name   string
+		algo   aggregate.Algorithm
+		victim int // rank
+		hook   func(aggregate.PeerID) aggtest.Hook
+		bad    func(srcs [][]float32, v int)
+		want   error
+	}{
+		{name: "butterfly/kill/before-sending", algo: aggregate.Butterfly, victim: 2,
+			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepScatter, 1) }, want: aggregate.ErrStall},
+		{name: "butterfly/kill/mid-send", algo: aggregate.Butterfly, victim: 0,
+			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepScatter, 6) }, want: aggregate.ErrStall},
+		{name: "butterfly/kill/while-reducing", algo: aggregate.Butterfly, victim: 3,
+			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepGather, 1) }, want: aggregate.ErrStall},
+		{name: "butterfly/stall/while-reducing", algo: aggregate.Butterfly, victim: 1,
+			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepGather, 1) }, want: aggregate.ErrStall},
+		{name: "tree/kill/inner-while-reducing", algo: aggregate.Tree, victim: 1,
+			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepUp, 3) }, want: aggregate.ErrStall},
+		{name: "tree/stall/root-before-broadcast", algo: aggregate.Tree, victim: 0,
+			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepDown, 1) }, want: aggregate.ErrStall},
+		{name: "butterfly/bad/NaN", algo: aggregate.Butterfly, victim: 4,
+			hook: func(v aggregate.PeerID) aggtest.Hook {
+				return aggtest.Corrupt(v, aggregate.StepScatter, 1, func(x []float32) { x[0] = float32(math.NaN()) })
+			}, want: aggregate.ErrBadValue},
+		{name: "butterfly/bad/length", algo: aggregate.Butterfly, victim: 2,
+			bad: func(srcs [][]float32, v int) { srcs[v] = srcs[v][:len(srcs[v])-1] }, want: aggregate.ErrBadLength},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes := newMocknet(t, 5, time.Millisecond, 0)
+			ids := make([]aggregate.PeerID, len(nodes))
+			for i, n := range nodes {
+				ids[i] = p2p.ID(n.ID())
+			}
+			g, _ := aggregate.Form(9, ids)
+			vid := g.Member(tc.victim)
+			v := slices.Index(ids, vid)
+			var hook aggtest.Hook
+			if tc.hook != nil {
+				hook = tc.hook(vid)
+			}
+			cfg := aggregate.DefaultConfig()
+			cfg.Algorithm, cfg.StallTimeout, cfg.ChunkElems = tc.algo, stall, 4096
+			ps := newPeers(t, nodes, cfg, hook)
+			srcs, w := randVecs(7, 5, 20_000)
+			clean := make([][]float32, len(srcs))
+			for i := range srcs {
+				clean[i] = slices.Clone(srcs[i])
+			}
+			if tc.bad != nil {
+				tc.bad(srcs, v)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 60*stall)
+			defer cancel()
+			var wg sync.WaitGroup
+			outs := make([]aggtest.Outcome, 5)
+			start := time.Now()
+			for i, r := range ps.runners {
+				outs[i].Out = make([]float32, len(srcs[i]))
+				wg.Go(func() {
+					outs[i].Result, outs[i].Err = r.AllReduce(ctx, g, outs[i].Out, srcs[i], w[i])
+					outs[i].Elapsed = time.Since(start)
+					if i == v {
+						ps.faulty[i].Resume() // a frozen victim thaws once it has given up
+					}
+				})
+			}
+			wg.Wait()
+			var surv []int
+			var slowest time.Duration
+			for i := range 5 {
+				if i == v {
+					continue
+				}
+				surv = append(surv, i)
+				res := outs[i].Result
+				if outs[i].Err != nil {
+					t.Fatalf("survivor %d: %v", i, outs[i].Err)
+				}
+				if res.Group.Rank(vid) >= 0 || len(res.Excluded) != 1 || res.Excluded[0].Peer != vid || !errors.Is(res.Excluded[0], tc.want) {
+					t.Fatalf("survivor %d: %+v, want %s excluded for %v", i, res, vid, tc.want)
+				}
+				slowest = max(slowest, outs[i].Elapsed)
+			}
+			checkSame(t, outs, surv, expected(t, aggregate.Mean{}, outs[surv[0]].Result.Group, ids, clean, w))
+			if outs[v].Err == nil {
+				t.Errorf("victim succeeded")
+			}
+			t.Logf("survivors done in %v (stall timeout %v); victim: %v", slowest, stall, outs[v].Err)
+		})
+	}
+}
+
+// BenchmarkMocknetAllReduce measures a butterfly all-reduce over node/
+// streams on an unlimited mocknet in this process: the cost of framing,
+// checksums and yamux-free in-memory pipes, not a network figure.
+func BenchmarkMocknetAllReduce(b *testing.B) {
+	for _, n := range []int{4} {
+		for _, size := range []int{4 << 10, 4 << 20, 64 << 20} {
+			for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly} {
+				b.Run(fmt.Sprintf("%v/n=%d/bytes=%d", algo, n, size), func(b *testing.B) {
+					nodes := newMocknet(b, n, 0, 0)
+					cfg := aggregate.DefaultConfig()
+					cfg.Algorithm = algo
+					ps := newPeers(b, nodes, cfg, nil)
+					srcs, w := randVecs(1, n, size/4)
+					b.SetBytes(int64(size))
+					round := uint64(0)
+					start := time.Now()
+					var outs []aggtest.Outcome
+					for b.Loop() {
+						round++
+						g, _ := aggregate.Form(round, ps.ids)
+						outs = aggtest.RunRound(context.Background(), ps.runners, g, srcs, w)
+					}
+					el := time.Since(start) / time.Duration(round)
+					for _, o := range outs {
+						if o.Err != nil {
+							b.Fatal(o.Err)
+						}
+					}
+					algbw := float64(size) / el.Seconds()
+					b.ReportMetric(el.Seconds()*1e6, "µs/allreduce")
+					b.ReportMetric(algbw/1e6, "algbw_MB/s")
+					b.ReportMetric(algbw*2*float64(n-1)/float64(n)/1e6, "busbw_MB/s")
+				})
+			}
+		}
+	}
+}

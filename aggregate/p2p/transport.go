@@ -1,0 +1,245 @@
+// Package p2p runs aggregate's all-reduce over node/'s libp2p tensor
+// streams: Transport adapts a *node.Node to aggregate.Transport.
+//
+// Each chunk is one node.Tensor: raw little-endian float32 (codec fp32,
+// dtype float32, shape [len]), received straight into the driver's buffer
+// when its Recv is posted first. node/ matches tensors by (peer, 64-bit
+// tag) only, so the tag packs what must match and the frame's other fields
+// carry what must be compared:
+//
+//	node.Tag      = round mod 2^16 <<48 | attempt mod 2^8 <<40 | step <<32 | chunk
+//	node.Version  = round (checked on receipt)
+//	node.Step     = group digest (a mismatch is an *aggregate.MismatchError)
+//
+// Peers are named by the string form of their libp2p peer ID (ID).
+//
+//	n, _ := node.New(ctx, node.DefaultConfig())
+//	r, _ := aggregate.NewRunner(p2p.ID(n.ID()), p2p.New(n), aggregate.DefaultConfig())
+//
+// Transport does not implement aggregate.Scoper: node/ delivers into its
+// own mailbox and offers no hook to refuse a tensor by sender and tag, so
+// chunks from peers outside a round's group are never read (they expire
+// after node.Config.ParkedTTL) and are not reported in Result.Rejected.
+package p2p
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"unsafe"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/node"
+)
+
+// Transport is an aggregate.Transport over a node. Safe for concurrent use.
+//
+// Votes travel on a Link of their own per peer, apart from the data: when
+// a receiver gives up on a chunk mid-transfer, node/ resets the stream it
+// arrives on, and a vote queued behind it on the same pooled stream would
+// be lost although its Send succeeded.
+type Transport struct {
+	n   *node.Node
+	ids sync.Map // aggregate.PeerID → peer.ID
+
+	mu     sync.Mutex
+	closed bool
+	links  map[peer.ID]*node.Link
+}
+
+var _ aggregate.Transport = (*Transport)(nil)
+
+// New returns a Transport over n. The node stays the caller's to close;
+// Close the Transport first.
+func New(n *node.Node) *Transport { return &Transport{n: n, links: map[peer.ID]*node.Link{}} }
+
+// Close closes the control links. Later Sends fail with ErrClosed.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	links := t.links
+	t.links, t.closed = nil, true
+	t.mu.Unlock()
+	for _, l := range links {
+		l.Close()
+	}
+	return nil
+}
+
+// link returns the control link to p, opening it if needed.
+func (t *Transport) link(ctx context.Context, p peer.ID) (*node.Link, error) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, aggregate.ErrClosed
+	}
+	if l := t.links[p]; l != nil {
+		t.mu.Unlock()
+		return l, nil
+	}
+	t.mu.Unlock()
+	l, err := t.n.Link(ctx, p, 1)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		l.Close()
+		return nil, aggregate.ErrClosed
+	}
+	if old := t.links[p]; old != nil {
+		l.Close()
+		return old, nil
+	}
+	t.links[p] = l
+	return l, nil
+}
+
+// dropLink forgets a link whose stream failed.
+func (t *Transport) dropLink(p peer.ID, l *node.Link) {
+	t.mu.Lock()
+	if t.links[p] == l {
+		delete(t.links, p)
+	}
+	t.mu.Unlock()
+	l.Close()
+}
+
+// ID returns the aggregate.PeerID of a libp2p peer.
+func ID(p peer.ID) aggregate.PeerID { return aggregate.PeerID(p.String()) }
+
+// Self returns the node's own aggregate.PeerID.
+func (t *Transport) Self() aggregate.PeerID { return ID(t.n.ID()) }
+
+func (t *Transport) peerID(p aggregate.PeerID) (peer.ID, error) {
+	if v, ok := t.ids.Load(p); ok {
+		return v.(peer.ID), nil
+	}
+	id, err := peer.Decode(string(p))
+	if err != nil {
+		return "", fmt.Errorf("%w: %q is not a libp2p peer id: %v", aggregate.ErrUnreachable, p, err)
+	}
+	t.ids.Store(p, id)
+	return id, nil
+}
+
+// nodeTag packs the matched fields of tag into node/'s 64-bit tag.
+func nodeTag(tag aggregate.Tag) node.Tag {
+	return node.Tag(tag.Round&0xffff)<<48 | node.Tag(tag.Attempt&0xff)<<40 | node.Tag(tag.Step&0xff)<<32 | node.Tag(tag.Chunk)
+}
+
+// Send implements aggregate.Transport.
+func (t *Transport) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.Tag, data []float32) error {
+	pid, err := t.peerID(to)
+	if err != nil {
+		return err
+	}
+	payload, release := asBytes(data, true)
+	defer release()
+	tn := node.Tensor{
+		Tag: nodeTag(tag), Codec: compression.IDFP32, DType: node.Float32, Shape: []int{len(data)},
+		Version: tag.Round, Step: tag.Digest, Payload: payload,
+	}
+	if tag.Step != aggregate.StepVote {
+		return sendErr(to, t.n.Send(ctx, pid, tn))
+	}
+	for try := 0; ; try++ {
+		l, err := t.link(ctx, pid)
+		if err != nil {
+			return sendErr(to, err)
+		}
+		err = l.Send(ctx, tn)
+		if err == nil || try == 1 || ctx.Err() != nil {
+			return sendErr(to, err)
+		}
+		t.dropLink(pid, l) // its stream broke: one more try on a fresh one
+	}
+}
+
+// Recv implements aggregate.Transport.
+func (t *Transport) Recv(ctx context.Context, from aggregate.PeerID, tag aggregate.Tag, dst []float32) error {
+	pid, err := t.peerID(from)
+	if err != nil {
+		return err
+	}
+	buf, release := asBytes(dst, false)
+	tn, err := t.n.Recv(ctx, pid, nodeTag(tag), buf)
+	if err == nil && !littleEndian {
+		fromLE(dst, tn.Payload)
+	}
+	release()
+	if err != nil {
+		return recvErr(from, tag, err)
+	}
+	switch {
+	case tn.Codec != compression.IDFP32 || tn.DType != node.Float32:
+		return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has codec %d dtype %v, want raw float32", aggregate.ErrBadValue, tag, tn.Codec, tn.DType)}
+	case len(tn.Payload) != 4*len(dst):
+		return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has %d bytes, want %d", aggregate.ErrBadLength, tag, len(tn.Payload), 4*len(dst))}
+	case tn.Version != tag.Round:
+		return fmt.Errorf("%w: chunk %v from %s carries round %d", aggregate.ErrStale, tag, from, tn.Version)
+	case tn.Step != tag.Digest:
+		return &aggregate.MismatchError{Peer: from, Got: tn.Step, Want: tag.Digest}
+	}
+	return nil
+}
+
+func sendErr(to aggregate.PeerID, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, node.ErrClosed), errors.Is(err, aggregate.ErrClosed):
+		return fmt.Errorf("%w: %w", aggregate.ErrClosed, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	}
+	return &aggregate.PeerError{Peer: to, Err: fmt.Errorf("%w: %w", aggregate.ErrUnreachable, err)}
+}
+
+func recvErr(from aggregate.PeerID, tag aggregate.Tag, err error) error {
+	switch {
+	case errors.Is(err, node.ErrClosed):
+		return fmt.Errorf("%w: %w", aggregate.ErrClosed, err)
+	case errors.Is(err, node.ErrReset), errors.Is(err, node.ErrTimeout), errors.Is(err, node.ErrTruncated):
+		// The sender gave up or vanished mid-transfer. (When our own ctx
+		// ends, node/ returns ctx's error instead.)
+		return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v: %w", aggregate.ErrUnreachable, tag, err)}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, node.ErrShortBuffer), errors.Is(err, node.ErrShapeMismatch):
+		return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v: %w", aggregate.ErrBadLength, tag, err)}
+	}
+	// Frame errors: bad checksum, header, codec, a truncated frame.
+	return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v: %w", aggregate.ErrBadValue, tag, err)}
+}
+
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// asBytes views x as little-endian bytes: the same memory on little-endian
+// machines, a converted copy (filled when fill is set) elsewhere.
+func asBytes(x []float32, fill bool) ([]byte, func()) {
+	if len(x) == 0 {
+		return []byte{}, func() {}
+	}
+	if littleEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x)), func() {}
+	}
+	b := make([]byte, 4*len(x))
+	if fill {
+		for i, v := range x {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+		}
+	}
+	return b, func() {}
+}
+
+func fromLE(dst []float32, b []byte) {
+	for i := range min(len(dst), len(b)/4) {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+}
