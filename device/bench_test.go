@@ -168,3 +168,57 @@ func BenchmarkGemmISA(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkConv runs im2col, col2im and max pooling at the FedAvg CNN's
+// shapes (batch 64) on the fast backend and the CPU baseline; MB/s counts
+// the im2col matrix (or the pooled input) once.
+func BenchmarkConv(b *testing.B) {
+	backends := []device.Backend{device.NewFast(), device.NewCPU()}
+	r := rand.New(rand.NewPCG(4, 4))
+	for _, c := range []struct {
+		name string
+		g    device.ConvGeom
+	}{
+		{"conv1", device.ConvGeom{N: 64, H: 28, W: 28, C: 1, KH: 5, KW: 5, StrideH: 1, StrideW: 1, PadH: 2, PadW: 2}},
+		{"conv2", device.ConvGeom{N: 64, H: 14, W: 14, C: 32, KH: 5, KW: 5, StrideH: 1, StrideW: 1, PadH: 2, PadW: 2}},
+	} {
+		x := devicetest.RandSlice(r, c.g.N*c.g.H*c.g.W*c.g.C)
+		col := make([]float32, c.g.ColRows()*c.g.ColCols())
+		for _, be := range backends {
+			b.Run(fmt.Sprintf("Im2Col/%s/%s", c.name, be.Name()), func(b *testing.B) {
+				b.SetBytes(int64(4 * len(col)))
+				b.ReportAllocs()
+				for b.Loop() {
+					be.Im2Col(col, x, c.g)
+				}
+			})
+			b.Run(fmt.Sprintf("Col2Im/%s/%s", c.name, be.Name()), func(b *testing.B) {
+				b.SetBytes(int64(4 * len(col)))
+				b.ReportAllocs()
+				for b.Loop() {
+					be.Col2Im(x, col, c.g)
+				}
+			})
+		}
+	}
+	for _, c := range []struct {
+		name string
+		g    device.PoolGeom
+	}{
+		{"pool1", device.PoolGeom{N: 64, H: 28, W: 28, C: 32, K: 2, Stride: 2}},
+		{"pool2", device.PoolGeom{N: 64, H: 14, W: 14, C: 64, K: 2, Stride: 2}},
+	} {
+		x := devicetest.RandSlice(r, c.g.N*c.g.H*c.g.W*c.g.C)
+		n := c.g.N * c.g.OutH() * c.g.OutW() * c.g.C
+		y, arg := make([]float32, n), make([]int32, n)
+		for _, be := range backends {
+			b.Run(fmt.Sprintf("MaxPool/%s/%s", c.name, be.Name()), func(b *testing.B) {
+				b.SetBytes(int64(4 * len(x)))
+				b.ReportAllocs()
+				for b.Loop() {
+					be.MaxPool(y, arg, x, c.g)
+				}
+			})
+		}
+	}
+}

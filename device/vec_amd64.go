@@ -40,3 +40,12 @@ func adamAVX512(w, grad, m, v *float32, n int, p *adamParams)
 
 //go:noescape
 func softmaxRowAVX512(grad, z *float32, cols int, scale float32) (mx, sum float32, arg int)
+
+//go:noescape
+func im2colPixelAVX512(row, img *float32, origin int, offs *int32, mask uint32, kk, c int)
+
+//go:noescape
+func col2imPixelAVX512(dx, row *float32, origin int, offs *int32, mask uint32, kk, c int)
+
+//go:noescape
+func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, offs *int32, kk, c int)

@@ -21,3 +21,15 @@ const errNoAsm = "device: assembly kernel called in a build without assembly"
 func softmaxRowAVX512(grad, z *float32, cols int, scale float32) (mx, sum float32, arg int) {
 	panic(errNoAsm)
 }
+
+func im2colPixelAVX512(row, img *float32, origin int, offs *int32, mask uint32, kk, c int) {
+	panic(errNoAsm)
+}
+
+func col2imPixelAVX512(dx, row *float32, origin int, offs *int32, mask uint32, kk, c int) {
+	panic(errNoAsm)
+}
+
+func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, offs *int32, kk, c int) {
+	panic(errNoAsm)
+}
