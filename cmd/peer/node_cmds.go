@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -140,6 +141,9 @@ func runBenchTransfer(ctx context.Context, args []string, stdout, stderr io.Writ
 	cfg.KeyFile = *key
 	cfg.MetricsAddr = *metrics
 	size := *sizeMiB << 20
+	if *count < 1 {
+		return fmt.Errorf("--count must be >= 1")
+	}
 	if size <= 0 || int64(size) > cfg.MaxTensorBytes {
 		return fmt.Errorf("--size-mib %d out of range (1..%d)", *sizeMiB, cfg.MaxTensorBytes>>20)
 	}
@@ -216,7 +220,7 @@ func benchClient(ctx context.Context, cfg node.Config, connect, tlsAddr string, 
 	type baseline struct {
 		name string
 		c    *node.BaselineClient
-		res  node.BenchResult
+		res  []time.Duration
 	}
 	var bases []*baseline
 	if tlsAddr != "none" {
@@ -242,34 +246,43 @@ func benchClient(ctx context.Context, cfg node.Config, connect, tlsAddr string, 
 			return err
 		}
 	}
-	var p2p node.BenchResult
+	var p2p []time.Duration
 	for range count {
 		r, err := n.RunBench(ctx, ai.ID, payload, 1)
 		if err != nil {
 			return err
 		}
-		p2p.Bytes += r.Bytes
-		p2p.Elapsed += r.Elapsed
+		p2p = append(p2p, r.Elapsed)
 		for _, b := range bases {
 			r, err := b.c.Run(ctx, payload, 1)
 			if err != nil {
 				return err
 			}
-			b.res.Bytes += r.Bytes
-			b.res.Elapsed += r.Elapsed
+			b.res = append(b.res, r.Elapsed)
 		}
 	}
 	mode := "tls+yamux"
 	if cfg.PSKFile != "" {
 		mode = "psk+tls+yamux"
 	}
-	fmt.Fprintf(stdout, "libp2p (%s, %d stripes): %d x %d MiB in %v = %.1f MB/s\n",
-		mode, cfg.Stripes, count, size>>20, p2p.Elapsed.Round(time.Millisecond), p2p.MBps())
+	// Median and best of the transfers: on a shared machine the best is
+	// the least disturbed one.
+	rate := func(d time.Duration) float64 { return float64(size) / d.Seconds() / 1e6 }
+	med, best := medianBest(p2p)
+	fmt.Fprintf(stdout, "%d x %d MiB, MB/s (median / best):\n", count, size>>20)
+	fmt.Fprintf(stdout, "  libp2p %-14s %7.1f / %7.1f  (%d stripes)\n", mode, rate(med), rate(best), cfg.Stripes)
 	for _, b := range bases {
-		fmt.Fprintf(stdout, "%-12s baseline: %d x %d MiB in %v = %.1f MB/s (libp2p/%s = %.3f)\n",
-			b.name, count, size>>20, b.res.Elapsed.Round(time.Millisecond), b.res.MBps(), b.name, p2p.MBps()/b.res.MBps())
+		bm, bb := medianBest(b.res)
+		fmt.Fprintf(stdout, "  %-21s %7.1f / %7.1f  libp2p/%s = %.3f / %.3f\n",
+			b.name, rate(bm), rate(bb), b.name, bm.Seconds()/med.Seconds(), bb.Seconds()/best.Seconds())
 	}
 	return nil
+}
+
+// medianBest returns the median and the shortest of ds (sorted in place).
+func medianBest(ds []time.Duration) (time.Duration, time.Duration) {
+	slices.Sort(ds)
+	return ds[len(ds)/2], ds[0]
 }
 
 // hostOf returns the IP or DNS name at the front of a multiaddr.
