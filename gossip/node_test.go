@@ -1,0 +1,347 @@
+package gossip
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+
+	"github.com/starling-ml/starling/node"
+)
+
+// nodeTransports attaches n nodes with gossip transports to a fully
+// connected mocknet with the given link latency and bandwidth (bytes/s).
+func nodeTransports(t *testing.T, n int, latency time.Duration, bw float64, model func(i int) string) ([]*node.Node, []*NodeTransport) {
+	t.Helper()
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	mn.SetLinkDefaults(mocknet.LinkOptions{Latency: latency, Bandwidth: bw})
+	nodes := make([]*node.Node, n)
+	trs := make([]*NodeTransport, n)
+	for i := range n {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := node.TestConfig()
+		cfg.IOTimeout = 5 * time.Second
+		if nodes[i], err = node.Attach(h, cfg); err != nil {
+			t.Fatal(err)
+		}
+		nc := DefaultNodeConfig()
+		if model != nil {
+			nc.Model = model(i)
+		}
+		nc.ReplyTimeout = 5 * time.Second
+		if trs[i], err = NewNodeTransport(nodes[i], nc); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { trs[i].Close(); nodes[i].Close() })
+	}
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	return nodes, trs
+}
+
+// TestNodePushSumConsensus runs push-sum over node/ streams on 8 mocknet
+// peers: synchronous rounds on the exponential graph reach exact consensus
+// in log2(8) = 3 rounds, and the total weight stays 8.
+func TestNodePushSumConsensus(t *testing.T) {
+	const n, d = 8, 1000
+	_, trs := nodeTransports(t, n, time.Millisecond, 0, nil)
+	r := rand.New(rand.NewPCG(1, 2))
+	xs, mean := models(r, n, d)
+	spread0 := spread(xs, mean)
+	ps := make([]*PushSumPeer, n)
+	for i := range ps {
+		ps[i] = NewPushSumPeer(xs[i])
+		trs[i].Bind(ps[i], d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	z := make([][]float32, n)
+	for k := range uint64(3) {
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Go(func() {
+				errs[i] = ps[i].Step(ctx, trs[i], trs[ExpGraphPeer(i, n, k)].Self(), k, 0)
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d peer %d: %v", k, i, err)
+			}
+		}
+	}
+	wsum := 0.0
+	for i := range ps {
+		wsum += ps[i].Weight()
+		z[i] = ps[i].Estimate(z[i])
+	}
+	if math.Abs(wsum-n) > 1e-9 {
+		t.Fatalf("Σw = %v, want %d", wsum, n)
+	}
+	if s := spread(z, mean); s > 1e-5*spread0 {
+		t.Fatalf("spread after 3 rounds %v (initial %v), want exact consensus", s, spread0)
+	}
+	if st := trs[0].Stats(); st.PushesIn != 3 {
+		t.Fatalf("peer 0 absorbed %d pushes, want 3: %+v", st.PushesIn, st)
+	}
+}
+
+// TestNodeSwap runs AD-PSGD exchanges over node/ streams: both models
+// become their mean.
+func TestNodeSwap(t *testing.T) {
+	const d = 5000
+	_, trs := nodeTransports(t, 2, time.Millisecond, 0, nil)
+	a := make([]float32, d)
+	b := make([]float32, d)
+	for i := range a {
+		a[i], b[i] = float32(i), float32(-3*i)
+	}
+	act, pas := NewPairwisePeer(a, Active), NewPairwisePeer(b, Passive)
+	trs[0].Bind(act, d)
+	trs[1].Bind(pas, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := act.Exchange(ctx, trs[0], trs[1].Self()); err != nil {
+		t.Fatal(err)
+	}
+	x, y := act.Model(nil), pas.Model(nil)
+	for i := range x {
+		if want := float32(-i); x[i] != want || y[i] != want {
+			t.Fatalf("element %d: %v and %v, want %v", i, x[i], y[i], want)
+		}
+	}
+	// A passive peer refuses to start; an active one refuses to serve.
+	if err := pas.Exchange(ctx, trs[1], trs[0].Self()); err == nil {
+		t.Fatal("passive peer started an exchange")
+	}
+	err := trs[1].Swap(ctx, trs[0].Self(), x, y)
+	if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrNotDelivered) {
+		t.Fatalf("swap with an active peer: %v, want ErrRefused and ErrNotDelivered", err)
+	}
+}
+
+// TestNodeRefusals checks that pushes of another model, of the wrong
+// length, with NaN values or to a peer with no handler are refused,
+// reported as not delivered, counted, and leave the receiver unchanged.
+func TestNodeRefusals(t *testing.T) {
+	const d = 100
+	_, trs := nodeTransports(t, 3, 0, 0, func(i int) string {
+		if i == 2 {
+			return "other-model"
+		}
+		return "default"
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	x := make([]float32, d)
+	recv := NewPushSumPeer(x)
+	trs[0].Bind(recv, d)
+	send := func(from int, s Share) error { return trs[from].Push(ctx, trs[0].Self(), s) }
+	ok := Share{X: make([]float32, d), W: 0.5}
+	for i := range ok.X {
+		ok.X[i] = 1
+	}
+	nan := Share{X: make([]float32, d), W: 0.5}
+	nan.X[7] = float32(math.NaN())
+	inf := Share{X: make([]float32, d), W: 0.5}
+	inf.X[3] = float32(math.Inf(-1))
+	cases := []struct {
+		name string
+		from int
+		s    Share
+		stat func(NodeStats) uint64
+	}{
+		{"other model", 2, ok, func(s NodeStats) uint64 { return s.RefusedModel }},
+		{"short", 1, Share{X: make([]float32, d-1), W: 0.5}, func(s NodeStats) uint64 { return s.RefusedShape }},
+		{"NaN", 1, nan, func(s NodeStats) uint64 { return s.RefusedHandler }},
+		{"Inf", 1, inf, func(s NodeStats) uint64 { return s.RefusedHandler }},
+		{"zero weight", 1, Share{X: make([]float32, d), W: 0}, func(s NodeStats) uint64 { return s.RefusedHandler }},
+	}
+	for _, tc := range cases {
+		before := tc.stat(trs[0].Stats())
+		err := send(tc.from, tc.s)
+		if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrNotDelivered) {
+			t.Fatalf("%s: %v, want ErrRefused and ErrNotDelivered", tc.name, err)
+		}
+		if got := tc.stat(trs[0].Stats()); got != before+1 {
+			t.Fatalf("%s: counter %d → %d", tc.name, before, got)
+		}
+		if w := recv.Weight(); w != 1 {
+			t.Fatalf("%s reached the model: weight %v", tc.name, w)
+		}
+	}
+	// A longer vector is refused too.
+	before := trs[0].Stats().RefusedShape
+	if err := send(1, Share{X: make([]float32, d+1), W: 0.5}); !errors.Is(err, ErrRefused) {
+		t.Fatalf("long: %v, want ErrRefused", err)
+	}
+	if got := trs[0].Stats().RefusedShape; got != before+1 {
+		t.Fatalf("long: counter %d → %d", before, got)
+	}
+	// A fetch request whose key does not fit is dropped unread and
+	// counted; the requester learns nothing within its deadline.
+	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := trs[1].Fetch(sctx, &Announcement{Peer: trs[0].Self(), Key: string(make([]byte, 2*MaxKeyLen)), Size: 4}, nil)
+	scancel()
+	if err == nil {
+		t.Fatal("fetch with an oversized key succeeded")
+	}
+	eventually(t, 5*time.Second, "bad frame counted", func() bool { return trs[0].Stats().BadFrames == 1 })
+	// No handler bound on peer 1.
+	if err := trs[0].Push(ctx, trs[1].Self(), ok); !errors.Is(err, ErrRefused) {
+		t.Fatalf("push to a peer with no handler: %v", err)
+	}
+	// A good push still works.
+	if err := send(1, ok); err != nil {
+		t.Fatal(err)
+	}
+	if w := recv.Weight(); w != 1.5 {
+		t.Fatalf("weight %v after a good push, want 1.5", w)
+	}
+}
+
+// TestNodeFetch serves a vector and fetches it by its announcement, and
+// checks every way a fetch must fail: wrong digest, more bytes than
+// announced, fewer bytes, an unknown or evicted key.
+func TestNodeFetch(t *testing.T) {
+	_, trs := nodeTransports(t, 2, time.Millisecond, 0, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	payload := make([]byte, 300_000)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	if err := trs[0].Serve("model/1", payload); err != nil {
+		t.Fatal(err)
+	}
+	payload[0] = 99 // Serve copied it
+	holder := trs[0].Self()
+	ann := func(key string, size int, digest [32]byte) *Announcement {
+		return &Announcement{Peer: holder, Key: key, Size: uint64(size), Digest: digest}
+	}
+	want := make([]byte, len(payload))
+	copy(want, payload)
+	want[0] = 0
+	got, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(want)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Fatal("fetched bytes differ")
+	}
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(payload)), nil); !errors.Is(err, ErrDigest) {
+		t.Fatalf("wrong digest: %v", err)
+	}
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want)+10, Digest(want)), nil); !errors.Is(err, ErrDigest) {
+		t.Fatalf("fewer bytes than announced: %v", err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = trs[1].Fetch(sctx, ann("model/1", len(want)-10, Digest(want)), nil)
+	scancel()
+	if !errors.Is(err, node.ErrShortBuffer) {
+		t.Fatalf("more bytes than announced: %v, want node.ErrShortBuffer", err)
+	}
+	if _, err := trs[1].Fetch(ctx, ann("nope", 10, Digest(nil)), nil); !errors.Is(err, ErrRefused) {
+		t.Fatalf("unknown key: %v", err)
+	}
+	big := &Announcement{Peer: holder, Key: "model/1", Size: 2 << 30}
+	if _, err := trs[1].Fetch(ctx, big, nil); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("announced size over the cap: %v", err)
+	}
+	for i := range 10 {
+		if err := trs[0].Serve(string(rune('a'+i)), []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(want)), nil); !errors.Is(err, ErrRefused) {
+		t.Fatalf("evicted key: %v", err)
+	}
+	if got, err := trs[1].Fetch(ctx, ann("j", 1, Digest([]byte{9})), nil); err != nil || got[0] != 9 {
+		t.Fatalf("latest key: %v %v", got, err)
+	}
+}
+
+// TestNodeDeadPeer checks that exchanges with a peer that died fail within
+// their deadline instead of hanging.
+func TestNodeDeadPeer(t *testing.T) {
+	const d = 100
+	nodes, trs := nodeTransports(t, 2, 0, 0, nil)
+	trs[1].Bind(NewPushSumPeer(make([]float32, d)), d)
+	dead := trs[1].Self()
+	trs[1].Close()
+	nodes[1].Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	p := NewPushSumPeer(make([]float32, d))
+	err := p.Step(ctx, trs[0], dead, 0, 0)
+	if err == nil {
+		t.Fatal("push to a dead peer succeeded")
+	}
+	if el := time.Since(start); el > 3*time.Second {
+		t.Fatalf("push to a dead peer took %v", el)
+	}
+	if errors.Is(err, ErrNotDelivered) && p.Weight() != 1 {
+		t.Fatalf("not delivered but weight %v: mass lost", p.Weight())
+	}
+	_, err = trs[0].Fetch(ctx, &Announcement{Peer: dead, Key: "k", Size: 4}, nil)
+	if err == nil {
+		t.Fatal("fetch from a dead peer succeeded")
+	}
+}
+
+func TestNodeConfigValidate(t *testing.T) {
+	if err := DefaultNodeConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, mut := range []func(*NodeConfig){
+		func(c *NodeConfig) { c.Model = "" },
+		func(c *NodeConfig) { c.ReplyTimeout = 0 },
+		func(c *NodeConfig) { c.MaxServed = 0 },
+		func(c *NodeConfig) { c.MaxFetchBytes = 0 },
+	} {
+		c := DefaultNodeConfig()
+		mut(&c)
+		if err := c.Validate(); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+}
+
+// FuzzDecodeFrame checks that no input makes the frame decoder panic and
+// that what it accepts re-encodes to the same header.
+func FuzzDecodeFrame(f *testing.F) {
+	f.Add(appendF32(appendFrameHeader(nil, &frame{kind: kindPush, n: 2, seq: 9, weight: 0.5}), []float32{1, 2}))
+	f.Add(append(appendFrameHeader(nil, &frame{kind: kindFetch, n: 3}), "abc"...))
+	f.Add(appendFrameHeader(nil, &frame{kind: kindAck}))
+	f.Add([]byte("GX"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fr, err := decodeFrame(b)
+		if err != nil {
+			return
+		}
+		h := appendFrameHeader(nil, &fr)
+		if string(h) != string(b[:frameHeaderLen]) {
+			t.Fatalf("header does not round-trip")
+		}
+		if fr.kind == kindPush || fr.kind == kindSwap || fr.kind == kindSwapReply {
+			if len(fr.floats()) != int(fr.n) {
+				t.Fatal("floats length")
+			}
+		}
+	})
+}
