@@ -108,10 +108,10 @@ const (
 	// top 16 bits keep gossip's frames apart from other protocols that
 	// use small tags; aggregate/p2p puts round mod 2^16 there, so the two
 	// must not share a node while an all-reduce reaches round 0x6758.
-	tagPrefix  node.Tag = 0x6758 << 48 // "gX"
-	tagReplyK           = 0xff
-	seqMask             = 1<<40 - 1
-	maxReason           = 256
+	tagPrefix node.Tag = 0x6758 << 48 // "gX"
+	tagReplyK          = 0xff
+	seqMask            = 1<<40 - 1
+	maxReason          = 256
 )
 
 func requestTag(kind byte) node.Tag { return tagPrefix | node.Tag(kind)<<40 }
