@@ -8,7 +8,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	ma "github.com/multiformats/go-multiaddr"
 )
 
 func TestIdentityPersists(t *testing.T) {
@@ -161,5 +166,56 @@ func TestResourceLimitsFitWindows(t *testing.T) {
 	}
 	if got := l.ToPartialLimitConfig().PeerDefault.Memory; int64(got) < 2*need {
 		t.Fatalf("peer memory %d < 2 * %d", got, need)
+	}
+}
+
+// TestResourceManagerGrantsWindows reserves memory on a connection the way
+// yamux grows its receive windows (priority 128) and checks that our limits
+// grant the windows of 2*Stripes streams at full size, where libp2p's
+// defaults stop at half of 32 MiB.
+func TestResourceManagerGrantsWindows(t *testing.T) {
+	cfg := DefaultConfig()
+	need := int64(2*cfg.Stripes) * int64(cfg.StreamWindow)
+	ours, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(resourceLimits(&cfg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ours.Close()
+	scaling := rcmgr.DefaultLimits
+	libp2p.SetDefaultServiceLimits(&scaling)
+	def, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(scaling.AutoScale()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer def.Close()
+	sk, _, _ := crypto.GenerateEd25519Key(nil)
+	pid, _ := peer.IDFromPrivateKey(sk)
+	grant := func(rm network.ResourceManager) int64 {
+		conn, err := rm.OpenConnection(network.DirInbound, true, ma.StringCast("/ip4/10.0.0.1/tcp/1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Done()
+		if err := conn.SetPeer(pid); err != nil {
+			t.Fatal(err)
+		}
+		span, err := conn.BeginSpan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer span.Done()
+		var got int64
+		for got < 4*need && span.ReserveMemory(1<<20, 128) == nil {
+			got += 1 << 20
+		}
+		return got
+	}
+	o, d := grant(ours), grant(def)
+	t.Logf("window memory granted per connection: ours %d MiB, libp2p defaults %d MiB (need %d MiB)", o>>20, d>>20, need>>20)
+	if o < need {
+		t.Fatalf("our limits grant %d MiB of windows, need %d MiB", o>>20, need>>20)
+	}
+	if d >= need {
+		t.Fatalf("libp2p defaults grant %d MiB: the test no longer shows why we raise them", d>>20)
 	}
 }
