@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 )
 
 // microKernel computes one MR×NR tile of C:
@@ -50,7 +51,26 @@ type gemmBuf struct {
 	a, b, tile []float32
 }
 
-var gemmBufPool = sync.Pool{New: func() any { return new(gemmBuf) }}
+// gemmBufs is a free list of packing buffers. Unlike a sync.Pool it is not
+// emptied by the garbage collector, so steady-state calls never allocate;
+// it holds at most as many buffers as GEMMs ever ran at once (≤ 64 kept).
+var gemmBufs = make(chan *gemmBuf, 64)
+
+func getBuf() *gemmBuf {
+	select {
+	case b := <-gemmBufs:
+		return b
+	default:
+		return new(gemmBuf)
+	}
+}
+
+func putBuf(b *gemmBuf) {
+	select {
+	case gemmBufs <- b:
+	default:
+	}
+}
 
 func grow(s []float32, n int) []float32 {
 	if cap(s) < n {
@@ -111,80 +131,78 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 		g.serial(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
-	if g.kSplit(m, n, k, nt) {
-		g.splitK(nt, tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-		return
+	call := getCall()
+	*call = gemmCall{
+		g: g, tA: tA, tB: tB, m: m, n: n, k: k,
+		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc,
+		nt: nt, parts: call.parts,
 	}
-	// Split the larger tile dimension into nt contiguous parts; every part is
-	// an independent GEMM with its own packing buffers.
 	mt, ntl := (m+g.mr-1)/g.mr, (n+g.nr-1)/g.nr
-	splitM := mt >= ntl
-	tiles, unit := ntl, g.nr
-	if splitM {
-		tiles, unit = mt, g.mr
+	switch {
+	case g.kSplit(m, n, k, nt):
+		call.split = splitK
+		for len(call.parts) < nt {
+			call.parts = append(call.parts, nil)
+		}
+		for w := 1; w < nt; w++ {
+			call.parts[w] = grow(call.parts[w], m*n)
+		}
+	case mt >= ntl:
+		call.split, call.tiles, call.unit = splitM, mt, g.mr
+	default:
+		call.split, call.tiles, call.unit = splitN, ntl, g.nr
 	}
-	parallel(nt, func(w int) {
-		lo := tiles * w / nt * unit
-		hi := tiles * (w + 1) / nt * unit
-		if splitM {
-			hi = min(hi, m)
-			if lo >= hi {
-				return
+	call.runParallel()
+	if call.split == splitK {
+		// Worker 0 accumulated into C with the caller's beta; add the others.
+		for w := 1; w < nt; w++ {
+			p := call.parts[w]
+			for i := 0; i < m; i++ {
+				row := c[i*ldc : i*ldc+n]
+				for j, v := range p[i*n : i*n+n] {
+					row[j] += v
+				}
 			}
-			ao := lo * lda
-			if tA {
-				ao = lo
-			}
-			g.serial(tA, tB, hi-lo, n, k, alpha, a[ao:], lda, b, ldb, beta, c[lo*ldc:], ldc)
-			return
 		}
-		hi = min(hi, n)
-		if lo >= hi {
-			return
-		}
-		bo := lo
-		if tB {
-			bo = lo * ldb
-		}
-		g.serial(tA, tB, m, hi-lo, k, alpha, a, lda, b[bo:], ldb, beta, c[lo:], ldc)
-	})
+	}
+	putCall(call)
 }
 
-// parallel runs f(0..nt-1), f(0) on the calling goroutine, and waits.
-func parallel(nt int, f func(w int)) {
-	var wg sync.WaitGroup
-	wg.Add(nt - 1)
-	for w := 1; w < nt; w++ {
-		go func() {
-			defer wg.Done()
-			f(w)
-		}()
-	}
-	f(0)
-	wg.Wait()
+// Ways to split a GEMM across goroutines.
+const (
+	splitM = iota // contiguous runs of MR-row tiles
+	splitN        // contiguous runs of NR-column tiles
+	splitK        // contiguous runs of kc steps, into private partial sums
+)
+
+// gemmCall is one GEMM split across goroutines: every part is an independent
+// GEMM on a slice of the problem with its own packing buffers.
+type gemmCall struct {
+	g                  *gemmImpl
+	tA, tB             bool
+	m, n, k            int
+	alpha, beta        float32
+	a, b, c            []float32
+	lda, ldb, ldc      int
+	nt                 int
+	split, tiles, unit int
+	parts              [][]float32 // splitK: worker w > 0 accumulates into parts[w] (m×n)
+	wg                 sync.WaitGroup
 }
 
-var partPool = sync.Pool{New: func() any { return new([]float32) }}
-
-// splitK runs a GEMM whose m and n are small next to k (a weight gradient
-// over a large batch) on nt goroutines, each over a contiguous range of k:
-// worker 0 accumulates into C with the caller's beta, the others into
-// private m×n buffers that are then added into C. Each worker streams only
-// its share of A and B.
-func (g *gemmImpl) splitK(nt int, tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	parts := make([]*[]float32, nt)
-	for w := 1; w < nt; w++ {
-		p := partPool.Get().(*[]float32)
-		*p = grow(*p, m*n)
-		parts[w] = p
-	}
-	steps := (k + g.kc - 1) / g.kc
-	parallel(nt, func(w int) {
+// run computes part w of nt.
+func (cl *gemmCall) run(w int) {
+	g, nt := cl.g, cl.nt
+	tA, tB, m, n, k := cl.tA, cl.tB, cl.m, cl.n, cl.k
+	a, lda, b, ldb, c, ldc := cl.a, cl.lda, cl.b, cl.ldb, cl.c, cl.ldc
+	switch cl.split {
+	case splitK:
+		steps := (k + g.kc - 1) / g.kc
 		k0 := steps * w / nt * g.kc
 		k1 := min(steps*(w+1)/nt*g.kc, k)
 		if k0 >= k1 {
 			if w > 0 {
-				clear(*parts[w])
+				clear(cl.parts[w])
 			}
 			return
 		}
@@ -196,20 +214,99 @@ func (g *gemmImpl) splitK(nt int, tA, tB bool, m, n, k int, alpha float32, a []f
 			bo = k0
 		}
 		if w == 0 {
-			g.serial(tA, tB, m, n, k1-k0, alpha, a[ao:], lda, b[bo:], ldb, beta, c, ldc)
+			g.serial(tA, tB, m, n, k1-k0, cl.alpha, a[ao:], lda, b[bo:], ldb, cl.beta, c, ldc)
 			return
 		}
-		g.serial(tA, tB, m, n, k1-k0, alpha, a[ao:], lda, b[bo:], ldb, 0, *parts[w], n)
-	})
-	for w := 1; w < nt; w++ {
-		p := *parts[w]
-		for i := 0; i < m; i++ {
-			row := c[i*ldc : i*ldc+n]
-			for j, v := range p[i*n : i*n+n] {
-				row[j] += v
-			}
+		g.serial(tA, tB, m, n, k1-k0, cl.alpha, a[ao:], lda, b[bo:], ldb, 0, cl.parts[w], n)
+	case splitM:
+		lo := cl.tiles * w / nt * cl.unit
+		hi := min(cl.tiles*(w+1)/nt*cl.unit, m)
+		if lo >= hi {
+			return
 		}
-		partPool.Put(parts[w])
+		ao := lo * lda
+		if tA {
+			ao = lo
+		}
+		g.serial(tA, tB, hi-lo, n, k, cl.alpha, a[ao:], lda, b, ldb, cl.beta, c[lo*ldc:], ldc)
+	default:
+		lo := cl.tiles * w / nt * cl.unit
+		hi := min(cl.tiles*(w+1)/nt*cl.unit, n)
+		if lo >= hi {
+			return
+		}
+		bo := lo
+		if tB {
+			bo = lo * ldb
+		}
+		g.serial(tA, tB, m, hi-lo, k, cl.alpha, a, lda, b[bo:], ldb, cl.beta, c[lo:], ldc)
+	}
+}
+
+// runParallel hands parts 1..nt−1 to the worker goroutines, computes part 0
+// on the calling goroutine and waits for the rest.
+func (cl *gemmCall) runParallel() {
+	ensureWorkers(cl.nt - 1)
+	cl.wg.Add(cl.nt - 1)
+	for w := 1; w < cl.nt; w++ {
+		gemmTasks <- gemmTask{cl, w}
+	}
+	cl.run(0)
+	cl.wg.Wait()
+}
+
+// gemmTask is part w of a parallel GEMM, passed by value to a worker.
+type gemmTask struct {
+	call *gemmCall
+	w    int
+}
+
+// The worker goroutines: started on first need, up to the largest split
+// seen, and parked on gemmTasks between calls (a channel hand-off costs no
+// allocation, unlike starting a goroutine per call). Workers never block
+// on anything but the channel, so concurrent callers cannot deadlock: each
+// caller computes its own part 0 and waits only for its own parts.
+var (
+	gemmTasks   = make(chan gemmTask, 256)
+	workerMu    sync.Mutex
+	workerCount atomic.Int32
+)
+
+func ensureWorkers(n int) {
+	if int(workerCount.Load()) >= n {
+		return
+	}
+	workerMu.Lock()
+	defer workerMu.Unlock()
+	for int(workerCount.Load()) < n {
+		go func() {
+			for t := range gemmTasks {
+				t.call.run(t.w)
+				t.call.wg.Done()
+			}
+		}()
+		workerCount.Add(1)
+	}
+}
+
+var gemmCalls = make(chan *gemmCall, 64)
+
+func getCall() *gemmCall {
+	select {
+	case c := <-gemmCalls:
+		return c
+	default:
+		return new(gemmCall)
+	}
+}
+
+// putCall drops the call's references to the caller's slices and keeps it
+// (with its partial-sum buffers) for reuse.
+func putCall(c *gemmCall) {
+	c.a, c.b, c.c, c.g = nil, nil, nil, nil
+	select {
+	case gemmCalls <- c:
+	default:
 	}
 }
 
@@ -238,8 +335,8 @@ func (g *gemmImpl) kSplit(m, n, k, nt int) bool {
 
 // serial runs the blocked algorithm on the calling goroutine.
 func (g *gemmImpl) serial(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	buf := gemmBufPool.Get().(*gemmBuf)
-	defer gemmBufPool.Put(buf)
+	buf := getBuf()
+	defer putBuf(buf)
 	mr, nr := g.mr, g.nr
 	kcMax := min(g.kc, k)
 	ncMax := min(g.nc, (n+nr-1)/nr*nr)
