@@ -1,0 +1,174 @@
+package swarm
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/train"
+)
+
+func testConfig() Config {
+	c := DefaultConfig()
+	c.Node = node.TestConfig()
+	c.Gossip.Namespace = "test"
+	c.Aggregate.StallTimeout = 3 * time.Second
+	return c
+}
+
+// newSwarm attaches n peers to a fully connected mocknet.
+func newSwarm(t testing.TB, n int) []*Peer {
+	t.Helper()
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	ps := make([]*Peer, n)
+	for i := range ps {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ps[i], err = Attach(h, testConfig()); err != nil {
+			t.Fatal(err)
+		}
+		p := ps[i]
+		t.Cleanup(func() { p.Close() })
+	}
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+func vec(n int, seed float32) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = seed + float32(i)*0.5
+	}
+	return v
+}
+
+func TestFetchStripedAndVerified(t *testing.T) {
+	ps := newSwarm(t, 5)
+	state := vec(100003, 1)
+	for _, p := range ps[1:4] {
+		p.Publish(7, state)
+	}
+	ps[4].Publish(7, vec(100003, 2)) // a liar: same version, other bytes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dst := make([]float32, len(state))
+	var ids []string
+	for _, p := range ps[1:] {
+		ids = append(ids, p.ID())
+	}
+	ps[0].cfg.FetchFrom = 4
+	v, err := ps[0].Fetch(ctx, ids, 5, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != 7 || !slices.Equal(dst, state) {
+		t.Fatalf("version %d, state equal %v", v, slices.Equal(dst, state))
+	}
+}
+
+func TestFetchWaitsForVersion(t *testing.T) {
+	ps := newSwarm(t, 2)
+	ps[1].Publish(1, vec(10, 0))
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		ps[1].Publish(2, vec(10, 3))
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dst := make([]float32, 10)
+	v, err := ps[0].Fetch(ctx, []string{ps[1].ID()}, 2, dst)
+	if err != nil || v != 2 || dst[0] != 3 {
+		t.Fatalf("v=%d dst[0]=%v err=%v", v, dst[0], err)
+	}
+	// A version nobody reaches ends with the deadline, not a hang.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel2()
+	start := time.Now()
+	if _, err := ps[0].Fetch(ctx2, []string{ps[1].ID()}, 9, dst); !errors.Is(err, ErrNoState) {
+		t.Fatalf("err = %v", err)
+	}
+	if time.Since(start) > 4*time.Second {
+		t.Fatalf("fetch overran its deadline: %v", time.Since(start))
+	}
+	// Wrong length is refused.
+	if _, err := ps[0].Fetch(ctx, []string{ps[1].ID()}, 1, make([]float32, 11)); err == nil {
+		t.Fatal("wrong length accepted")
+	}
+}
+
+func TestFederatedOverMocknet(t *testing.T) {
+	tr, _, err := data.LoadMNIST("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := tr.Head(2000)
+	shards, _ := data.IID(small.Len(), 4, 1)
+	ps := newSwarm(t, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, p := range ps {
+		if err := p.WaitPeers(ctx, 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := train.DefaultFedConfig()
+	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 4, 0.5, 30*time.Second
+	var mu sync.Mutex
+	finals := map[uint64]map[string][]float32{}
+	var wg sync.WaitGroup
+	errs := make([]error, len(ps))
+	for i, p := range ps {
+		wc := train.DefaultWorkerConfig()
+		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
+		w, err := train.NewWorker(wc, small.Subset(shards[i]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func(i int, p *Peer) {
+			defer wg.Done()
+			errs[i] = train.Federated(ctx, w, p.FedNet(), cfg, nil, func(ri train.RoundInfo) bool {
+				mu.Lock()
+				if finals[ri.Round] == nil {
+					finals[ri.Round] = map[string][]float32{}
+				}
+				finals[ri.Round][p.ID()] = slices.Clone(ri.Global)
+				mu.Unlock()
+				return false
+			})
+		}(i, p)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+	}
+	for r := uint64(1); r <= 4; r++ {
+		var ref []float32
+		if len(finals[r]) != 2 {
+			t.Fatalf("round %d: %d participants finished, want 2", r, len(finals[r]))
+		}
+		for id, g := range finals[r] {
+			if ref == nil {
+				ref = g
+			} else if !slices.Equal(ref, g) {
+				t.Fatalf("round %d: %s holds another global model", r, id)
+			}
+		}
+	}
+}
