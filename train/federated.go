@@ -43,13 +43,27 @@ type FedConfig struct {
 	// ResetClientOpt starts every round's local optimiser from fresh state
 	// (FedAvg's clients do); DiLoCo keeps its inner AdamW state.
 	ResetClientOpt bool
+	// Resume, if set, starts the peer from a checkpointed global state
+	// instead of its model's initial parameters.
+	Resume *FedState
+	// CatchUp is how long a starting peer looks for a newer global state
+	// among the live members (a late joiner or a restarted peer pulls it
+	// instead of redoing rounds). 0 skips the look.
+	CatchUp time.Duration
+}
+
+// FedState is a peer's global state: the version (rounds applied) and the
+// vector [global parameters | server optimiser state].
+type FedState struct {
+	Version uint64
+	State   []float32
 }
 
 // DefaultFedConfig returns FedAvg with C = 0.1 and E = 1, as in McMahan et
 // al. 2017's MNIST experiments.
 func DefaultFedConfig() FedConfig {
 	return FedConfig{Strategy: "fedavg", Rounds: 100, Fraction: 0.1, LocalEpochs: 1, ServerLR: 1, Seed: 1,
-		RoundTimeout: 2 * time.Minute, ResetClientOpt: true}
+		RoundTimeout: 2 * time.Minute, ResetClientOpt: true, CatchUp: 2 * time.Second}
 }
 
 // ParseStrategy sets Strategy and its parameters from a flag value such as
@@ -207,6 +221,7 @@ type RoundInfo struct {
 	Participants []string // the group whose contributions were averaged
 	Sampled      []string
 	Global       []float32 // the new global parameters (a view; copy to keep)
+	State        []float32 // the whole global state (a view), for checkpoints
 	Loss         float64   // this peer's mean local training loss
 	Elapsed      time.Duration
 }
@@ -236,25 +251,54 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	delta := make([]float32, n)
 	avg := make([]float32, n)
 	var version uint64
-	net.Publish(0, state)
 	start := time.Now()
 	self := net.Self()
-	var prevSample []string
+	if cfg.Resume != nil {
+		if len(cfg.Resume.State) != len(state) {
+			return fmt.Errorf("%w: checkpointed state has %d values, %s with %s needs %d", ErrStrategy, len(cfg.Resume.State), w.Model.Arch, cfg.Strategy, len(state))
+		}
+		copy(state, cfg.Resume.State)
+		copy(st, state[n:])
+		version = cfg.Resume.Version
+	}
+	if cfg.CatchUp > 0 {
+		// A late or restarted peer takes the newest state the others hold.
+		if members, err := net.Members(ctx, version+1); err == nil {
+			others := slices.DeleteFunc(slices.Clone(members), func(p string) bool { return p == self })
+			if len(others) > 0 {
+				cctx, cancel := context.WithTimeout(ctx, cfg.CatchUp)
+				tmp := make([]float32, len(state))
+				if v, err := net.Fetch(cctx, others, version+1, tmp); err == nil && v > version {
+					copy(state, tmp)
+					copy(st, state[n:])
+					version = v
+					if rec != nil {
+						rec.Event(Event{Peer: self, At: time.Since(start), Kind: "caught-up", Detail: fmt.Sprintf("version %d", v)})
+					}
+				}
+				cancel()
+			}
+		}
+	}
+	copy(w.Model.Params, global)
+	net.Publish(version, state)
 
-	for r := uint64(1); r <= uint64(cfg.Rounds); r++ {
+	for r := version + 1; r <= uint64(cfg.Rounds); r++ {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if version >= r {
+			continue // fetched past this round
 		}
 		members, err := net.Members(ctx, r)
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)
 		}
 		sampled := Sample(cfg.Seed, r, members, cfg.Fraction)
-		prev := prevSample
-		prevSample = sampled
 		if !slices.Contains(sampled, self) {
 			continue
 		}
+		prev := Sample(cfg.Seed, r-1, members, cfg.Fraction)
 		rctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout)
 		info, skip, err := fedRound(rctx, w, net, cfg, server, state, delta, avg, &version, r, prev, sampled)
 		cancel()
@@ -276,6 +320,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			continue
 		}
 		info.Global = global
+		info.State = state
 		info.Elapsed = time.Since(start)
 		if rec != nil {
 			rec.Snapshot(self, info.Elapsed, int(r), global)
