@@ -1,0 +1,151 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/starling-ml/starling/internal/atomicfile"
+	"github.com/starling-ml/starling/nn"
+)
+
+// ErrCheckpoint reports a checkpoint that cannot be used.
+var ErrCheckpoint = errors.New("train: bad checkpoint")
+
+// Checkpoint is everything a peer needs to continue where it stopped. It
+// is stored as a safetensors file (tensors "state", "params",
+// "opt.<name>", "extra.<name>"; the scalars in the metadata), written
+// atomically, so a crash mid-write leaves the previous checkpoint intact.
+type Checkpoint struct {
+	Arch     string // model architecture
+	Mode     string // strategy family: federated, sync, gossip, async
+	Strategy string // e.g. fedavg
+	Version  uint64 // rounds applied, or the model version
+	Steps    int    // local optimiser steps
+	// State is the strategy's global state (for federated: global
+	// parameters and server optimiser state).
+	State []float32
+	// Params are the local model's parameters.
+	Params []float32
+	// OptSteps and Opt are the local optimiser's state.
+	OptSteps int
+	Opt      map[string][]float32
+	// Extra holds other per-peer vectors: error-feedback residuals,
+	// staleness clocks, ….
+	Extra map[string][]float32
+}
+
+// Save writes ck to path atomically.
+func (ck *Checkpoint) Save(path string) error {
+	ts := []nn.Tensor{}
+	add := func(name string, v []float32) {
+		if v != nil {
+			ts = append(ts, nn.Tensor{Name: name, Shape: []int{len(v)}, Data: v})
+		}
+	}
+	add("state", ck.State)
+	add("params", ck.Params)
+	for _, k := range sortedKeys(ck.Opt) {
+		add("opt."+k, ck.Opt[k])
+	}
+	for _, k := range sortedKeys(ck.Extra) {
+		add("extra."+k, ck.Extra[k])
+	}
+	meta := map[string]string{
+		"starling.checkpoint": "1", "arch": ck.Arch, "mode": ck.Mode, "strategy": ck.Strategy,
+		"version": strconv.FormatUint(ck.Version, 10), "steps": strconv.Itoa(ck.Steps), "opt_steps": strconv.Itoa(ck.OptSteps),
+	}
+	return atomicfile.Write(path, 0o644, func(w io.Writer) error { return nn.WriteSafetensors(w, ts, meta) })
+}
+
+func sortedKeys(m map[string][]float32) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// LoadCheckpoint reads a checkpoint written by Save, holding at most
+// maxValues float32 values in all.
+func LoadCheckpoint(path string, maxValues int64) (*Checkpoint, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ts, meta, err := nn.ReadSafetensors(f, maxValues*4)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCheckpoint, path, err)
+	}
+	if meta["starling.checkpoint"] != "1" {
+		return nil, fmt.Errorf("%w: %s is not a Starling checkpoint", ErrCheckpoint, path)
+	}
+	ck := &Checkpoint{Arch: meta["arch"], Mode: meta["mode"], Strategy: meta["strategy"], Opt: map[string][]float32{}, Extra: map[string][]float32{}}
+	if ck.Version, err = strconv.ParseUint(meta["version"], 10, 64); err != nil {
+		return nil, fmt.Errorf("%w: %s: version %q", ErrCheckpoint, path, meta["version"])
+	}
+	if ck.Steps, err = strconv.Atoi(meta["steps"]); err != nil {
+		return nil, fmt.Errorf("%w: %s: steps %q", ErrCheckpoint, path, meta["steps"])
+	}
+	if ck.OptSteps, err = strconv.Atoi(meta["opt_steps"]); err != nil {
+		return nil, fmt.Errorf("%w: %s: opt_steps %q", ErrCheckpoint, path, meta["opt_steps"])
+	}
+	for _, t := range ts {
+		switch {
+		case t.Name == "state":
+			ck.State = t.Data
+		case t.Name == "params":
+			ck.Params = t.Data
+		case strings.HasPrefix(t.Name, "opt."):
+			ck.Opt[strings.TrimPrefix(t.Name, "opt.")] = t.Data
+		case strings.HasPrefix(t.Name, "extra."):
+			ck.Extra[strings.TrimPrefix(t.Name, "extra.")] = t.Data
+		default:
+			return nil, fmt.Errorf("%w: %s: unknown tensor %q", ErrCheckpoint, path, t.Name)
+		}
+	}
+	return ck, nil
+}
+
+// Check reports whether ck fits a worker and mode: same architecture, and
+// parameters of the model's size.
+func (ck *Checkpoint) Check(w *Worker, mode string) error {
+	if ck.Arch != w.Model.Arch {
+		return fmt.Errorf("%w: checkpoint is for model %s, this run trains %s", ErrCheckpoint, ck.Arch, w.Model.Arch)
+	}
+	if ck.Mode != mode {
+		return fmt.Errorf("%w: checkpoint is from --mode %s, this run is --mode %s", ErrCheckpoint, ck.Mode, mode)
+	}
+	if ck.Params != nil && len(ck.Params) != len(w.Model.Params) {
+		return fmt.Errorf("%w: checkpoint holds %d parameters, %s has %d", ErrCheckpoint, len(ck.Params), w.Model.Arch, len(w.Model.Params))
+	}
+	return nil
+}
+
+// Restore loads the checkpoint's local parameters and optimiser state into w.
+func (ck *Checkpoint) Restore(w *Worker) error {
+	if ck.Params != nil {
+		copy(w.Model.Params, ck.Params)
+	}
+	w.Steps = ck.Steps
+	return w.Opt.SetState(ck.OptSteps, ck.Opt)
+}
+
+// Capture fills the worker's part of a checkpoint (copies).
+func (ck *Checkpoint) Capture(w *Worker) {
+	ck.Arch = w.Model.Arch
+	ck.Params = append(ck.Params[:0], w.Model.Params...)
+	ck.Steps = w.Steps
+	steps, st := w.Opt.State()
+	ck.OptSteps = steps
+	ck.Opt = map[string][]float32{}
+	for k, v := range st {
+		ck.Opt[k] = append([]float32(nil), v...)
+	}
+}
