@@ -473,13 +473,34 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 			}
 		})
 	}
+	//
+	// The window is long (voteWait) while the attempt may have succeeded: a
+	// member still in its data phase may yet time out on a dependent wait.
+	// Once any vote says FAIL, every live member has been told (votes go to
+	// all) and stops its data phase at once, so two stall timeouts from
+	// then are enough for the remaining votes.
+	end := time.Now()
 	timer := time.AfterFunc(a.voteWait(), stopVotes)
+	failed := !own.ok
+	shorten := func() {
+		if d := time.Until(end.Add(a.voteWait())); d > 2*a.stall {
+			timer.Reset(2 * a.stall)
+		}
+	}
+	if failed {
+		shorten()
+	}
 	pending := make([]bool, a.n)
 	for j := range pending {
 		pending[j] = j != a.rank
 	}
 	for left := a.n - 1; left > 0; left-- {
-		pending[<-arrived] = false
+		j := <-arrived
+		pending[j] = false
+		if !failed && (a.votes[j].state != voteGot || !a.votes[j].v.ok) {
+			failed = true
+			shorten()
+		}
 		if a.onlyBlamedMissing(pending) {
 			stopVotes()
 		}
