@@ -106,7 +106,7 @@ func (g ConvGeom) convPixels(f func(row, origin int, mask uint32)) {
 func (f *Fast) Im2Col(col, x []float32, g ConvGeom) {
 	w, ok := newConvWindow(g)
 	if !f.vec || !ok || g.N == 0 {
-		f.CPU.Im2Col(col, x, g)
+		f.cpu.Im2Col(col, x, g)
 		return
 	}
 	g.mustFit("Im2Col", x, col)
@@ -132,7 +132,7 @@ func (f *Fast) Col2Im(dx, col []float32, g ConvGeom) {
 	// With few channels each gather fetches only a few lanes: the scalar
 	// loop wins (measured at C = 1: 2× faster).
 	if !f.vec || !ok || g.N == 0 || g.C < 8 {
-		f.CPU.Col2Im(dx, col, g)
+		f.cpu.Col2Im(dx, col, g)
 		return
 	}
 	g.mustFit("Col2Im", dx, col)
@@ -154,7 +154,7 @@ func (f *Fast) Col2Im(dx, col []float32, g ConvGeom) {
 func (f *Fast) MaxPool(y []float32, arg []int32, x []float32, g PoolGeom) {
 	kk := g.K * g.K
 	if !f.vec || kk > 64 || g.N*g.H*g.W*g.C > math.MaxInt32 || g.N == 0 {
-		f.CPU.MaxPool(y, arg, x, g)
+		f.cpu.MaxPool(y, arg, x, g)
 		return
 	}
 	if err := g.Validate(); err != nil {

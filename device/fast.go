@@ -12,7 +12,7 @@ import (
 //
 // A Fast is safe for concurrent use; it holds no per-call state.
 type Fast struct {
-	CPU // kernels Fast does not override
+	cpu CPU // the portable kernels, for what has no SIMD version here
 
 	isa  string
 	gemm *gemmImpl
@@ -57,7 +57,7 @@ var goGemm = &gemmImpl{
 // Axpy implements Backend.
 func (f *Fast) Axpy(alpha float32, x, y []float32) {
 	if !f.vec {
-		f.CPU.Axpy(alpha, x, y)
+		f.cpu.Axpy(alpha, x, y)
 		return
 	}
 	y = y[:len(x)]
@@ -69,7 +69,7 @@ func (f *Fast) Axpy(alpha float32, x, y []float32) {
 // Scale implements Backend.
 func (f *Fast) Scale(alpha float32, x []float32) {
 	if !f.vec {
-		f.CPU.Scale(alpha, x)
+		f.cpu.Scale(alpha, x)
 		return
 	}
 	if len(x) > 0 {
@@ -80,7 +80,7 @@ func (f *Fast) Scale(alpha float32, x []float32) {
 // Dot implements Backend.
 func (f *Fast) Dot(x, y []float32) float64 {
 	if !f.vec {
-		return f.CPU.Dot(x, y)
+		return f.cpu.Dot(x, y)
 	}
 	y = y[:len(x)]
 	if len(x) == 0 {
@@ -92,7 +92,7 @@ func (f *Fast) Dot(x, y []float32) float64 {
 // SumSquares implements Backend.
 func (f *Fast) SumSquares(x []float32) float64 {
 	if !f.vec {
-		return f.CPU.SumSquares(x)
+		return f.cpu.SumSquares(x)
 	}
 	if len(x) == 0 {
 		return 0
@@ -104,7 +104,7 @@ func (f *Fast) SumSquares(x []float32) float64 {
 // once, whatever the number of sources.
 func (f *Fast) WeightedSum(dst []float32, srcs [][]float32, w []float32) {
 	if !f.vec {
-		f.CPU.WeightedSum(dst, srcs, w)
+		f.cpu.WeightedSum(dst, srcs, w)
 		return
 	}
 	if len(srcs) != len(w) {
@@ -133,7 +133,7 @@ func checkRows(name string, x []float32, rows, cols int) {
 // AddRowVector implements Backend.
 func (f *Fast) AddRowVector(x, v []float32, rows, cols int) {
 	if !f.vec || cols < 16 { // short rows: the scalar loop wins
-		f.CPU.AddRowVector(x, v, rows, cols)
+		f.cpu.AddRowVector(x, v, rows, cols)
 		return
 	}
 	v = v[:cols]
@@ -146,7 +146,7 @@ func (f *Fast) AddRowVector(x, v []float32, rows, cols int) {
 // BiasReLU implements Backend.
 func (f *Fast) BiasReLU(x, bias []float32, rows, cols int) {
 	if !f.vec || cols < 16 {
-		f.CPU.BiasReLU(x, bias, rows, cols)
+		f.cpu.BiasReLU(x, bias, rows, cols)
 		return
 	}
 	bias = bias[:cols]
@@ -159,7 +159,7 @@ func (f *Fast) BiasReLU(x, bias []float32, rows, cols int) {
 // SumRows implements Backend.
 func (f *Fast) SumRows(dst, x []float32, rows, cols int) {
 	if !f.vec {
-		f.CPU.SumRows(dst, x, rows, cols)
+		f.cpu.SumRows(dst, x, rows, cols)
 		return
 	}
 	dst = dst[:cols]
@@ -172,7 +172,7 @@ func (f *Fast) SumRows(dst, x []float32, rows, cols int) {
 // ReLU implements Backend.
 func (f *Fast) ReLU(y, x []float32) {
 	if !f.vec {
-		f.CPU.ReLU(y, x)
+		f.cpu.ReLU(y, x)
 		return
 	}
 	y = y[:len(x)]
@@ -184,7 +184,7 @@ func (f *Fast) ReLU(y, x []float32) {
 // ReLUBackward implements Backend.
 func (f *Fast) ReLUBackward(dx, dy, y []float32) {
 	if !f.vec {
-		f.CPU.ReLUBackward(dx, dy, y)
+		f.cpu.ReLUBackward(dx, dy, y)
 		return
 	}
 	dx = dx[:len(dy)]
@@ -197,7 +197,7 @@ func (f *Fast) ReLUBackward(dx, dy, y []float32) {
 // SGD implements Backend.
 func (f *Fast) SGD(w, g, buf []float32, lr, mu, wd float32, nesterov bool) {
 	if !f.vec {
-		f.CPU.SGD(w, g, buf, lr, mu, wd, nesterov)
+		f.cpu.SGD(w, g, buf, lr, mu, wd, nesterov)
 		return
 	}
 	if len(w) == 0 {
@@ -227,7 +227,7 @@ type adamParams struct {
 // Adam implements Backend.
 func (f *Fast) Adam(w, g, m, v []float32, t int, lr, beta1, beta2, eps, wd float32, decoupled bool) {
 	if !f.vec {
-		f.CPU.Adam(w, g, m, v, t, lr, beta1, beta2, eps, wd, decoupled)
+		f.cpu.Adam(w, g, m, v, t, lr, beta1, beta2, eps, wd, decoupled)
 		return
 	}
 	if len(w) == 0 {
@@ -257,7 +257,7 @@ func (f *Fast) Adam(w, g, m, v []float32, t int, lr, beta1, beta2, eps, wd float
 // absolute per row.
 func (f *Fast) SoftmaxXent(grad, logits []float32, labels []int32, rows, cols int) (float64, int) {
 	if !f.vec {
-		return f.CPU.SoftmaxXent(grad, logits, labels, rows, cols)
+		return f.cpu.SoftmaxXent(grad, logits, labels, rows, cols)
 	}
 	if rows == 0 {
 		return 0, 0
@@ -284,4 +284,17 @@ func (f *Fast) SoftmaxXent(grad, logits []float32, labels []int32, rows, cols in
 		g[y] -= inv
 	}
 	return loss / float64(rows), correct
+}
+
+// MaxPoolBackward implements Backend (a scatter: the portable loop).
+func (f *Fast) MaxPoolBackward(dx, dy []float32, arg []int32) { f.cpu.MaxPoolBackward(dx, dy, arg) }
+
+// RandNormal implements Backend; values are those of every backend.
+func (f *Fast) RandNormal(x []float32, mean, std float32, seed uint64) {
+	f.cpu.RandNormal(x, mean, std, seed)
+}
+
+// RandUniform implements Backend; values are those of every backend.
+func (f *Fast) RandUniform(x []float32, lo, hi float32, seed uint64) {
+	f.cpu.RandUniform(x, lo, hi, seed)
 }
