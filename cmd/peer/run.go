@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/internal/cli"
+	"github.com/starling-ml/starling/internal/peerrun"
+	"github.com/starling-ml/starling/swarm"
+	"github.com/starling-ml/starling/train"
+)
+
+func init() {
+	register(&command{name: "run", summary: "join a swarm and train with the others", run: runRun})
+}
+
+// runFlags defines `peer run`'s flags on fs and returns a function that
+// turns them, once parsed and layered, into Options.
+func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error) {
+	sw := swarm.DefaultConfig()
+	wk := train.DefaultWorkerConfig()
+	fed := train.DefaultFedConfig()
+
+	mode := fs.String("mode", "federated", "training mode: "+strings.Join(peerrun.Modes(), ", "))
+	// Network.
+	swarmName := fs.String("swarm", "starling", "swarm name: peers of one swarm find each other (mDNS service, DHT prefix, gossip topics)")
+	var listen, connect, bootstrap, allow cli.List
+	fs.Var(&listen, "listen", "multiaddrs to listen on (default: TCP and QUIC on port 4001, all interfaces; TCP only with --psk)")
+	fs.Var(&connect, "connect", "multiaddrs (with /p2p/ID) of peers to dial at start")
+	fs.Var(&bootstrap, "bootstrap", "multiaddrs (with /p2p/ID) of DHT bootstrap peers; turns the DHT on")
+	fs.Var(&allow, "allow", "peer IDs allowed to connect (default: everyone who passes the swarm key)")
+	mdns := fs.Bool("mdns", true, "discover peers on the LAN by mDNS")
+	dht := fs.Bool("dht", false, "run the private DHT rendezvous (on by itself with --bootstrap)")
+	psk := fs.String("psk", "", "swarm key file (from peer keygen --psk): a private swarm over TCP")
+	key := fs.String("key", "", "identity key file, created if missing (default: a new identity each run)")
+	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9090")
+	minPeers := fs.Int("min-peers", 2, "wait for this many live peers, this one included, before training")
+	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for --min-peers")
+	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped")
+	rule := fs.String("aggregate", "mean", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L")
+	// Data.
+	dataDir := fs.String("data", "", "folder with the MNIST IDX files (default: the GoMNIST module in the Go module cache)")
+	partition := fs.String("partition", "iid", "how the data is split between peers: iid, shards (2 label shards each) or dirichlet:α")
+	shard := fs.String("shard", "0/1", "this peer's part K/N of the partition")
+	dataSeed := fs.Uint64("data-seed", 1, "seed of the partition (the same on every peer)")
+	limit := fs.Int("limit", 0, "use only the first N training samples (0: all)")
+	// Model and local training.
+	model := fs.String("model", wk.Model, "model: logreg, mlp (784-200-200-10), mlp:784-W-…-10, cnn")
+	batch := fs.Int("batch", wk.Batch, "local batch size B")
+	lr := fs.Float64("lr", float64(wk.LR), "local learning rate")
+	opt := fs.String("optimizer", wk.Optimizer, "local optimizer: sgd, momentum, nesterov, adam, adamw")
+	wd := fs.Float64("wd", 0, "weight decay")
+	clip := fs.Float64("clip", 0, "clip local gradients to this global norm (0: off)")
+	seed := fs.Uint64("seed", 1, "model initialisation seed (the same on every peer) and sampling seed")
+	slow := fs.Float64("slowdown", 0, "make this peer N times slower (straggler experiments)")
+	// Federated.
+	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H]")
+	rounds := fs.Int("rounds", 20, "federated rounds")
+	fraction := fs.Float64("fraction", 1, "fraction C of live peers sampled per round")
+	epochs := fs.Int("local-epochs", 1, "local epochs E per round")
+	steps := fs.Int("local-steps", 0, "local steps H per round instead of epochs")
+	roundTimeout := fs.Duration("round-timeout", fed.RoundTimeout, "longest a round may take")
+	// State and output.
+	ckpt := fs.String("checkpoint", "", "checkpoint file, rewritten atomically after every round")
+	resume := fs.Bool("resume", false, "continue from --checkpoint")
+	out := fs.String("out", "", "folder for summary.json")
+	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
+	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+
+	return func() (peerrun.Options, error) {
+		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
+			Partition: *partition, DataSeed: *dataSeed, Limit: *limit, Checkpoint: *ckpt, Resume: *resume,
+			Out: *out, ProgressJSON: *progressJSON}
+		var lvl slog.Level
+		if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+			return o, fmt.Errorf("--log-level: %v", err)
+		}
+		if _, err := fmt.Sscanf(*shard, "%d/%d", &o.Shard, &o.Shards); err != nil {
+			return o, fmt.Errorf("--shard %q: want K/N", *shard)
+		}
+		n := &o.Swarm.Node
+		n.SwarmName, n.KeyFile, n.PSKFile, n.MetricsAddr, n.MDNS = *swarmName, *key, *psk, *metrics, *mdns
+		if len(listen) > 0 {
+			n.ListenAddrs = listen
+		}
+		n.Bootstrap = bootstrap
+		n.DHT = *dht || len(bootstrap) > 0
+		for _, a := range allow {
+			id, err := peer.Decode(a)
+			if err != nil {
+				return o, fmt.Errorf("--allow %q: %v", a, err)
+			}
+			n.Allowlist = append(n.Allowlist, id)
+		}
+		o.Connect = connect
+		o.Swarm.Gossip.Namespace = *swarmName
+		o.Swarm.Gossip.Model = *model
+		o.Swarm.Aggregate.StallTimeout = *stall
+		r, err := aggregate.ParseRule(*rule)
+		if err != nil {
+			return o, err
+		}
+		o.Swarm.Aggregate.Rule = r
+		o.Worker = train.WorkerConfig{Model: *model, Batch: *batch, LR: float32(*lr), Optimizer: *opt, Schedule: "constant",
+			WeightDecay: float32(*wd), ClipNorm: *clip, ModelSeed: *seed, DataSeed: *seed*7919 + uint64(o.Shard) + 1, Slowdown: *slow}
+		o.Fed = fed
+		if err := o.Fed.ParseStrategy(*strategy); err != nil {
+			return o, err
+		}
+		o.Fed.Rounds, o.Fed.Fraction, o.Fed.Seed, o.Fed.RoundTimeout = *rounds, *fraction, *seed, *roundTimeout
+		if *steps > 0 {
+			o.Fed.LocalSteps, o.Fed.LocalEpochs = *steps, 0
+		} else if o.Fed.Strategy != "diloco" {
+			o.Fed.LocalEpochs = *epochs
+		}
+		o.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+		return o, nil
+	}
+}
+
+func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("run", stderr)
+	config := fs.String("config", "", "JSON file of flag names to values (flags > STARLING_* variables > this file > defaults)")
+	build := runFlags(fs, stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("run: unexpected arguments %q", fs.Args())
+	}
+	if err := cli.Layer(fs, *config, nil); err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	if err := checkModeFlags(fs); err != nil {
+		return err
+	}
+	opts, err := build()
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	_, err = peerrun.Run(ctx, opts, stdout, stderr)
+	return err
+}
+
+// checkModeFlags refuses flags that belong to another mode than --mode.
+func checkModeFlags(fs *flag.FlagSet) error {
+	mode := fs.Lookup("mode").Value.String()
+	var bad []string
+	fs.Visit(func(f *flag.Flag) {
+		if m, ok := modeOnlyFlags[f.Name]; ok && m != mode {
+			bad = append(bad, fmt.Sprintf("--%s applies to --mode %s", f.Name, m))
+		}
+	})
+	if len(bad) > 0 {
+		return fmt.Errorf("run: conflicting options: %s (this is --mode %s)", strings.Join(bad, "; "), mode)
+	}
+	return nil
+}
+
+// modeOnlyFlags names flags that only one mode reads.
+var modeOnlyFlags = map[string]string{
+	"strategy": "federated", "rounds": "federated", "fraction": "federated",
+	"local-epochs": "federated", "local-steps": "federated", "round-timeout": "federated",
+}

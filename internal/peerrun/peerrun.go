@@ -1,0 +1,281 @@
+// Package peerrun is `peer run`: it joins a swarm, loads this peer's data
+// shard, and trains with the chosen strategy, with checkpoints, progress
+// and a summary. Strategy families register themselves as modes.
+package peerrun
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/swarm"
+	"github.com/starling-ml/starling/train"
+)
+
+// ErrUsage reports options that contradict each other or cannot work.
+var ErrUsage = errors.New("peer run")
+
+// Options is everything `peer run` was told.
+type Options struct {
+	Mode     string
+	Swarm    swarm.Config
+	Connect  []string      // multiaddrs to dial directly at start
+	MinPeers int           // wait for this many live peers (with this one) before training
+	Wait     time.Duration // how long to wait for them
+
+	DataDir   string
+	Partition string // iid, shards, dirichlet:α
+	Shard     int    // this peer's part …
+	Shards    int    // … of this many
+	DataSeed  uint64
+	Limit     int // use the first N training samples only (0: all)
+
+	Worker train.WorkerConfig
+	Fed    train.FedConfig
+
+	Checkpoint string // path of this peer's checkpoint file ("" for none)
+	Resume     bool   // continue from Checkpoint
+	Out        string // folder for summary.json and curve.csv ("" for none)
+	// ProgressJSON writes one JSON object per progress event to stdout
+	// (the demo reads them) instead of human-readable lines.
+	ProgressJSON bool
+	// Log receives diagnostics.
+	Log *slog.Logger
+}
+
+// Env is what a mode gets to run with.
+type Env struct {
+	Opts     *Options
+	Peer     *swarm.Peer
+	Worker   *train.Worker
+	Test     *data.Set
+	Recorder train.Recorder
+	// Checkpoint is the loaded checkpoint when resuming (nil otherwise).
+	Checkpoint *train.Checkpoint
+	// Report sends a progress event to the user (and the demo).
+	Report func(Progress)
+	// Save writes ck to the checkpoint file, if one is configured.
+	Save func(ck *train.Checkpoint) error
+	Log  *slog.Logger
+}
+
+// Progress is one line of progress: a round or step of this peer.
+type Progress struct {
+	Peer     string  `json:"peer"`
+	Mode     string  `json:"mode"`
+	Round    int     `json:"round"`
+	Rounds   int     `json:"rounds"`
+	Accuracy float64 `json:"accuracy"`
+	Loss     float64 `json:"loss"`
+	Peers    int     `json:"peers"`
+	Seconds  float64 `json:"seconds"`
+	Done     bool    `json:"done,omitempty"`
+	Note     string  `json:"note,omitempty"`
+}
+
+// Summary is written to Out/summary.json.
+type Summary struct {
+	Peer          string     `json:"peer"`
+	Mode          string     `json:"mode"`
+	Strategy      string     `json:"strategy,omitempty"`
+	Model         string     `json:"model"`
+	ShardSize     int        `json:"shard_size"`
+	Rounds        int        `json:"rounds"`
+	FinalAccuracy float64    `json:"final_accuracy"`
+	WallS         float64    `json:"wall_s"`
+	Curve         []Progress `json:"curve"`
+}
+
+// ModeFunc runs one strategy family until it is done or ctx ends.
+type ModeFunc func(ctx context.Context, env *Env) error
+
+var (
+	modesMu sync.Mutex
+	modes   = map[string]ModeFunc{}
+)
+
+// RegisterMode makes a strategy family available as --mode name.
+func RegisterMode(name string, f ModeFunc) {
+	modesMu.Lock()
+	defer modesMu.Unlock()
+	if _, dup := modes[name]; dup {
+		panic("peerrun: duplicate mode " + name)
+	}
+	modes[name] = f
+}
+
+// Modes returns the registered mode names, sorted.
+func Modes() []string {
+	modesMu.Lock()
+	defer modesMu.Unlock()
+	out := make([]string, 0, len(modes))
+	for k := range modes {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func lookupMode(name string) (ModeFunc, bool) {
+	modesMu.Lock()
+	defer modesMu.Unlock()
+	f, ok := modes[name]
+	return f, ok
+}
+
+// Validate checks options that do not need the network or the data.
+func (o *Options) Validate() error {
+	if _, ok := lookupMode(o.Mode); !ok {
+		return fmt.Errorf("%w: unknown --mode %q (want one of %v)", ErrUsage, o.Mode, Modes())
+	}
+	if o.Shards <= 0 || o.Shard < 0 || o.Shard >= o.Shards {
+		return fmt.Errorf("%w: --shard %d/%d: want K/N with 0 ≤ K < N", ErrUsage, o.Shard, o.Shards)
+	}
+	if o.Resume && o.Checkpoint == "" {
+		return fmt.Errorf("%w: --resume needs --checkpoint FILE", ErrUsage)
+	}
+	if o.MinPeers < 1 {
+		return fmt.Errorf("%w: --min-peers must be at least 1", ErrUsage)
+	}
+	if err := o.Worker.Validate(); err != nil {
+		return err
+	}
+	return o.Swarm.Validate()
+}
+
+// Run runs `peer run` with opts until training ends or ctx is cancelled.
+func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary, error) {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	mode, _ := lookupMode(opts.Mode)
+	var ck *train.Checkpoint
+	if opts.Resume {
+		var err error
+		if ck, err = train.LoadCheckpoint(opts.Checkpoint, 1<<30); err != nil {
+			return nil, err
+		}
+	}
+	trainSet, testSet, err := data.LoadMNIST(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	trainSet = trainSet.Head(opts.Limit)
+	parts, err := train.Partition(trainSet, opts.Shards, opts.Partition, opts.DataSeed)
+	if err != nil {
+		return nil, err
+	}
+	shard := trainSet.Subset(parts[opts.Shard])
+	w, err := train.NewWorker(opts.Worker, shard)
+	if err != nil {
+		return nil, err
+	}
+	if ck != nil {
+		if err := ck.Check(w, opts.Mode); err != nil {
+			return nil, err
+		}
+		if err := ck.Restore(w); err != nil {
+			return nil, fmt.Errorf("%w: %v", train.ErrCheckpoint, err)
+		}
+	}
+	if opts.Out != "" {
+		if err := os.MkdirAll(opts.Out, 0o755); err != nil {
+			return nil, err
+		}
+	}
+
+	p, err := swarm.Start(ctx, opts.Swarm)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	for _, a := range opts.Connect {
+		if err := connect(ctx, p, a); err != nil {
+			return nil, fmt.Errorf("connecting to %s: %w", a, err)
+		}
+	}
+	opts.Log.Info("peer up", "id", p.ID(), "addrs", p.Node.Addrs(), "shard", shard.Len())
+	if opts.MinPeers > 1 {
+		wctx, cancel := context.WithTimeout(ctx, opts.Wait)
+		err := p.WaitPeers(wctx, opts.MinPeers)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("waiting for %d peers (have %d) for %v: %w", opts.MinPeers, len(p.Members()), opts.Wait, err)
+		}
+	}
+
+	start := time.Now()
+	sum := &Summary{Peer: p.ID(), Mode: opts.Mode, Model: w.Model.Arch, ShardSize: shard.Len()}
+	var mu sync.Mutex
+	report := func(pr Progress) {
+		pr.Peer, pr.Mode = p.ID(), opts.Mode
+		if pr.Seconds == 0 {
+			pr.Seconds = time.Since(start).Seconds()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		sum.Curve = append(sum.Curve, pr)
+		if pr.Round > sum.Rounds {
+			sum.Rounds = pr.Round
+		}
+		if pr.Accuracy > 0 {
+			sum.FinalAccuracy = pr.Accuracy
+		}
+		if opts.ProgressJSON {
+			b, _ := json.Marshal(pr)
+			fmt.Fprintf(stdout, "%s\n", b)
+			return
+		}
+		note := ""
+		if pr.Note != "" {
+			note = "  " + pr.Note
+		}
+		fmt.Fprintf(stdout, "%s %d/%d  test acc %.2f%%  loss %.4f  peers %d  %.0fs%s\n", roundWord(opts.Mode), pr.Round, pr.Rounds, 100*pr.Accuracy, pr.Loss, pr.Peers, pr.Seconds, note)
+	}
+	env := &Env{
+		Opts: &opts, Peer: p, Worker: w, Test: testSet, Recorder: &train.MemRecorder{}, Checkpoint: ck,
+		Report: report, Log: opts.Log,
+		Save: func(c *train.Checkpoint) error {
+			if opts.Checkpoint == "" {
+				return nil
+			}
+			c.Mode = opts.Mode
+			return c.Save(opts.Checkpoint)
+		},
+	}
+	err = mode(ctx, env)
+	sum.WallS = time.Since(start).Seconds()
+	if opts.Out != "" {
+		if werr := writeSummary(filepath.Join(opts.Out, "summary.json"), sum); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return sum, err
+}
+
+func roundWord(mode string) string {
+	if mode == "federated" {
+		return "round"
+	}
+	return "step"
+}
+
+func writeSummary(path string, sum *Summary) error {
+	b, err := json.MarshalIndent(sum, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
