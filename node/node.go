@@ -302,7 +302,8 @@ func (n *Node) Send(ctx context.Context, p peer.ID, t Tensor) error {
 // Recv is waiting before the tensor arrives (zero copy), or copied into it
 // from the parked buffer otherwise; the returned Payload aliases dst. With
 // a nil dst, Recv allocates (or hands over the parked buffer). A dst
-// shorter than the payload fails with ErrShortBuffer. When Recv returns,
+// shorter than the payload fails with ErrShortBuffer and the tensor is
+// dropped (its stream reset). When Recv returns,
 // nothing writes to dst any more. One Recv at a time per (from, tag).
 func (n *Node) Recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Tensor, error) {
 	return n.ts.recv(ctx, from, tag, dst)
