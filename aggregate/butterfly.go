@@ -107,14 +107,10 @@ func (a *attempt) scatterFrom(j int, row []float32, w *float64, arrived chan<- s
 	*w = h.weight
 	arrived <- struct{}{}
 	C := a.r.cfg.ChunkElems
-	for k := range numChunks(len(row), C) {
-		lo, hi := chunkRange(0, len(row), C, k)
-		if !a.recv(j, StepScatter, uint32(k+1), row[lo:hi], 1, kindStall) || !a.checkFinite(j, row[lo:hi]) {
-			return
-		}
-		arrived <- struct{}{}
+	chunk := func(k int) []float32 { lo, hi := chunkRange(0, len(row), C, k); return row[lo:hi] }
+	if a.recvLane(j, StepScatter, 1, numChunks(len(row), C), chunk, 1, kindStall, true, func(int) { arrived <- struct{}{} }) {
+		a.laneDone()
 	}
-	a.laneDone()
 }
 
 func (a *attempt) gatherTo(j, off, size int, ready <-chan struct{}) {
@@ -134,13 +130,10 @@ func (a *attempt) gatherTo(j, off, size int, ready <-chan struct{}) {
 func (a *attempt) gatherFrom(j int) {
 	C := a.r.cfg.ChunkElems
 	off, size := shardRange(len(a.src), a.n, j)
-	for k := range numChunks(size, C) {
-		lo, hi := chunkRange(off, size, C, k)
-		if !a.recv(j, StepGather, uint32(k), a.dst[lo:hi], 2, kindTimeout) || !a.checkFinite(j, a.dst[lo:hi]) {
-			return
-		}
+	chunk := func(k int) []float32 { lo, hi := chunkRange(off, size, C, k); return a.dst[lo:hi] }
+	if a.recvLane(j, StepGather, 0, numChunks(size, C), chunk, 2, kindTimeout, true, nil) {
+		a.laneDone()
 	}
-	a.laneDone()
 }
 
 // reduceShard reduces our shard into dst[off:off+size] and hands each

@@ -122,8 +122,8 @@ func (c Config) Validate() error {
 		return bad("ChunkElems %d not in [1, 2^26]", c.ChunkElems)
 	case c.StallTimeout <= 0:
 		return bad("StallTimeout %v ≤ 0", c.StallTimeout)
-	case c.MaxAttempts < 1 || c.MaxAttempts > math.MaxUint16:
-		return bad("MaxAttempts %d not in [1, 65535]", c.MaxAttempts)
+	case c.MaxAttempts < 1 || c.MaxAttempts > math.MaxUint8:
+		return bad("MaxAttempts %d not in [1, 255]", c.MaxAttempts)
 	case !(c.Quorum >= 0 && c.Quorum < 1):
 		return bad("Quorum %v not in [0, 1)", c.Quorum)
 	}

@@ -275,34 +275,119 @@ func (a *attempt) heard(j int) { a.lastHeard[j].Store(time.Now().UnixNano()) }
 // laneDone marks one lane of the data phase complete.
 func (a *attempt) laneDone() { a.lanes.Add(-1) }
 
-// recv waits for chunk (s, c) from rank j into dst. The deadline is mult
-// stall timeouts after the later of the attempt's start and the last time j
-// was heard from on any lane; k is the blame if it passes. It returns false
-// when the data phase is over for any reason.
-func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind) bool {
-	peer, tag := a.g.members[j], a.tag(s, c)
-	for {
-		base := max(a.base, a.lastHeard[j].Load())
-		ctx, cancel := context.WithDeadline(a.dataCtx, time.Unix(0, base+int64(mult)*int64(a.stall)))
-		err := a.r.t.Recv(ctx, peer, tag, dst)
-		cancel()
-		if err == nil {
-			a.heard(j)
-			return true
+// errSilent is the cause with which a watchdog ends a lane's context.
+var errSilent = errors.New("aggregate: no progress from the peer within the stall timeout")
+
+// watch returns a context for waiting on rank j that ends (with cause
+// errSilent) once nothing has been heard from j for mult stall timeouts,
+// counted from the attempt's base at the earliest. Progress on any lane
+// from j keeps it alive. Unlike a deadline per chunk, a watchdog never
+// cancels a Recv while its chunk is arriving from a live peer, which some
+// transports (node/) answer by resetting the sender's stream.
+func (a *attempt) watch(j, mult int) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(a.dataCtx)
+	span := int64(mult) * int64(a.stall)
+	var (
+		mu    sync.Mutex
+		timer *time.Timer
+		done  bool
+	)
+	check := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
 		}
-		if a.dataCtx.Err() != nil {
-			return false
+		due := max(a.base, a.lastHeard[j].Load()) + span
+		if left := due - time.Now().UnixNano(); left > 0 {
+			timer.Reset(time.Duration(left))
+			return
 		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			if a.lastHeard[j].Load() > base {
-				continue // j made progress on another lane meanwhile
-			}
-			a.accuse(j, k)
-			return false
-		}
-		a.recvFailed(j, err)
+		done = true
+		cancel(errSilent)
+	}
+	mu.Lock()
+	timer = time.AfterFunc(time.Duration(max(a.base, time.Now().UnixNano())+span-time.Now().UnixNano()), check)
+	mu.Unlock()
+	return ctx, func() {
+		mu.Lock()
+		done = true
+		timer.Stop()
+		mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// recvOne waits for chunk (s, c) from rank j into dst on a watched context;
+// k is the blame if the watchdog fires. It returns false when the data
+// phase is over for any reason.
+func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []float32, k kind) bool {
+	err := a.r.t.Recv(ctx, a.g.members[j], a.tag(s, c), dst)
+	switch {
+	case err == nil:
+		a.heard(j)
+		return true
+	case a.dataCtx.Err() != nil:
+		return false
+	case context.Cause(ctx) == errSilent:
+		a.accuse(j, k)
 		return false
 	}
+	a.recvFailed(j, err)
+	return false
+}
+
+// recv is recvOne on a watchdog of its own.
+func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind) bool {
+	ctx, stop := a.watch(j, mult)
+	defer stop()
+	return a.recvOne(ctx, j, s, c, dst, k)
+}
+
+// recvWindow is how many Recvs a lane keeps posted: posted ahead, a chunk
+// can be read straight into its place (node/ does so) instead of being
+// parked and copied.
+const recvWindow = 8
+
+// recvLane receives count chunks of step s from rank j, chunk k under tag
+// chunk first+k into buf(k), keeping up to recvWindow Recvs posted. With
+// check, it blames j for non-finite values. It calls done(k) for each chunk
+// in order (under a lock: done must not block) and returns whether all
+// arrived.
+func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k int) []float32, mult int, k kind, check bool, done func(k int)) bool {
+	if count == 0 {
+		return true
+	}
+	ctx, stop := a.watch(j, mult)
+	defer stop()
+	var (
+		mu     sync.Mutex
+		fin    = make([]bool, count)
+		next   int
+		failed atomic.Bool
+		wg     sync.WaitGroup
+	)
+	w := min(recvWindow, count)
+	for i := range w {
+		wg.Go(func() {
+			for c := i; c < count; c += w {
+				dst := buf(c)
+				if failed.Load() || !a.recvOne(ctx, j, s, first+uint32(c), dst, k) || (check && !a.checkFinite(j, dst)) {
+					failed.Store(true)
+					return
+				}
+				mu.Lock()
+				for fin[c] = true; next < count && fin[next]; next++ {
+					if done != nil {
+						done(next)
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return !failed.Load() && next == count
 }
 
 func (a *attempt) recvFailed(j int, err error) {

@@ -96,14 +96,10 @@ func (a *attempt) upFrom(c int, buf []float32, w *float64, arrived chan<- struct
 	*w = hd.weight
 	arrived <- struct{}{}
 	C := a.r.cfg.ChunkElems
-	for i := range numChunks(len(buf), C) {
-		lo, hi := chunkRange(0, len(buf), C, i)
-		if !a.recv(c, StepUp, uint32(i+1), buf[lo:hi], mult, k) || !a.checkFinite(c, buf[lo:hi]) {
-			return
-		}
-		arrived <- struct{}{}
+	chunk := func(i int) []float32 { lo, hi := chunkRange(0, len(buf), C, i); return buf[lo:hi] }
+	if a.recvLane(c, StepUp, 1, numChunks(len(buf), C), chunk, mult, k, true, func(int) { arrived <- struct{}{} }) {
+		a.laneDone()
 	}
-	a.laneDone()
 }
 
 func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived []chan struct{}, chunks int, publish func()) {
@@ -190,14 +186,10 @@ func (a *attempt) downFrom(parent, chunks int, publish func()) {
 	a.total = h.weight
 	publish()
 	C := a.r.cfg.ChunkElems
-	for k := range chunks {
-		lo, hi := chunkRange(0, len(a.src), C, k)
-		if !a.recv(parent, StepDown, uint32(k+1), a.dst[lo:hi], mult, kindTimeout) || !a.checkFinite(parent, a.dst[lo:hi]) {
-			return
-		}
-		publish()
+	chunk := func(k int) []float32 { lo, hi := chunkRange(0, len(a.src), C, k); return a.dst[lo:hi] }
+	if a.recvLane(parent, StepDown, 1, chunks, chunk, mult, kindTimeout, true, func(int) { publish() }) {
+		a.laneDone()
 	}
-	a.laneDone()
 }
 
 func (a *attempt) downTo(c, chunks int, ready <-chan struct{}) {
