@@ -33,25 +33,31 @@ func RandSlice(r *rand.Rand, n int) []float32 {
 	return x
 }
 
-// NaiveGemm is the float64 reference for Backend.Gemm.
+// NaiveGemm is the float64 reference for Backend.Gemm: every product and
+// sum in float64, one rounding to float32 at the end. (Loops run i, p, j
+// over a float64 row so that large shapes stay cheap under -race.)
 func NaiveGemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	row := make([]float64, n)
 	for i := 0; i < m; i++ {
-		for j := 0; j < n; j++ {
-			var s float64
-			for p := 0; p < k; p++ {
-				var av, bv float32
-				if tA {
-					av = a[p*lda+i]
-				} else {
-					av = a[i*lda+p]
-				}
-				if tB {
-					bv = b[j*ldb+p]
-				} else {
-					bv = b[p*ldb+j]
-				}
-				s += float64(av) * float64(bv)
+		clear(row)
+		for p := 0; p < k; p++ {
+			var av float64
+			if tA {
+				av = float64(a[p*lda+i])
+			} else {
+				av = float64(a[i*lda+p])
 			}
+			if tB {
+				for j := range row {
+					row[j] += av * float64(b[j*ldb+p])
+				}
+			} else {
+				for j, bv := range b[p*ldb : p*ldb+n] {
+					row[j] += av * float64(bv)
+				}
+			}
+		}
+		for j, s := range row {
 			v := float64(alpha) * s
 			if beta != 0 {
 				v += float64(beta) * float64(c[i*ldc+j])
