@@ -71,7 +71,7 @@ func NewRunner(self PeerID, t Transport, cfg Config, opts ...Option) (*Runner, e
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Runner{self: self, t: t, cfg: cfg, be: device.Default(), bufs: map[string][]float32{}, log: slog.New(discard{})}
+	r := &Runner{self: self, t: t, cfg: cfg, be: device.Default(), bufs: map[string][]float32{}, log: discardLogger()}
 	for _, o := range opts {
 		o(r)
 	}
@@ -807,6 +807,8 @@ func sortPeerErrors(pes []*PeerError) {
 
 // isFinite reports whether f is neither NaN nor ±Inf.
 func isFinite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+func discardLogger() *slog.Logger { return slog.New(discard{}) }
 
 // discard is a slog.Handler that drops everything.
 type discard struct{}
