@@ -1,0 +1,661 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/staleness"
+)
+
+// Asynchronous modes of RunAsync.
+const (
+	// ModeFedAsync: every peer mixes each contribution (a whole model) into
+	// its own, x ← (1−α·s(τ))·x + α·s(τ)·x_new (Xie et al. 2019).
+	ModeFedAsync = "fedasync"
+	// ModeFedBuff: every peer buffers contributions (model deltas), each
+	// weighted by s(τ), and applies their mean after K of them (Nguyen et
+	// al. 2022).
+	ModeFedBuff = "fedbuff"
+)
+
+// AsyncConfig configures RunAsync.
+type AsyncConfig struct {
+	// Mode is ModeFedAsync or ModeFedBuff.
+	Mode string
+	// Model is the model id; announcements of other models are dropped.
+	Model string
+	// LocalSteps is H, the local SGD steps between two publications. 10
+	// keeps a 200k-parameter MLP's traffic near one model per 10 steps.
+	LocalSteps int
+	// Alpha is FedAsync's mixing rate α ∈ (0, 1]. 0.5 pulls a fresh model
+	// halfway, which on a few peers keeps them close without freezing the
+	// local progress.
+	Alpha float64
+	// Policy is the staleness policy spec (staleness.Parse): "poly:0.5"
+	// (FedAsync's default), "hinge:10,4", "const", "sqrt" (FedBuff's), with
+	// an optional SSP bound: "poly:0.5+ssp:16".
+	Policy string
+	// BufferK is FedBuff's K: contributions per server step. 4 ≈ one per
+	// peer of a small swarm; FedBuff's experiments use 10 on large ones.
+	BufferK int
+	// ServerLR is FedBuff's server learning rate η. 1 applies the mean
+	// weighted delta as is.
+	ServerLR float64
+	// Codec is the compression spec of published vectors ("fp32", "fp16",
+	// "int8", …).
+	Codec string
+	// FetchTimeout bounds one fetch of an announced vector. 10 s pulls a
+	// 100 MB model at 80 Mbit/s; a slower or dead holder is skipped.
+	FetchTimeout time.Duration
+	// Fetchers is how many fetches run at once. 4 overlaps a few holders'
+	// latency without flooding the link.
+	Fetchers int
+	// Inbox is how many fetched contributions wait to be merged; when it is
+	// full the oldest is dropped (DropOverflow). 64.
+	Inbox int
+	// MaxAhead is how far a contribution's base or version may be ahead of
+	// the local version before it is taken for bogus and dropped
+	// (DropFuture). Honest peers are within a few rounds of each other;
+	// 1024 leaves room for heavy delays.
+	MaxAhead uint64
+	// PeerTTL is how long a peer's last version counts for the SSP gate;
+	// a peer silent for longer cannot hold the gate shut. 10 s.
+	PeerTTL time.Duration
+	// SnapshotEvery is the interval of Recorder snapshots (0: after every
+	// round). 250 ms.
+	SnapshotEvery time.Duration
+	// MaxSteps stops after that many local steps (0: run until ctx ends).
+	MaxSteps int
+}
+
+// DefaultAsyncConfig returns FedAsync with the documented defaults.
+func DefaultAsyncConfig() AsyncConfig {
+	return AsyncConfig{
+		Mode: ModeFedAsync, Model: "default", LocalSteps: 10, Alpha: 0.5, Policy: "poly:0.5",
+		BufferK: 4, ServerLR: 1, Codec: "fp32", FetchTimeout: 10 * time.Second, Fetchers: 4,
+		Inbox: 64, MaxAhead: 1024, PeerTTL: 10 * time.Second, SnapshotEvery: 250 * time.Millisecond,
+	}
+}
+
+// Validate reports settings that cannot work. It does not modify c.
+func (c AsyncConfig) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: async: "+format, append([]any{ErrStrategy}, args...)...)
+	}
+	switch {
+	case c.Mode != ModeFedAsync && c.Mode != ModeFedBuff:
+		return bad("mode %q, want %s or %s", c.Mode, ModeFedAsync, ModeFedBuff)
+	case c.Model == "" || len(c.Model) > gossip.MaxModelIDLen:
+		return bad("model id %q must have 1..%d bytes", c.Model, gossip.MaxModelIDLen)
+	case c.LocalSteps < 1:
+		return bad("local steps %d < 1", c.LocalSteps)
+	case !(c.Alpha > 0 && c.Alpha <= 1):
+		return bad("alpha %v not in (0, 1]", c.Alpha)
+	case c.BufferK < 1:
+		return bad("buffer K %d < 1", c.BufferK)
+	case !(c.ServerLR > 0) || math.IsInf(c.ServerLR, 0):
+		return bad("server learning rate %v", c.ServerLR)
+	case c.FetchTimeout <= 0 || c.PeerTTL <= 0 || c.SnapshotEvery < 0:
+		return bad("fetch timeout and peer TTL must be > 0, snapshot interval ≥ 0")
+	case c.Fetchers < 1 || c.Inbox < 1 || c.MaxAhead < 1 || c.MaxSteps < 0:
+		return bad("fetchers, inbox and max-ahead must be ≥ 1, max steps ≥ 0")
+	}
+	if _, err := staleness.Parse(c.Policy); err != nil {
+		return fmt.Errorf("%w: async: %w", ErrStrategy, err)
+	}
+	if _, err := compression.Parse(c.Codec); err != nil {
+		return fmt.Errorf("%w: async: %w", ErrStrategy, err)
+	}
+	return nil
+}
+
+// DropReason says why an asynchronous contribution never reached the model.
+type DropReason uint8
+
+// Drop reasons. Each contribution that is not merged is counted under
+// exactly one.
+const (
+	DropModel     DropReason = iota // announced for another model id
+	DropKind                        // a payload kind the mode does not merge
+	DropShape                       // announced or decoded length ≠ the model's
+	DropReplay                      // sequence number not above that peer's last
+	DropFuture                      // base or version beyond MaxAhead of ours
+	DropStale                       // τ beyond the policy's SSP bound
+	DropNonFinite                   // a NaN or Inf in the vector
+	DropFetch                       // the pull failed (timeout, dead holder, digest)
+	DropDecode                      // bytes that do not decode with their codec
+	DropOverflow                    // the inbox was full
+	numDropReasons
+)
+
+var dropNames = [numDropReasons]string{
+	"model", "kind", "shape", "replay", "future", "stale", "nonfinite", "fetch", "decode", "overflow",
+}
+
+func (r DropReason) String() string {
+	if r < numDropReasons {
+		return dropNames[r]
+	}
+	return fmt.Sprintf("drop(%d)", uint8(r))
+}
+
+// Drops counts dropped contributions by reason.
+type Drops [numDropReasons]uint64
+
+// Total returns the number of drops.
+func (d Drops) Total() uint64 {
+	var n uint64
+	for _, c := range d {
+		n += c
+	}
+	return n
+}
+
+// Map returns the non-zero counts by reason name.
+func (d Drops) Map() map[string]uint64 {
+	m := make(map[string]uint64)
+	for r, c := range d {
+		if c > 0 {
+			m[DropReason(r).String()] = c
+		}
+	}
+	return m
+}
+
+func (d Drops) String() string {
+	var b strings.Builder
+	for r, c := range d {
+		if c > 0 {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%s=%d", DropReason(r), c)
+		}
+	}
+	if b.Len() == 0 {
+		return "none"
+	}
+	return b.String()
+}
+
+// AsyncSummary describes one peer's asynchronous run.
+type AsyncSummary struct {
+	Peer      string            `json:"peer"`
+	Mode      string            `json:"mode"`
+	Policy    string            `json:"policy"`
+	Steps     int               `json:"steps"`       // local SGD steps
+	Rounds    int               `json:"rounds"`      // publications attempted
+	Published int               `json:"published"`   // publications that succeeded
+	Merged    int               `json:"merged"`      // contributions mixed or buffered
+	Flushes   int               `json:"flushes"`     // FedBuff server steps
+	Version   uint64            `json:"version"`     // final local version
+	MeanTau   float64           `json:"mean_tau"`    // over merged contributions
+	GateWaitS float64           `json:"gate_wait_s"` // time held by the SSP gate
+	Drops     map[string]uint64 `json:"drops"`
+	WallS     float64           `json:"wall_s"`
+}
+
+// AsyncOption sets an extra of RunAsync.
+type AsyncOption func(*asyncOptions)
+
+type asyncOptions struct {
+	delay func(from peer.ID) time.Duration
+}
+
+// WithDeliveryDelay delays every fetched contribution by f(sender) before
+// it may be merged, without holding a fetch slot: experiments use it to
+// inject message delays and so staleness.
+func WithDeliveryDelay(f func(from peer.ID) time.Duration) AsyncOption {
+	return func(o *asyncOptions) { o.delay = f }
+}
+
+// contribution is a fetched, decoded vector waiting to be merged.
+type contribution struct {
+	from               peer.ID
+	seq, version, base uint64
+	kind               gossip.PayloadKind
+	vec                []float32
+}
+
+// asyncPeer is one peer's state. The run goroutine owns everything but the
+// atomics and the receiver's lastSeq.
+type asyncPeer struct {
+	cfg   AsyncConfig
+	pol   staleness.Policy
+	self  peer.ID
+	w     *Worker
+	rec   Recorder
+	start time.Time
+	opts  asyncOptions
+
+	vc     *staleness.VersionClock
+	mixer  *staleness.Mixer  // FedAsync
+	buffer *staleness.Buffer // FedBuff
+	server []float32         // FedBuff: the peer's model; training runs on w.Model.Params
+
+	local   atomic.Uint64 // vc.Local() for the receiver goroutine
+	peersMu sync.Mutex    // guards vc's peer table (Observe, Lag): both goroutines use it
+	drops   [numDropReasons]atomic.Uint64
+	lastSeq map[peer.ID]uint64 // receiver goroutine only
+
+	merged, flushes int
+	tauSum          float64
+}
+
+func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts asyncOptions) (*asyncPeer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	pol, _ := staleness.Parse(cfg.Policy)
+	p := &asyncPeer{cfg: cfg, pol: pol, self: self, w: w, rec: rec, opts: opts, start: time.Now(),
+		vc: staleness.NewVersionClock(0, cfg.PeerTTL), lastSeq: make(map[peer.ID]uint64)}
+	var err error
+	if cfg.Mode == ModeFedAsync {
+		p.mixer, err = staleness.NewMixer(staleness.MixerConfig{Alpha: cfg.Alpha, Policy: pol}, p.vc)
+	} else {
+		p.server = append([]float32(nil), w.Model.Params...)
+		p.buffer, err = staleness.NewBuffer(len(p.server), staleness.BufferConfig{K: cfg.BufferK, ServerLR: cfg.ServerLR, Policy: pol}, p.vc)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		p.rec = discardRecorder{}
+	}
+	return p, nil
+}
+
+// model returns the peer's model: the one it would serve to a user.
+func (p *asyncPeer) model() []float32 {
+	if p.server != nil {
+		return p.server
+	}
+	return p.w.Model.Params
+}
+
+func (p *asyncPeer) kind() gossip.PayloadKind {
+	if p.cfg.Mode == ModeFedBuff {
+		return gossip.KindDelta
+	}
+	return gossip.KindModel
+}
+
+func (p *asyncPeer) since() time.Duration { return time.Since(p.start) }
+
+func (p *asyncPeer) drop(r DropReason, from peer.ID, tau int) {
+	p.drops[r].Add(1)
+	p.rec.Event(Event{Peer: string(p.self), At: p.since(), Kind: "drop:" + r.String(), Staleness: tau})
+}
+
+// Drops returns a snapshot of the drop counters.
+func (p *asyncPeer) dropCounts() Drops {
+	var d Drops
+	for i := range d {
+		d[i] = p.drops[i].Load()
+	}
+	return d
+}
+
+// screen checks an announcement before anything is fetched. It runs on the
+// receiver goroutine, which owns lastSeq.
+func (p *asyncPeer) screen(a *gossip.Announcement) (DropReason, bool) {
+	if a.Model != p.cfg.Model {
+		return DropModel, false
+	}
+	if a.Kind != p.kind() {
+		return DropKind, false
+	}
+	if int(a.Elems) != len(p.w.Model.Params) {
+		return DropShape, false
+	}
+	if last, ok := p.lastSeq[a.Peer]; ok && a.Seq <= last {
+		return DropReplay, false
+	}
+	p.lastSeq[a.Peer] = a.Seq
+	local := p.local.Load()
+	if a.Base <= local+p.cfg.MaxAhead {
+		// The announced base is the version the peer works from, whether
+		// or not we pull it: the SSP gate holds us while it is more than
+		// the bound behind, so that what the peer sends next is within it.
+		p.peersMu.Lock()
+		p.vc.Observe(string(a.Peer), staleness.Version(a.Base), time.Now())
+		p.peersMu.Unlock()
+	}
+	if a.Base > local+p.cfg.MaxAhead || a.Version > local+p.cfg.MaxAhead+uint64(p.cfg.LocalSteps)+1 {
+		return DropFuture, false
+	}
+	if s, ok := p.pol.Bound(); ok && local > a.Base && local-a.Base > uint64(s) {
+		return DropStale, false // would be rejected on arrival: do not pull it
+	}
+	return 0, true
+}
+
+// merge folds one contribution into the model, or drops it. Run goroutine.
+func (p *asyncPeer) merge(c *contribution) {
+	if len(c.vec) != len(p.w.Model.Params) {
+		p.drop(DropShape, c.from, 0)
+		return
+	}
+	if c.kind != p.kind() {
+		p.drop(DropKind, c.from, 0)
+		return
+	}
+	// Lamport merge: a contribution computed from a version we have not
+	// reached yet is fresh (τ = 0) and moves our clock forward; one beyond
+	// MaxAhead is bogus.
+	if local := uint64(p.vc.Local()); c.base > local {
+		if c.base-local > p.cfg.MaxAhead {
+			p.drop(DropFuture, c.from, 0)
+			return
+		}
+		p.vc.Set(staleness.Version(c.base))
+	}
+	var (
+		d   staleness.Decision
+		err error
+		w   float64
+	)
+	if p.mixer != nil {
+		d, err = p.mixer.Mix(p.w.Model.Params, c.vec, staleness.Version(c.base))
+		w = p.cfg.Alpha * d.Weight
+	} else {
+		var flushed bool
+		d, flushed, err = p.buffer.Add(p.server, c.vec, staleness.Version(c.base))
+		w = d.Weight
+		if flushed {
+			p.flushes++
+		}
+	}
+	p.local.Store(uint64(p.vc.Local()))
+	switch {
+	case errors.Is(err, staleness.ErrShape):
+		p.drop(DropShape, c.from, 0)
+	case errors.Is(err, staleness.ErrNonFinite):
+		p.drop(DropNonFinite, c.from, 0)
+	case errors.Is(err, staleness.ErrFutureVersion):
+		p.drop(DropFuture, c.from, 0)
+	case err != nil:
+		p.drop(DropDecode, c.from, 0)
+	case d.Action != staleness.Accept:
+		p.drop(DropStale, c.from, int(d.Tau))
+	default:
+		p.merged++
+		p.tauSum += float64(d.Tau)
+		p.rec.Event(Event{Peer: string(p.self), At: p.since(), Kind: "merge", Staleness: int(d.Tau), Weight: w})
+	}
+}
+
+// RunAsync trains w asynchronously with the peers reachable through net,
+// in FedAsync or FedBuff mode, until ctx ends (the normal way to stop it:
+// it then returns nil) or cfg.MaxSteps local steps are done.
+//
+// Each round the peer trains LocalSteps steps from its current model,
+// publishes the result (FedAsync: the model; FedBuff: the delta from the
+// round's start) with its base version, and merges what other peers
+// published meanwhile, each weighted by the staleness policy. Versions
+// are Lamport clocks: every merged contribution and every own round ticks
+// the local version, and a contribution from a peer that is ahead moves it
+// forward, so τ = local − base counts the updates a contribution missed.
+//
+// A receiver goroutine screens announcements (model id, kind, length,
+// replay, versions too far ahead, beyond the SSP bound) before pulling
+// anything, pulls with FetchTimeout, decodes, and queues; the run loop
+// merges between rounds. Every drop is counted by reason and recorded as
+// an Event "drop:<reason>"; no dropped contribution touches the model. A
+// dead peer only means fewer contributions. With an SSP bound in the
+// policy, a peer more than the bound ahead of the slowest live peer waits
+// (merging what arrives) before its next round.
+func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec Recorder, opts ...AsyncOption) (*AsyncSummary, error) {
+	var o asyncOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	p, err := newAsyncPeer(w, net.Self(), cfg, rec, o)
+	if err != nil {
+		return nil, err
+	}
+	enc, _ := compression.Parse(cfg.Codec)
+	inbox := make(chan *contribution, cfg.Inbox)
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { p.receive(rctx, net, inbox, &wg) })
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+
+	sum := &AsyncSummary{Peer: string(p.self), Mode: cfg.Mode, Policy: p.pol.String()}
+	var (
+		payload  []byte
+		delta    []float32
+		lastSnap time.Duration
+		runErr   error
+	)
+	snapshot := func(force bool) {
+		if at := p.since(); force || at-lastSnap >= cfg.SnapshotEvery {
+			p.rec.Snapshot(string(p.self), at, w.Steps, p.model())
+			lastSnap = at
+		}
+	}
+	snapshot(true)
+	for round := 0; ; round++ {
+		if ctx.Err() != nil || (cfg.MaxSteps > 0 && w.Steps >= cfg.MaxSteps) {
+			break
+		}
+		waited, err := p.gate(ctx, inbox)
+		sum.GateWaitS += waited.Seconds()
+		if err != nil {
+			break
+		}
+		base := uint64(p.vc.Local())
+		if p.server != nil {
+			copy(w.Model.Params, p.server)
+		}
+		steps := cfg.LocalSteps
+		if cfg.MaxSteps > 0 {
+			steps = min(steps, cfg.MaxSteps-w.Steps)
+		}
+		loss, _, err := w.LocalSteps(ctx, steps)
+		if err != nil {
+			if ctx.Err() == nil {
+				runErr = err
+			}
+			break
+		}
+		p.rec.Event(Event{Peer: string(p.self), At: p.since(), Kind: "round", Loss: loss})
+		vec := w.Model.Params
+		if p.server != nil {
+			delta = growVec(delta, len(vec))
+			for i := range vec {
+				delta[i] = vec[i] - p.server[i]
+			}
+			vec = delta
+		} else {
+			p.vc.Tick() // the own round is an update of the model
+		}
+		p.local.Store(uint64(p.vc.Local()))
+		payload = enc.Encode(payload, vec)
+		sum.Rounds++
+		a := gossip.Announcement{
+			Version: uint64(p.vc.Local()), Base: base, Kind: p.kind(), Codec: enc.ID(),
+			Elems: uint32(len(vec)), Samples: uint64(steps * w.Config().Batch), Loss: finiteF32(loss),
+			Key: fmt.Sprintf("%s/%d", cfg.Mode, round),
+		}
+		pctx, cancel := context.WithTimeout(ctx, cfg.FetchTimeout)
+		if err := net.Publish(pctx, a, payload); err == nil {
+			sum.Published++
+			p.rec.Event(Event{Peer: string(p.self), At: p.since(), Kind: "publish", Bytes: int64(len(payload))})
+		}
+		cancel()
+		if p.server != nil { // FedBuff: the own delta joins the own buffer
+			p.merge(&contribution{from: p.self, version: a.Version, base: base, kind: gossip.KindDelta, vec: delta})
+		}
+		p.drain(inbox)
+		net.SetStatus(uint64(p.vc.Local()), float32(float64(w.Samples)/max(p.since().Seconds(), 1e-9)))
+		snapshot(false)
+	}
+	snapshot(true)
+	sum.Steps = w.Steps
+	sum.Merged, sum.Flushes = p.merged, p.flushes
+	sum.Version = uint64(p.vc.Local())
+	if p.merged > 0 {
+		sum.MeanTau = p.tauSum / float64(p.merged)
+	}
+	sum.Drops = p.dropCounts().Map()
+	sum.WallS = p.since().Seconds()
+	return sum, runErr
+}
+
+// drain merges everything queued, without waiting.
+func (p *asyncPeer) drain(inbox <-chan *contribution) {
+	for {
+		select {
+		case c := <-inbox:
+			p.merge(c)
+		default:
+			return
+		}
+	}
+}
+
+// gate holds the next round while the SSP bound says wait, merging what
+// arrives. Peers silent for PeerTTL stop counting, so it cannot wait
+// forever on a dead peer.
+func (p *asyncPeer) gate(ctx context.Context, inbox <-chan *contribution) (time.Duration, error) {
+	if _, ok := p.pol.Bound(); !ok {
+		return 0, ctx.Err()
+	}
+	start := time.Now()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		p.peersMu.Lock()
+		lag := p.vc.Lag(time.Now())
+		p.peersMu.Unlock()
+		if p.pol.Gate(lag).Action != staleness.Wait {
+			return time.Since(start), nil
+		}
+		select {
+		case c := <-inbox:
+			p.merge(c)
+		case <-tick.C:
+		case <-ctx.Done():
+			return time.Since(start), ctx.Err()
+		}
+	}
+}
+
+// receive screens announcements, pulls the accepted ones (at most
+// Fetchers at once), decodes them and queues them for the run loop.
+func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contribution, wg *sync.WaitGroup) {
+	sem := make(chan struct{}, p.cfg.Fetchers)
+	for {
+		a, err := net.Next(ctx)
+		if err != nil {
+			return
+		}
+		if r, ok := p.screen(a); !ok {
+			tau := 0
+			if l := p.local.Load(); l > a.Base {
+				tau = int(l - a.Base)
+			}
+			p.drop(r, a.Peer, tau)
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c, r, ok := p.pull(ctx, net, a)
+			if !ok {
+				if ctx.Err() == nil {
+					p.drop(r, a.Peer, 0)
+				}
+				return
+			}
+			if p.opts.delay != nil {
+				if d := p.opts.delay(a.Peer); d > 0 {
+					t := time.NewTimer(d)
+					select {
+					case <-t.C:
+					case <-ctx.Done():
+						t.Stop()
+						return
+					}
+				}
+			}
+			p.deliver(inbox, c)
+		})
+	}
+}
+
+// pull fetches and decodes one announced vector.
+func (p *asyncPeer) pull(ctx context.Context, net AsyncNet, a *gossip.Announcement) (*contribution, DropReason, bool) {
+	fctx, cancel := context.WithTimeout(ctx, p.cfg.FetchTimeout)
+	b, err := net.Fetch(fctx, a, nil)
+	cancel()
+	if err != nil {
+		return nil, DropFetch, false
+	}
+	dec, err := compression.New(a.Codec, "")
+	if err != nil {
+		return nil, DropDecode, false
+	}
+	vec := make([]float32, a.Elems)
+	if err := dec.Decode(vec, b); err != nil {
+		if errors.Is(err, compression.ErrLength) {
+			return nil, DropShape, false
+		}
+		return nil, DropDecode, false
+	}
+	return &contribution{from: a.Peer, seq: a.Seq, version: a.Version, base: a.Base, kind: a.Kind, vec: vec}, 0, true
+}
+
+// deliver queues c, dropping the oldest queued contribution when full.
+func (p *asyncPeer) deliver(inbox chan *contribution, c *contribution) {
+	for {
+		select {
+		case inbox <- c:
+			return
+		default:
+		}
+		select {
+		case old := <-inbox:
+			p.drop(DropOverflow, old.from, 0)
+		default:
+		}
+	}
+}
+
+// discardRecorder discards everything.
+type discardRecorder struct{}
+
+func (discardRecorder) Snapshot(string, time.Duration, int, []float32) {}
+func (discardRecorder) Event(Event)                                    {}
+
+func finiteF32(f float64) float32 {
+	if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > math.MaxFloat32 {
+		return 0
+	}
+	return float32(f)
+}
+
+func growVec(dst []float32, n int) []float32 {
+	if cap(dst) >= n {
+		return dst[:n]
+	}
+	return make([]float32, n)
+}

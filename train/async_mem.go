@@ -1,0 +1,152 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/gossip"
+)
+
+// MemBus is an in-memory AsyncNet fabric for tests and simulations: a
+// Publish is queued for every other member at once and its bytes are
+// fetchable by (holder, key). Inject delivers hand-made announcements (for
+// bad-input tests). Safe for concurrent use.
+type MemBus struct {
+	mu    sync.Mutex
+	subs  map[peer.ID]chan *gossip.Announcement
+	blobs map[string][]byte
+	seq   uint64
+	lost  uint64
+}
+
+// NewMemBus returns an empty bus.
+func NewMemBus() *MemBus {
+	return &MemBus{subs: make(map[peer.ID]chan *gossip.Announcement), blobs: make(map[string][]byte)}
+}
+
+// Join attaches peer id training model; up to queue announcements wait for
+// its Next (further ones are lost, as a full control-plane queue loses
+// them).
+func (b *MemBus) Join(id peer.ID, model string, queue int) AsyncNet {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.subs[id] = make(chan *gossip.Announcement, queue)
+	return &memAsyncNet{bus: b, self: id, model: model}
+}
+
+// Leave detaches id: it gets no more announcements and its bytes are gone.
+func (b *MemBus) Leave(id peer.ID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.subs, id)
+	for k := range b.blobs {
+		if len(k) > len(id) && k[:len(id)] == string(id) && k[len(id)] == '\x00' {
+			delete(b.blobs, k)
+		}
+	}
+}
+
+// Lost returns the number of announcements dropped on full queues.
+func (b *MemBus) Lost() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lost
+}
+
+func blobKey(holder peer.ID, key string) string { return string(holder) + "\x00" + key }
+
+// Inject serves payload under (a.Source(), a.Key) and queues a, unchanged,
+// for every member but a.Peer.
+func (b *MemBus) Inject(a gossip.Announcement, payload []byte) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.blobs[blobKey(a.Source(), a.Key)] = append([]byte(nil), payload...)
+	for id, ch := range b.subs {
+		if id == a.Peer {
+			continue
+		}
+		c := a
+		select {
+		case ch <- &c:
+		default:
+			b.lost++
+		}
+	}
+}
+
+type memAsyncNet struct {
+	bus   *MemBus
+	self  peer.ID
+	model string
+}
+
+func (n *memAsyncNet) Self() peer.ID { return n.self }
+
+func (n *memAsyncNet) Publish(ctx context.Context, a gossip.Announcement, payload []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	n.bus.mu.Lock()
+	n.bus.seq++
+	a.Peer, a.Seq, a.Model = n.self, n.bus.seq, n.model
+	n.bus.mu.Unlock()
+	a.Size = uint64(len(payload))
+	a.Digest = gossip.Digest(payload)
+	n.bus.Inject(a, payload)
+	return nil
+}
+
+func (n *memAsyncNet) Next(ctx context.Context) (*gossip.Announcement, error) {
+	n.bus.mu.Lock()
+	ch := n.bus.subs[n.self]
+	n.bus.mu.Unlock()
+	if ch == nil {
+		return nil, gossip.ErrClosed
+	}
+	select {
+	case a := <-ch:
+		return a, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (n *memAsyncNet) Fetch(ctx context.Context, a *gossip.Announcement, dst []byte) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return dst[:0], err
+	}
+	n.bus.mu.Lock()
+	b, ok := n.bus.blobs[blobKey(a.Source(), a.Key)]
+	n.bus.mu.Unlock()
+	if !ok {
+		return dst[:0], fmt.Errorf("%w: %q not served by %s", gossip.ErrRefused, a.Key, a.Source())
+	}
+	if uint64(len(b)) != a.Size || gossip.Digest(b) != a.Digest {
+		return dst[:0], fmt.Errorf("%w: %q", gossip.ErrDigest, a.Key)
+	}
+	return append(dst[:0], b...), nil
+}
+
+func (n *memAsyncNet) SetStatus(uint64, float32) {}
+
+// MemGossipNet is a GossipNet over a gossip.MemNetwork, for tests and
+// simulations. Dead, if set, reports peers to treat as not alive.
+type MemGossipNet struct {
+	Net  *gossip.MemNetwork
+	ID   peer.ID
+	Dead func(peer.ID) bool
+}
+
+var _ GossipNet = (*MemGossipNet)(nil)
+
+// Self implements GossipNet.
+func (n *MemGossipNet) Self() peer.ID { return n.ID }
+
+// Alive implements GossipNet.
+func (n *MemGossipNet) Alive(p peer.ID) bool { return n.Dead == nil || !n.Dead(p) }
+
+// Bind implements GossipNet.
+func (n *MemGossipNet) Bind(h gossip.Handler, _ int) gossip.Exchanger { return n.Net.Join(n.ID, h) }

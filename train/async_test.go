@@ -1,0 +1,457 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/gossip"
+)
+
+const testArch = "mlp:784-32-10"
+
+func testWorker(t testing.TB, shard *data.Set, dataSeed uint64) *Worker {
+	t.Helper()
+	cfg := DefaultWorkerConfig()
+	cfg.Model = testArch
+	cfg.DataSeed = dataSeed
+	w, err := NewWorker(cfg, shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// shards splits the first n training samples IID between k peers.
+func shards(t testing.TB, n, k int) []*data.Set {
+	t.Helper()
+	tr, _ := mnist(t)
+	parts, err := data.IID(n, k, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]*data.Set, k)
+	for i, p := range parts {
+		out[i] = tr.Subset(p)
+	}
+	return out
+}
+
+func TestAsyncConfigValidate(t *testing.T) {
+	if err := DefaultAsyncConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*AsyncConfig){
+		"mode":     func(c *AsyncConfig) { c.Mode = "sync" },
+		"model":    func(c *AsyncConfig) { c.Model = "" },
+		"steps":    func(c *AsyncConfig) { c.LocalSteps = 0 },
+		"alpha":    func(c *AsyncConfig) { c.Alpha = 1.5 },
+		"alpha0":   func(c *AsyncConfig) { c.Alpha = 0 },
+		"policy":   func(c *AsyncConfig) { c.Policy = "poly:-1" },
+		"k":        func(c *AsyncConfig) { c.BufferK = 0 },
+		"lr":       func(c *AsyncConfig) { c.ServerLR = math.Inf(1) },
+		"codec":    func(c *AsyncConfig) { c.Codec = "gzip" },
+		"timeout":  func(c *AsyncConfig) { c.FetchTimeout = 0 },
+		"fetchers": func(c *AsyncConfig) { c.Fetchers = 0 },
+		"inbox":    func(c *AsyncConfig) { c.Inbox = 0 },
+	} {
+		c := DefaultAsyncConfig()
+		mut(&c)
+		if err := c.Validate(); !errors.Is(err, ErrStrategy) {
+			t.Errorf("%s: %v, want ErrStrategy", name, err)
+		}
+	}
+}
+
+// TestAsyncDropsBadInput feeds one bad contribution at a time through the
+// whole receive path (screen, fetch, decode, merge) of a FedAsync and a
+// FedBuff peer and checks that each is dropped, counted under its reason,
+// and leaves the model (and FedBuff's buffer) bit for bit unchanged; a good
+// one then does reach the model.
+func TestAsyncDropsBadInput(t *testing.T) {
+	sh := shards(t, 512, 1)
+	for _, mode := range []string{ModeFedAsync, ModeFedBuff} {
+		t.Run(mode, func(t *testing.T) {
+			w := testWorker(t, sh[0], 1)
+			cfg := DefaultAsyncConfig()
+			cfg.Mode = mode
+			cfg.Policy = "poly:0.5+ssp:4"
+			bus := NewMemBus()
+			net := bus.Join("me", cfg.Model, 16)
+			p, err := newAsyncPeer(w, "me", cfg, nil, asyncOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			const local = 10
+			p.vc.Set(local)
+			p.local.Store(local)
+			dim := len(w.Model.Params)
+			kind := p.kind()
+			fp32, _ := compression.Parse("fp32")
+			vec := func(n int, poison float32) []float32 {
+				v := make([]float32, n)
+				for i := range v {
+					v[i] = 0.01 * float32(i%7)
+				}
+				if poison != 0 {
+					v[n/2] = poison
+				}
+				return v
+			}
+			seq := uint64(100)
+			ann := func(base uint64, payload []byte) gossip.Announcement {
+				seq++
+				return gossip.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Version: base + 1, Base: base,
+					Kind: kind, Codec: fp32.ID(), Elems: uint32(dim), Size: uint64(len(payload)),
+					Digest: gossip.Digest(payload), Key: fmt.Sprint("k", seq)}
+			}
+			good := fp32.Encode(nil, vec(dim, 0))
+			ctx := context.Background()
+			process := func(a gossip.Announcement, payload []byte) {
+				t.Helper()
+				bus.Inject(a, payload)
+				got, err := net.Next(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r, ok := p.screen(got); !ok {
+					p.drop(r, got.Peer, 0)
+					return
+				}
+				c, r, ok := p.pull(ctx, net, got)
+				if !ok {
+					p.drop(r, got.Peer, 0)
+					return
+				}
+				p.merge(c)
+			}
+			cases := []struct {
+				name   string
+				reason DropReason
+				make   func() (gossip.Announcement, []byte)
+				direct *contribution // merged directly, past the screen
+			}{
+				{"unknown model id", DropModel, func() (gossip.Announcement, []byte) {
+					a := ann(local, good)
+					a.Model = "someone-else"
+					return a, good
+				}, nil},
+				{"wrong payload kind", DropKind, func() (gossip.Announcement, []byte) {
+					a := ann(local, good)
+					a.Kind = gossip.KindGradient
+					return a, good
+				}, nil},
+				{"announced shape", DropShape, func() (gossip.Announcement, []byte) {
+					b := fp32.Encode(nil, vec(dim+1, 0))
+					a := ann(local, b)
+					a.Elems = uint32(dim + 1)
+					return a, b
+				}, nil},
+				{"decoded shape", DropShape, func() (gossip.Announcement, []byte) {
+					b := fp32.Encode(nil, vec(dim-3, 0))
+					return ann(local, b), b
+				}, nil},
+				{"NaN", DropNonFinite, func() (gossip.Announcement, []byte) {
+					b := fp32.Encode(nil, vec(dim, float32(math.NaN())))
+					return ann(local, b), b
+				}, nil},
+				{"+Inf", DropNonFinite, func() (gossip.Announcement, []byte) {
+					b := fp32.Encode(nil, vec(dim, float32(math.Inf(1))))
+					return ann(local, b), b
+				}, nil},
+				{"-Inf", DropNonFinite, func() (gossip.Announcement, []byte) {
+					b := fp32.Encode(nil, vec(dim, float32(math.Inf(-1))))
+					return ann(local, b), b
+				}, nil},
+				{"beyond SSP bound", DropStale, func() (gossip.Announcement, []byte) {
+					return ann(local-5, good), good
+				}, nil},
+				{"far future base", DropFuture, func() (gossip.Announcement, []byte) {
+					return ann(local+cfg.MaxAhead+1, good), good
+				}, nil},
+				{"replayed seq", DropReplay, func() (gossip.Announcement, []byte) {
+					a := ann(local, good)
+					a.Seq = 50 // below what "evil" already used
+					return a, good
+				}, nil},
+				{"digest mismatch", DropFetch, func() (gossip.Announcement, []byte) {
+					a := ann(local, good)
+					a.Digest[0] ^= 1
+					return a, good
+				}, nil},
+				{"corrupt encoding", DropDecode, func() (gossip.Announcement, []byte) {
+					b := slices.Clone(good)
+					b[0] = 0x7f // not fp32's id
+					return ann(local, b), b
+				}, nil},
+				{"merge: beyond SSP bound", DropStale, nil,
+					&contribution{from: "evil", base: local - 6, version: local, kind: kind, vec: vec(dim, 0)}},
+				{"merge: far future", DropFuture, nil,
+					&contribution{from: "evil", base: local + cfg.MaxAhead + 5, version: local + cfg.MaxAhead + 6, kind: kind, vec: vec(dim, 0)}},
+				{"merge: NaN", DropNonFinite, nil,
+					&contribution{from: "evil", base: local, version: local + 1, kind: kind, vec: vec(dim, float32(math.NaN()))}},
+				{"merge: shape", DropShape, nil,
+					&contribution{from: "evil", base: local, version: local + 1, kind: kind, vec: vec(dim-1, 0)}},
+			}
+			p.lastSeq["evil"] = 60
+			for _, tc := range cases {
+				before := slices.Clone(p.model())
+				drops := p.dropCounts()
+				if tc.direct != nil {
+					p.merge(tc.direct)
+				} else {
+					process(tc.make())
+				}
+				after := p.dropCounts()
+				if after[tc.reason] != drops[tc.reason]+1 || after.Total() != drops.Total()+1 {
+					t.Fatalf("%s: drops %v → %v, want one more %s", tc.name, drops, after, tc.reason)
+				}
+				if !slices.Equal(before, p.model()) {
+					t.Fatalf("%s reached the model", tc.name)
+				}
+				if p.buffer != nil && p.buffer.Len() != 0 {
+					t.Fatalf("%s reached the buffer", tc.name)
+				}
+			}
+			if p.merged != 0 || p.vc.Local() != local {
+				t.Fatalf("merged %d, version %d after bad input only", p.merged, p.vc.Local())
+			}
+			// A good contribution gets through, so the checks above are not
+			// vacuous.
+			before := slices.Clone(p.model())
+			process(ann(local, good), good)
+			if p.merged != 1 {
+				t.Fatalf("good contribution not merged; drops %v", p.dropCounts())
+			}
+			if p.buffer != nil {
+				if p.buffer.Len() != 1 {
+					t.Fatalf("good delta not buffered")
+				}
+			} else if slices.Equal(before, p.model()) {
+				t.Fatal("good model not mixed")
+			}
+		})
+	}
+}
+
+// runAsyncPeers trains k peers with RunAsync over a MemBus until each has
+// done steps local steps, and returns the workers and summaries. adversary,
+// if set, runs alongside until the honest peers finish.
+func runAsyncPeers(t *testing.T, k, steps int, cfg AsyncConfig, slow map[int]float64, adversary func(ctx context.Context, bus *MemBus, started chan<- struct{})) ([]*Worker, []*AsyncSummary) {
+	t.Helper()
+	sh := shards(t, 6000, k)
+	bus := NewMemBus()
+	workers := make([]*Worker, k)
+	sums := make([]*AsyncSummary, k)
+	errs := make([]error, k)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nets := make([]AsyncNet, k)
+	for i := range k {
+		wc := DefaultWorkerConfig()
+		wc.Model, wc.DataSeed, wc.Slowdown = testArch, uint64(i+1), slow[i]
+		w, err := NewWorker(wc, sh[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers[i] = w
+		nets[i] = bus.Join(peer.ID(fmt.Sprint("p", i)), cfg.Model, 256)
+	}
+	actx, acancel := context.WithCancel(ctx)
+	var awg sync.WaitGroup
+	if adversary != nil {
+		started := make(chan struct{})
+		awg.Go(func() { adversary(actx, bus, started) })
+		<-started
+	}
+	var wg sync.WaitGroup
+	for i := range k {
+		c := cfg
+		c.MaxSteps = steps
+		wg.Go(func() { sums[i], errs[i] = RunAsync(ctx, workers[i], nets[i], c, nil) })
+	}
+	wg.Wait()
+	acancel()
+	awg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+	}
+	return workers, sums
+}
+
+// maxDist returns the largest distance between two peers' models,
+// relative to the first model's norm.
+func maxDist(ws []*Worker) float64 {
+	norm := 0.0
+	for _, v := range ws[0].Model.Params {
+		norm += float64(v) * float64(v)
+	}
+	worst := 0.0
+	for _, a := range ws {
+		for _, b := range ws {
+			s := 0.0
+			for i := range a.Model.Params {
+				d := float64(a.Model.Params[i] - b.Model.Params[i])
+				s += d * d
+			}
+			worst = max(worst, math.Sqrt(s))
+		}
+	}
+	return worst / math.Sqrt(norm)
+}
+
+// TestAsyncLearns runs three FedAsync and three FedBuff peers (one of them
+// 3× slower) on a MemBus: each reaches a useful accuracy and contributions
+// are merged.
+func TestAsyncLearns(t *testing.T) {
+	_, te := mnist(t)
+	test := te.Head(2000)
+	for _, mode := range []string{ModeFedAsync, ModeFedBuff} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := DefaultAsyncConfig()
+			cfg.Mode = mode
+			cfg.LocalSteps = 5
+			cfg.SnapshotEvery = time.Hour
+			if mode == ModeFedBuff {
+				cfg.Policy = "sqrt"
+				cfg.BufferK = 3
+			}
+			ws, sums := runAsyncPeers(t, 3, 150, cfg, map[int]float64{2: 3}, nil)
+			for i, w := range ws {
+				_, acc := w.Evaluate(test)
+				t.Logf("peer %d: acc %.3f %+v", i, acc, *sums[i])
+				if acc < 0.82 {
+					t.Errorf("peer %d accuracy %.3f after 150 steps, want ≥ 0.82", i, acc)
+				}
+				if sums[i].Merged == 0 {
+					t.Errorf("peer %d merged nothing", i)
+				}
+				if sums[i].Steps != 150 {
+					t.Errorf("peer %d did %d steps", i, sums[i].Steps)
+				}
+			}
+			if mode == ModeFedBuff && sums[0].Flushes == 0 {
+				t.Error("FedBuff never flushed")
+			}
+		})
+	}
+}
+
+// TestAsyncAdversary trains FedAsync peers while an adversary floods the
+// bus with NaN models, foreign model ids, wrong shapes and replays: the
+// honest peers count the drops and still learn, with finite models.
+func TestAsyncAdversary(t *testing.T) {
+	_, te := mnist(t)
+	cfg := DefaultAsyncConfig()
+	cfg.LocalSteps = 5
+	cfg.SnapshotEvery = time.Hour
+	probe := testWorker(t, te.Head(10), 1)
+	dim := len(probe.Model.Params)
+	fp32, _ := compression.Parse("fp32")
+	nanModel := make([]float32, dim)
+	nanModel[3] = float32(math.NaN())
+	nanBytes := fp32.Encode(nil, nanModel)
+	inject := func(bus *MemBus, seq uint64) {
+		a := gossip.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Kind: gossip.KindModel, Codec: fp32.ID(),
+			Elems: uint32(dim), Size: uint64(len(nanBytes)), Digest: gossip.Digest(nanBytes), Key: fmt.Sprint(seq)}
+		switch seq % 4 {
+		case 1:
+			a.Model = "other"
+		case 2:
+			a.Elems++
+		case 3:
+			a.Seq = 1 // replay
+		}
+		bus.Inject(a, nanBytes)
+	}
+	// A burst before the honest peers start (they find it queued), then a
+	// steady stream while they train.
+	adversary := func(ctx context.Context, bus *MemBus, started chan<- struct{}) {
+		seq := uint64(1)
+		for ; seq <= 40; seq++ {
+			inject(bus, seq)
+		}
+		close(started)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for ; ctx.Err() == nil; seq++ {
+			inject(bus, seq)
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+			}
+		}
+	}
+	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, adversary)
+	for i, w := range ws {
+		for j, v := range w.Model.Params {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				t.Fatalf("peer %d parameter %d is %v", i, j, v)
+			}
+		}
+		_, acc := w.Evaluate(te.Head(2000))
+		t.Logf("peer %d: acc %.3f drops %v", i, acc, sums[i].Drops)
+		if acc < 0.82 {
+			t.Errorf("peer %d accuracy %.3f under attack", i, acc)
+		}
+		for _, r := range []string{"model", "shape", "replay", "nonfinite"} {
+			if sums[i].Drops[r] == 0 {
+				t.Errorf("peer %d dropped no %s contribution: %v", i, r, sums[i].Drops)
+			}
+		}
+	}
+}
+
+// TestAsyncDeadPeerDoesNotHang runs two peers with an SSP bound; one stops
+// after 20 steps and leaves. The other's gate must open once the dead peer's
+// version expires (PeerTTL), and it finishes its steps.
+func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
+	sh := shards(t, 2000, 2)
+	bus := NewMemBus()
+	cfg := DefaultAsyncConfig()
+	cfg.LocalSteps = 2
+	cfg.Policy = "poly:0.5+ssp:3"
+	cfg.PeerTTL = 200 * time.Millisecond
+	cfg.SnapshotEvery = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var sumA *AsyncSummary
+	var errA error
+	wA, wB := testWorker(t, sh[0], 1), testWorker(t, sh[1], 2)
+	netA, netB := bus.Join("a", cfg.Model, 256), bus.Join("b", cfg.Model, 256)
+	wg.Go(func() {
+		c := cfg
+		c.MaxSteps = 20
+		RunAsync(ctx, wB, netB, c, nil)
+		bus.Leave("b")
+	})
+	wg.Go(func() {
+		c := cfg
+		c.MaxSteps = 300
+		sumA, errA = RunAsync(ctx, wA, netA, c, nil)
+	})
+	wg.Wait()
+	if errA != nil || ctx.Err() != nil {
+		t.Fatalf("peer a: %v (ctx %v)", errA, ctx.Err())
+	}
+	if sumA.Steps != 300 {
+		t.Fatalf("peer a did %d steps", sumA.Steps)
+	}
+	// b's last version held a's gate until it expired.
+	if sumA.GateWaitS < 0.1 {
+		t.Fatalf("peer a waited %.3fs at the SSP gate, want about PeerTTL", sumA.GateWaitS)
+	}
+	t.Logf("%+v", *sumA)
+}

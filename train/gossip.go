@@ -1,0 +1,292 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/gossip"
+)
+
+// Gossip-averaging algorithms of RunGossip.
+const (
+	// GossipPairwise is AD-PSGD (Lian et al. 2018): active peers average
+	// their model with a random passive peer, atomically.
+	GossipPairwise = "adpsgd"
+	// GossipPushSum is Stochastic Gradient Push (Assran et al. 2019):
+	// push-sum over the time-varying one-peer exponential graph.
+	GossipPushSum = "sgp"
+)
+
+// GossipConfig configures RunGossip.
+type GossipConfig struct {
+	// Algorithm is GossipPairwise or GossipPushSum.
+	Algorithm string
+	// Every is the number of local steps between two exchanges. 1 is the
+	// papers' setting; raise it when a model's transfer costs more than a
+	// few steps' compute.
+	Every int
+	// Period is the least time between two exchanges this peer starts (0:
+	// no limit). Push-sum needs peers to push at similar rates: a peer
+	// that pushes much more often than it receives sees its weight, and so
+	// its share of the average, shrink towards 0, and its own progress is
+	// lost. With stragglers, set Period above the slow peers' step time.
+	Period time.Duration
+	// Timeout bounds one exchange. 5 s: a dead or stalled partner costs at
+	// most that, then the peer trains on.
+	Timeout time.Duration
+	// SnapshotEvery is the interval of Recorder snapshots (0: every step).
+	// 250 ms.
+	SnapshotEvery time.Duration
+	// MaxSteps stops after that many local steps (0: run until ctx ends).
+	MaxSteps int
+	// Seed seeds the choice of partners (mixed with the peer's index).
+	Seed uint64
+}
+
+// DefaultGossipConfig returns AD-PSGD with the documented defaults.
+func DefaultGossipConfig() GossipConfig {
+	return GossipConfig{Algorithm: GossipPairwise, Every: 1, Timeout: 5 * time.Second, SnapshotEvery: 250 * time.Millisecond, Seed: 1}
+}
+
+// Validate reports settings that cannot work. It does not modify c.
+func (c GossipConfig) Validate() error {
+	switch {
+	case c.Algorithm != GossipPairwise && c.Algorithm != GossipPushSum:
+		return fmt.Errorf("%w: gossip algorithm %q, want %s or %s", ErrStrategy, c.Algorithm, GossipPairwise, GossipPushSum)
+	case c.Every < 1:
+		return fmt.Errorf("%w: gossip every %d steps < 1", ErrStrategy, c.Every)
+	case c.Timeout <= 0 || c.Period < 0 || c.SnapshotEvery < 0 || c.MaxSteps < 0:
+		return fmt.Errorf("%w: gossip timeout must be > 0; period, snapshot interval and max steps ≥ 0", ErrStrategy)
+	}
+	return nil
+}
+
+// GossipSummary describes one peer's gossip run.
+type GossipSummary struct {
+	Peer      string  `json:"peer"`
+	Algorithm string  `json:"algorithm"`
+	Role      string  `json:"role,omitempty"` // AD-PSGD: active or passive
+	Steps     int     `json:"steps"`
+	Exchanges int     `json:"exchanges"`        // started by this peer and completed
+	Failed    int     `json:"failed"`           // started by this peer and failed
+	Skipped   int     `json:"skipped"`          // no live partner at that step
+	Weight    float64 `json:"weight,omitempty"` // SGP: final push-sum weight
+	WallS     float64 `json:"wall_s"`
+}
+
+// RunGossip trains w with continuous local SGD and gossip averaging until
+// ctx ends (then it returns nil) or cfg.MaxSteps steps are done. peers is
+// the group, this peer included, in the same order on every peer (sorted
+// IDs): it fixes AD-PSGD's roles and SGP's exponential graph.
+//
+// Gradients are computed on a copy of the shared model, so exchanges served
+// for other peers (HandleSwap, HandleShare) proceed while this peer
+// computes; the update is then applied to the model as it is by then, as in
+// AD-PSGD. SGP computes the gradient at the de-biased estimate X/W and
+// steps the numerator X. Every exchange has cfg.Timeout; partners that are
+// not alive are skipped; a failed exchange is counted and training goes
+// on. When it returns, w.Model.Params holds the peer's final model.
+func RunGossip(ctx context.Context, w *Worker, net GossipNet, peers []peer.ID, cfg GossipConfig, rec Recorder) (*GossipSummary, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		rec = discardRecorder{}
+	}
+	self := net.Self()
+	me := slices.Index(peers, self)
+	if me < 0 {
+		return nil, fmt.Errorf("%w: gossip: %s is not in its peer list", ErrStrategy, self)
+	}
+	g := &gossipRun{cfg: cfg, w: w, net: net, peers: peers, me: me, rec: rec, start: time.Now(),
+		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(me)))}
+	g.sum = &GossipSummary{Peer: string(self), Algorithm: cfg.Algorithm}
+	var err error
+	if cfg.Algorithm == GossipPairwise {
+		err = g.pairwise(ctx)
+	} else {
+		err = g.pushSum(ctx)
+	}
+	g.sum.Steps = w.Steps
+	g.sum.WallS = time.Since(g.start).Seconds()
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		err = nil
+	}
+	return g.sum, err
+}
+
+type gossipRun struct {
+	cfg      GossipConfig
+	w        *Worker
+	net      GossipNet
+	peers    []peer.ID
+	me       int
+	rec      Recorder
+	start    time.Time
+	rng      *rand.Rand
+	sum      *GossipSummary
+	lastSnap time.Duration
+	snap     []float32
+	lastEx   time.Time
+	sinceEx  int // local steps since the last exchange started
+}
+
+// due reports whether an exchange is due after this step, and if so starts
+// the clocks of the next one.
+func (g *gossipRun) due() bool {
+	g.sinceEx++
+	if g.sinceEx < g.cfg.Every || time.Since(g.lastEx) < g.cfg.Period {
+		return false
+	}
+	g.sinceEx, g.lastEx = 0, time.Now()
+	return true
+}
+
+func (g *gossipRun) done(ctx context.Context) bool {
+	return ctx.Err() != nil || (g.cfg.MaxSteps > 0 && g.w.Steps >= g.cfg.MaxSteps)
+}
+
+func (g *gossipRun) snapshot(force bool, model func([]float32) []float32) {
+	at := time.Since(g.start)
+	if !force && at-g.lastSnap < g.cfg.SnapshotEvery {
+		return
+	}
+	g.lastSnap = at
+	g.snap = model(g.snap)
+	g.rec.Snapshot(string(g.net.Self()), at, g.w.Steps, g.snap)
+}
+
+func (g *gossipRun) exchanged(err error, bytes int64) {
+	at := time.Since(g.start)
+	if err != nil {
+		g.sum.Failed++
+		g.rec.Event(Event{Peer: string(g.net.Self()), At: at, Kind: "exchange-failed"})
+		return
+	}
+	g.sum.Exchanges++
+	g.rec.Event(Event{Peer: string(g.net.Self()), At: at, Kind: "exchange", Bytes: bytes})
+}
+
+// applyTo takes one optimiser step on x with the gradient in
+// w.Model.Grads, as Worker.Apply does on w.Model.Params.
+func applyTo(w *Worker, x []float32, samples int) {
+	w.Opt.Step(x, w.Model.Grads, w.Sched.LR(w.Steps))
+	w.Steps++
+	w.Samples += samples
+}
+
+func (g *gossipRun) pairwise(ctx context.Context) error {
+	w := g.w
+	role := gossip.RoleOf(g.me)
+	g.sum.Role = role.String()
+	pp := gossip.NewPairwisePeer(slices.Clone(w.Model.Params), role)
+	ex := g.net.Bind(pp, len(w.Model.Params))
+	defer func() { pp.Model(w.Model.Params) }()
+	g.snapshot(true, pp.Model)
+	pp.Update(func(x []float32) { copy(w.Model.Params, x) })
+	for !g.done(ctx) {
+		// The gradient is computed on a copy while the model may be
+		// averaged; the step lands on the model as it is by then, and the
+		// copy is refreshed under the same lock (one lock per step keeps
+		// passive peers from starving the actives' exchanges).
+		_, n, err := w.Grad(ctx)
+		if err != nil {
+			return err
+		}
+		pp.Update(func(x []float32) {
+			applyTo(w, x, n)
+			copy(w.Model.Params, x)
+		})
+		if role == gossip.Active && g.due() {
+			if j := g.pickPassive(); j < 0 {
+				g.sum.Skipped++
+			} else {
+				ectx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+				err := pp.Exchange(ectx, ex, g.peers[j])
+				cancel()
+				g.exchanged(err, int64(8*len(w.Model.Params)))
+				pp.Update(func(x []float32) { copy(w.Model.Params, x) })
+			}
+		}
+		g.snapshot(false, pp.Model)
+	}
+	g.snapshot(true, pp.Model)
+	return ctx.Err()
+}
+
+// pickPassive returns a random live passive peer's index, or −1.
+func (g *gossipRun) pickPassive() int {
+	n := len(g.peers)
+	for range n {
+		j := gossip.PickPassive(g.rng, n)
+		if j < 0 {
+			return -1
+		}
+		if g.net.Alive(g.peers[j]) {
+			return j
+		}
+	}
+	return -1
+}
+
+func (g *gossipRun) pushSum(ctx context.Context) error {
+	w := g.w
+	ps := gossip.NewPushSumPeer(slices.Clone(w.Model.Params))
+	ex := g.net.Bind(ps, len(w.Model.Params))
+	defer func() {
+		ps.Estimate(w.Model.Params)
+		g.sum.Weight = ps.Weight()
+	}()
+	n := len(g.peers)
+	g.snapshot(true, ps.Estimate)
+	var k uint64
+	var prev []float32
+	for !g.done(ctx) {
+		// The gradient is taken at z = X/W; the optimiser steps z, and X
+		// moves by W·Δz under the lock (X/W may have changed meanwhile by
+		// absorbed shares). Scaling by W keeps a peer whose weight has
+		// shrunk (it pushes more often than it receives) from turning a
+		// normal step into a huge one in its estimate.
+		ps.Estimate(w.Model.Params)
+		_, ns, err := w.Grad(ctx)
+		if err != nil {
+			return err
+		}
+		prev = append(prev[:0], w.Model.Params...)
+		w.Apply(ns)
+		ps.Update(func(x []float32, wt float64) {
+			for i, z := range w.Model.Params {
+				x[i] += float32(wt * float64(z-prev[i]))
+			}
+		})
+		if n > 1 && g.due() {
+			// The exponential graph's next live out-neighbour.
+			to := -1
+			for range gossip.ExpGraphOffsets(n) {
+				j := gossip.ExpGraphPeer(g.me, n, k)
+				k++
+				if g.net.Alive(g.peers[j]) {
+					to = j
+					break
+				}
+			}
+			if to < 0 {
+				g.sum.Skipped++
+			} else {
+				ectx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+				err := ps.Step(ectx, ex, g.peers[to], k, uint64(w.Steps))
+				cancel()
+				g.exchanged(err, int64(4*len(w.Model.Params)))
+			}
+		}
+		g.snapshot(false, ps.Estimate)
+	}
+	g.snapshot(true, ps.Estimate)
+	return ctx.Err()
+}

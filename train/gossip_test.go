@@ -1,0 +1,227 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/gossip"
+)
+
+func TestGossipConfigValidate(t *testing.T) {
+	if err := DefaultGossipConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*GossipConfig){
+		"algorithm": func(c *GossipConfig) { c.Algorithm = "ring" },
+		"every":     func(c *GossipConfig) { c.Every = 0 },
+		"timeout":   func(c *GossipConfig) { c.Timeout = 0 },
+		"period":    func(c *GossipConfig) { c.Period = -1 },
+		"steps":     func(c *GossipConfig) { c.MaxSteps = -1 },
+	} {
+		c := DefaultGossipConfig()
+		mut(&c)
+		if err := c.Validate(); !errors.Is(err, ErrStrategy) {
+			t.Errorf("%s: %v, want ErrStrategy", name, err)
+		}
+	}
+}
+
+// stepCounter is a Recorder that stops the run once every live peer has
+// done at least target steps (so peers stop together, whatever the
+// machine's speed).
+type stepCounter struct {
+	mu     sync.Mutex
+	steps  map[string]int
+	live   int
+	target int
+	stop   context.CancelFunc
+}
+
+func (c *stepCounter) Snapshot(peer string, _ time.Duration, updates int, _ []float32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.steps[peer] = updates
+	if len(c.steps) < c.live {
+		return
+	}
+	for _, n := range c.steps {
+		if n < c.target {
+			return
+		}
+	}
+	c.stop()
+}
+
+func (c *stepCounter) Event(Event) {}
+
+// runGossipPeers trains k peers with RunGossip over a gossip.MemNetwork
+// until each has done at least steps steps. dead peers never start and are
+// reported dead to the others.
+func runGossipPeers(t *testing.T, k, steps int, cfg GossipConfig, dead map[int]bool) ([]*Worker, []*GossipSummary, []*handlerNet) {
+	t.Helper()
+	sh := shards(t, 6000, k)
+	mem := gossip.NewMemNetwork()
+	ids := make([]peer.ID, k)
+	for i := range ids {
+		ids[i] = peer.ID(fmt.Sprint("p", i))
+	}
+	isDead := func(p peer.ID) bool {
+		for i, id := range ids {
+			if id == p {
+				return dead[i]
+			}
+		}
+		return false
+	}
+	ws := make([]*Worker, k)
+	sums := make([]*GossipSummary, k)
+	errs := make([]error, k)
+	for i := range k {
+		ws[i] = testWorker(t, sh[i], uint64(i+1))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	rec := &stepCounter{steps: map[string]int{}, live: k - len(dead), target: steps, stop: cancel}
+	cfg.SnapshotEvery = 0
+	nets := make([]*handlerNet, k)
+	var wg sync.WaitGroup
+	for i := range k {
+		if dead[i] {
+			continue
+		}
+		net := &handlerNet{GossipNet: &MemGossipNet{Net: mem, ID: ids[i], Dead: isDead}}
+		nets[i] = net
+		wg.Go(func() { sums[i], errs[i] = RunGossip(ctx, ws[i], net, ids, cfg, rec) })
+	}
+	wg.Wait()
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Fatalf("peers did not reach %d steps each: %v", steps, ctx.Err())
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+	}
+	return ws, sums, nets
+}
+
+// localOnly trains k peers like runGossipPeers but with no exchanges, as a
+// control for how far apart the models drift without averaging.
+func localOnly(t *testing.T, k, steps int) []*Worker {
+	t.Helper()
+	sh := shards(t, 6000, k)
+	ws := make([]*Worker, k)
+	for i := range ws {
+		ws[i] = testWorker(t, sh[i], uint64(i+1))
+		if _, _, err := ws[i].LocalSteps(context.Background(), steps); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ws
+}
+
+// handlerNet remembers the handler RunGossip binds and counts the
+// exchanges it starts, by partner.
+type handlerNet struct {
+	GossipNet
+	h  gossip.Handler
+	mu sync.Mutex
+	to map[peer.ID]int
+}
+
+func (n *handlerNet) Bind(h gossip.Handler, dim int) gossip.Exchanger {
+	n.h = h
+	n.to = make(map[peer.ID]int)
+	return &countingExchanger{Exchanger: n.GossipNet.Bind(h, dim), n: n}
+}
+
+func (n *handlerNet) count(p peer.ID) {
+	n.mu.Lock()
+	n.to[p]++
+	n.mu.Unlock()
+}
+
+type countingExchanger struct {
+	gossip.Exchanger
+	n *handlerNet
+}
+
+func (e *countingExchanger) Push(ctx context.Context, to peer.ID, s gossip.Share) error {
+	e.n.count(to)
+	return e.Exchanger.Push(ctx, to, s)
+}
+
+func (e *countingExchanger) Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error {
+	e.n.count(with)
+	return e.Exchanger.Swap(ctx, with, mine, theirs)
+}
+
+// TestGossipLearns trains four peers with AD-PSGD and with SGP: each
+// learns, the models end close to each other, and SGP's push-sum weights
+// still sum to the number of peers.
+func TestGossipLearns(t *testing.T) {
+	_, te := mnist(t)
+	test := te.Head(2000)
+	for _, algo := range []string{GossipPairwise, GossipPushSum} {
+		t.Run(algo, func(t *testing.T) {
+			cfg := DefaultGossipConfig()
+			cfg.Algorithm = algo
+			cfg.Period = 2 * time.Millisecond
+			ws, sums, nets := runGossipPeers(t, 4, 150, cfg, nil)
+			wsum := 0.0
+			for i, w := range ws {
+				_, acc := w.Evaluate(test)
+				t.Logf("peer %d: acc %.3f %+v", i, acc, *sums[i])
+				if acc < 0.82 {
+					t.Errorf("peer %d accuracy %.3f after %d steps, want ≥ 0.82", i, acc, sums[i].Steps)
+				}
+				// Only exchanges before every peer has joined (and the one
+				// cut by the deadline) may fail.
+				if sums[i].Failed > sums[i].Exchanges/10+2 {
+					t.Errorf("peer %d: %d failed exchanges on a perfect network", i, sums[i].Failed)
+				}
+				if ps, ok := nets[i].h.(*gossip.PushSumPeer); ok {
+					wsum += ps.Weight() // after every peer stopped: nothing in flight
+				}
+			}
+			if algo == GossipPushSum {
+				if math.Abs(wsum-4) > 1e-9 {
+					t.Errorf("push-sum weights sum to %v, want 4", wsum)
+				}
+			} else if sums[0].Exchanges == 0 || sums[1].Role != "passive" {
+				t.Errorf("AD-PSGD: %+v %+v", *sums[0], *sums[1])
+			}
+			d, d0 := maxDist(ws), maxDist(localOnly(t, 4, 150))
+			t.Logf("models at most %.3f apart (relative), %.3f without averaging", d, d0)
+			if d > d0/2 {
+				t.Errorf("models %.3f apart, %.3f without averaging: want at most half", d, d0)
+			}
+		})
+	}
+}
+
+// TestGossipSkipsDeadPeers runs with one peer dead from the start: the
+// others never start an exchange with it, and finish.
+func TestGossipSkipsDeadPeers(t *testing.T) {
+	for _, algo := range []string{GossipPairwise, GossipPushSum} {
+		cfg := DefaultGossipConfig()
+		cfg.Algorithm = algo
+		cfg.Period = 2 * time.Millisecond
+		_, sums, nets := runGossipPeers(t, 4, 40, cfg, map[int]bool{1: true})
+		for i, s := range sums {
+			if s == nil {
+				continue
+			}
+			if s.Steps < 40 || nets[i].to["p1"] != 0 {
+				t.Errorf("%s peer %d: %d exchanges with the dead peer; %+v", algo, i, nets[i].to["p1"], *s)
+			}
+		}
+	}
+}
