@@ -62,12 +62,19 @@
 // a partition goes on), ErrRoundFailed after Config.MaxAttempts, or the
 // group-wide ErrOverflow / ErrZeroWeight that a re-run would not change.
 //
-// Timeouts grow with what a wait depends on: a butterfly owner waits one
-// StallTimeout for a contribution (which depends on nobody), a peer waits
-// two for an owner's reduced shard; in the tree a node waits 1+h timeouts
-// for a child of height h and H+depth for its parent's broadcast. So the
-// member closest to a failure times out first and its FAIL vote reaches the
-// others before their own, less informed, timeouts fire.
+// Timing. A wait on a peer ends when nothing at all has been heard from
+// that peer for a multiple of StallTimeout (a watchdog per lane, so a slow
+// but progressing transfer is never cut). The multiple grows with what the
+// wait depends on: a butterfly owner waits one StallTimeout for a
+// contribution (which depends on nobody), a peer waits two for an owner's
+// reduced shard; in the tree a node waits 1+h for a child of height h and
+// H+depth for its parent's broadcast. So the member closest to a failure
+// times out first and its FAIL vote reaches the others before their own,
+// less informed, timeouts fire. Votes are awaited for (maxMult+1)
+// StallTimeouts while the attempt may have succeeded, and for two once any
+// vote says FAIL (everyone has then been told and stops at once). Members
+// must enter a round within one StallTimeout of each other; a re-run allows
+// three.
 //
 // What this does not guarantee: agreement under arbitrary network
 // partitions. A member whose FAIL vote reaches some members only after
@@ -75,7 +82,9 @@
 // StallTimeouts) can leave those members committed on the full group while
 // the rest re-run without the lost member. Each Result names its Group, so
 // callers can compare digests; members that re-run in a different group
-// than others fail with ErrGroupMismatch rather than mix data.
+// than others fail with ErrGroupMismatch rather than mix data. A peer that
+// is merely slow (a stop-the-world pause longer than StallTimeout, a
+// starved CPU) is treated like a dead one and left out of the round.
 //
 // # Algorithms
 //

@@ -214,12 +214,17 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 	a.start = time.Now().UnixNano()
 	a.base = a.start
 	if rerun {
-		// Members leave the previous attempt's vote at different times,
-		// up to a vote window apart.
-		a.base += int64(a.voteWait())
+		// Members leave the previous attempt's vote at different times:
+		// each heard of the failure within moments of the others, then
+		// waited at most two stall timeouts for missing votes.
+		a.base += int64(rerunGrace * a.stall)
 	}
 	return a
 }
+
+// rerunGrace is how many stall timeouts after its start a re-run counts
+// silence from (see newAttempt).
+const rerunGrace = 3
 
 // maxMult is the largest timeout multiple any member waits in this attempt.
 func (a *attempt) maxMult() int {
@@ -564,12 +569,15 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 	// Once any vote says FAIL, every live member has been told (votes go to
 	// all) and stops its data phase at once, so two stall timeouts from
 	// then are enough for the remaining votes.
-	end := time.Now()
-	timer := time.AfterFunc(a.voteWait(), stopVotes)
+	// Both windows count from the attempt's base at the earliest: members
+	// may have entered a re-run up to its grace apart.
+	base := time.Unix(0, a.base)
+	long := later(time.Now(), base).Add(a.voteWait())
+	timer := time.AfterFunc(time.Until(long), stopVotes)
 	failed := !own.ok
 	shorten := func() {
-		if d := time.Until(end.Add(a.voteWait())); d > 2*a.stall {
-			timer.Reset(2 * a.stall)
+		if short := later(time.Now(), base).Add(2 * a.stall); short.Before(long) {
+			timer.Reset(time.Until(short))
 		}
 	}
 	if failed {
@@ -817,3 +825,10 @@ func (discard) Enabled(context.Context, slog.Level) bool  { return false }
 func (discard) Handle(context.Context, slog.Record) error { return nil }
 func (d discard) WithAttrs([]slog.Attr) slog.Handler      { return d }
 func (d discard) WithGroup(string) slog.Handler           { return d }
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
