@@ -448,3 +448,23 @@ func BenchmarkAllReduce(b *testing.B) {
 		}
 	}
 }
+
+// TestAlone: a group of one returns its own vector, bit for bit, under
+// every rule that accepts one contribution and on both algorithms.
+func TestAlone(t *testing.T) {
+	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly} {
+		for _, rule := range []aggregate.Rule{aggregate.Sum{}, aggregate.Mean{}, aggregate.Median{}, aggregate.Trimmed{Beta: 0.3}, aggregate.CClip{Tau: 0.1, Iters: 2}} {
+			if algo == aggregate.Tree && !rule.Linear() {
+				continue
+			}
+			cfg := aggregate.DefaultConfig()
+			cfg.Rule, cfg.Algorithm, cfg.ChunkElems = rule, algo, 7
+			s := newSwarm(t, 1, aggtest.Config{}, cfg)
+			srcs, _ := randVecs(rand.New(rand.NewPCG(4, 4)), 1, 100)
+			outs := aggtest.RunRound(t.Context(), s.runners, s.group(t, 1), srcs, []float64{3})
+			if outs[0].Err != nil || !slices.Equal(math32bits(outs[0].Out), math32bits(srcs[0])) || outs[0].Result.Weight != 3 {
+				t.Errorf("%v %v: %v, result %+v", algo, rule, outs[0].Err, outs[0].Result)
+			}
+		}
+	}
+}

@@ -114,8 +114,8 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 	if len(dst) != len(src) {
 		return res, fmt.Errorf("%w: dst has %d values, src %d", ErrBadInput, len(dst), len(src))
 	}
-	if !validWeight(weight) {
-		return res, fmt.Errorf("%w: weight %v", ErrBadInput, weight)
+	if !validWeight(weight) || weight > math.MaxFloat32 {
+		return res, fmt.Errorf("%w: weight %v not in [0, MaxFloat32]", ErrBadInput, weight)
 	}
 	if g.Rank(r.self) < 0 {
 		return res, &PeerError{Peer: r.self, Err: fmt.Errorf("%w: %v", ErrNotMember, g)}

@@ -142,6 +142,10 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 			}
 		}
 		lo, hi := chunkRange(0, len(a.src), C, k)
+		if len(kidBufs) == 0 && me == 0 {
+			copy(a.dst[lo:hi], a.src[lo:hi]) // alone: the sum and the mean are src itself
+			continue
+		}
 		out := acc[lo:hi]
 		copy(out, a.src[lo:hi])
 		if coef != 1 {
