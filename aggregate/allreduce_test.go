@@ -468,3 +468,42 @@ func TestAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallVectorLatency counts one-way latencies in virtual time (4 KB, 4
+// peers, 1 ms links, 1 Gbit/s): the tree costs its 2·height hops plus the
+// vote, the butterfly two hops plus the vote. Per-message costs, which the
+// tree has fewer of (3 data messages per peer against the butterfly's
+// 2(n−1)), are not modelled here; they decide between the two on real
+// links (Config.TreeMaxBytes).
+func TestSmallVectorLatency(t *testing.T) {
+	const lat = time.Millisecond
+	for _, tc := range []struct {
+		algo aggregate.Algorithm
+		n    int
+		hops int
+	}{
+		{aggregate.Tree, 4, 2*2 + 1},
+		{aggregate.Tree, 8, 2*3 + 1},
+		{aggregate.Butterfly, 4, 2 + 1},
+		{aggregate.Butterfly, 8, 2 + 1},
+	} {
+		synctestRun(t, func(t *testing.T) {
+			cfg := aggregate.DefaultConfig()
+			cfg.Algorithm = tc.algo
+			s := newSwarm(t, tc.n, aggtest.Config{Latency: lat, Bandwidth: 125e6}, cfg)
+			srcs, w := randVecs(rand.New(rand.NewPCG(1, 1)), tc.n, 1024)
+			start := time.Now()
+			outs := aggtest.RunRound(t.Context(), s.runners, s.group(t, 1), srcs, w)
+			el := time.Since(start)
+			for _, o := range outs {
+				if o.Err != nil {
+					t.Fatal(o.Err)
+				}
+			}
+			t.Logf("%v n=%d 4 KB: %v virtual (%d hops of %v)", tc.algo, tc.n, el, tc.hops, lat)
+			if el < time.Duration(tc.hops)*lat || el > time.Duration(tc.hops)*lat+lat/2 {
+				t.Errorf("%v n=%d: %v, want %d hops of %v plus transmission", tc.algo, tc.n, el, tc.hops, lat)
+			}
+		})
+	}
+}
