@@ -31,6 +31,17 @@ var avx512Gemm = &gemmImpl{
 	kStepB: gemmAVX512StepB8x32, kRowB: gemmAVX512RowB8x32,
 	pack16: transpose16AVX512,
 	kc:     256, mc: 128, nc: 1024, parFlops: 1 << 21,
+	narrow: avx512Narrow,
+}
+
+// avx512Narrow serves GEMMs with n ≤ 16 (a classifier's last layer), where
+// 32-wide tiles would waste half the multiply-adds or more.
+var avx512Narrow = &gemmImpl{
+	name: "avx512-16x16", mr: 16, nr: 16, masked: true,
+	kStep: gemmAVX512Step16x16, kRow: gemmAVX512Row16x16,
+	kStepB: gemmAVX512StepB16x16, kRowB: gemmAVX512RowB16x16,
+	pack16: transpose16AVX512,
+	kc:     256, mc: 128, nc: 1024, parFlops: 1 << 21,
 }
 
 var avx2Gemm = &gemmImpl{

@@ -44,11 +44,15 @@ type gemmImpl struct {
 
 	// parFlops is the smallest 2·m·n·k worth splitting across goroutines.
 	parFlops int
+
+	// narrow, if set, takes the GEMMs with n ≤ narrow.nr.
+	narrow *gemmImpl
 }
 
 // gemmBuf is one worker's packing space.
 type gemmBuf struct {
 	a, b, tile []float32
+	pad        []float32 // 16 zero-padded rows for a ragged transposing pack
 }
 
 // gemmBufs is a free list of packing buffers. Unlike a sync.Pool it is not
@@ -118,6 +122,9 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 	checkGemm(tA, tB, m, n, k, a, lda, b, ldb, c, ldc)
 	if m == 0 || n == 0 {
 		return
+	}
+	if g.narrow != nil && n <= g.narrow.nr {
+		g = g.narrow
 	}
 	if k == 0 || alpha == 0 {
 		scaleMatrix(beta, m, n, c, ldc)
@@ -357,7 +364,7 @@ func (g *gemmImpl) serial(tA, tB bool, m, n, k int, alpha float32, a []float32, 
 		for pc := 0; pc < k; pc += g.kc {
 			kc := min(g.kc, k-pc)
 			if !directB {
-				g.packB(buf.b, b, ldb, tB, pc, jc, kc, nc)
+				g.packB(buf.b, b, ldb, tB, pc, jc, kc, nc, &buf.pad)
 			}
 			bet := beta
 			if pc > 0 {
@@ -457,14 +464,14 @@ func (g *gemmImpl) packA(dst, a []float32, lda int, tA bool, i0, p0, mc, kc int)
 		if rows < mr {
 			clear(d)
 		}
-		g.packTransposed(d, a[r0*lda+p0:], lda, rows, kc, mr)
+		packTransposedGo(d, a[r0*lda+p0:], lda, rows, kc, mr)
 	}
 }
 
 // packB copies the kc×nc panel of op(B) at (p0, j0) into NR-wide slivers:
 // sliver s holds, for each p, the NR values op(B)[p0+p, j0+s·NR+j], zero
 // padded past nc.
-func (g *gemmImpl) packB(dst, b []float32, ldb int, tB bool, p0, j0, kc, nc int) {
+func (g *gemmImpl) packB(dst, b []float32, ldb int, tB bool, p0, j0, kc, nc int, pad *[]float32) {
 	nr := g.nr
 	for s := 0; s*nr < nc; s++ {
 		d := dst[s*nr*kc : (s+1)*nr*kc]
@@ -482,7 +489,7 @@ func (g *gemmImpl) packB(dst, b []float32, ldb int, tB bool, p0, j0, kc, nc int)
 		if cols < nr {
 			clear(d)
 		}
-		g.packTransposed(d, b[c0*ldb+p0:], ldb, cols, kc, nr)
+		g.packTransposed(d, b[c0*ldb+p0:], ldb, cols, kc, nr, pad)
 	}
 }
 
@@ -499,24 +506,45 @@ func packTransposedGo(d, src []float32, ld, rows, kc, w int) {
 }
 
 // packTransposed writes d[p·w + r] = src[r·ld + p] for r < rows, p < kc,
-// 16×16 blocks at a time with g.pack16 where there is one.
-func (g *gemmImpl) packTransposed(d, src []float32, ld, rows, kc, w int) {
-	if g.pack16 == nil || kc < 16 || rows < 16 {
+// 16×16 blocks at a time with g.pack16 where there is one. A last group of
+// fewer than 16 rows is first copied into pad (zero rows below it) when the
+// 16 output columns fit in w.
+func (g *gemmImpl) packTransposed(d, src []float32, ld, rows, kc, w int, pad *[]float32) {
+	if g.pack16 == nil || kc < 16 {
 		packTransposedGo(d, src, ld, rows, kc, w)
 		return
 	}
 	blocks := kc / 16
+	tail := func(d, src []float32, ld int) {
+		if blocks*16 < kc {
+			packTransposedGo(d[blocks*16*w:], src[blocks*16:], ld, 16, kc-blocks*16, w)
+		}
+	}
 	r := 0
 	for ; r+16 <= rows; r += 16 {
 		// The whole region the assembly touches, bounds-checked once.
 		_ = src[(r+15)*ld+blocks*16-1]
 		_ = d[(blocks*16-1)*w+r+15]
 		g.pack16(&d[r], &src[r*ld], ld, w, blocks)
-		if blocks*16 < kc {
-			packTransposedGo(d[blocks*16*w+r:], src[r*ld+blocks*16:], ld, 16, kc-blocks*16, w)
+		tail(d[r:], src[r*ld:], ld)
+	}
+	if r == rows {
+		return
+	}
+	if r+16 > w {
+		packTransposedGo(d[r:], src[r*ld:], ld, rows-r, kc, w)
+		return
+	}
+	p := grow(*pad, 16*kc)
+	*pad = p
+	for i := 0; i < 16; i++ {
+		if r+i < rows {
+			copy(p[i*kc:i*kc+kc], src[(r+i)*ld:(r+i)*ld+kc])
+		} else {
+			clear(p[i*kc : i*kc+kc])
 		}
 	}
-	if r < rows {
-		packTransposedGo(d[r:], src[r*ld:], ld, rows-r, kc, w)
-	}
+	_ = d[(blocks*16-1)*w+r+15]
+	g.pack16(&d[r], &p[0], kc, w, blocks)
+	tail(d[r:], p, kc)
 }

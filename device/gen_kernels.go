@@ -58,10 +58,10 @@ var out bytes.Buffer
 
 func p(format string, args ...any) { fmt.Fprintf(&out, format+"\n", args...) }
 
-// rowBases are the registers that point at rows 0, 5, 10 of A in row mode;
+// rowBases are the registers that point at rows 0, 5, 10, 15 of A in row mode;
 // rows base+0..4 are reached with the index registers R8 = lda·4 and
 // R9 = 3·lda·4.
-var rowBases = []string{"AX", "R10", "R11"}
+var rowBases = []string{"AX", "R10", "R11", "R12"}
 
 func rowAddr(r, disp int) string {
 	base := rowBases[r/5]
@@ -329,6 +329,10 @@ func main() {
 		{name: "gemmAVX512Row8x32", avx512: true, rowA: true, mr: 8, nv: 2, unroll: 4},
 		{name: "gemmAVX512StepB8x32", avx512: true, directB: true, mr: 8, nv: 2, unroll: 4},
 		{name: "gemmAVX512RowB8x32", avx512: true, rowA: true, directB: true, mr: 8, nv: 2, unroll: 4},
+		{name: "gemmAVX512Step16x16", avx512: true, mr: 16, nv: 1, unroll: 4},
+		{name: "gemmAVX512Row16x16", avx512: true, rowA: true, mr: 16, nv: 1, unroll: 4},
+		{name: "gemmAVX512StepB16x16", avx512: true, directB: true, mr: 16, nv: 1, unroll: 4},
+		{name: "gemmAVX512RowB16x16", avx512: true, rowA: true, directB: true, mr: 16, nv: 1, unroll: 4},
 		{name: "gemmAVX2Step6x16", mr: 6, nv: 2, unroll: 4},
 		{name: "gemmAVX2Row6x16", rowA: true, mr: 6, nv: 2, unroll: 4},
 	} {
