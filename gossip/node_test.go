@@ -3,6 +3,7 @@ package gossip
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -16,7 +17,7 @@ import (
 
 // nodeTransports attaches n nodes with gossip transports to a fully
 // connected mocknet with the given link latency and bandwidth (bytes/s).
-func nodeTransports(t *testing.T, n int, latency time.Duration, bw float64, model func(i int) string) ([]*node.Node, []*NodeTransport) {
+func nodeTransports(t testing.TB, n int, latency time.Duration, bw float64, model func(i int) string) ([]*node.Node, []*NodeTransport) {
 	t.Helper()
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
@@ -344,4 +345,43 @@ func FuzzDecodeFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkNodeFetch measures one announce-and-pull of a vector over
+// node/ streams on a mocknet link (no latency, no bandwidth cap), and one
+// push-sum push (with its ack).
+func BenchmarkNodeFetch(b *testing.B) {
+	for _, n := range []int{50_000, 200_000} {
+		b.Run(fmt.Sprintf("fetch/%dvalues", n), func(b *testing.B) {
+			_, trs := nodeTransports(b, 2, 0, 0, nil)
+			payload := make([]byte, 4*n)
+			if err := trs[0].Serve("k", payload); err != nil {
+				b.Fatal(err)
+			}
+			a := &Announcement{Peer: trs[0].Self(), Key: "k", Size: uint64(len(payload)), Digest: Digest(payload)}
+			ctx := context.Background()
+			var dst []byte
+			b.SetBytes(int64(len(payload)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var err error
+				if dst, err = trs[1].Fetch(ctx, a, dst); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("push/%dvalues", n), func(b *testing.B) {
+			_, trs := nodeTransports(b, 2, 0, 0, nil)
+			trs[1].Bind(NewPushSumPeer(make([]float32, n)), n)
+			s := Share{X: make([]float32, n), W: 1e-9}
+			ctx := context.Background()
+			b.SetBytes(int64(4 * n))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := trs[0].Push(ctx, trs[1].Self(), s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -246,7 +247,7 @@ type asyncPeer struct {
 	local   atomic.Uint64 // vc.Local() for the receiver goroutine
 	peersMu sync.Mutex    // guards vc's peer table (Observe, Lag): both goroutines use it
 	drops   [numDropReasons]atomic.Uint64
-	lastSeq map[peer.ID]uint64 // receiver goroutine only
+	seen    map[peer.ID]*seqWindow // receiver goroutine only
 
 	merged, flushes int
 	tauSum          float64
@@ -258,7 +259,7 @@ func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts a
 	}
 	pol, _ := staleness.Parse(cfg.Policy)
 	p := &asyncPeer{cfg: cfg, pol: pol, self: self, w: w, rec: rec, opts: opts, start: time.Now(),
-		vc: staleness.NewVersionClock(0, cfg.PeerTTL), lastSeq: make(map[peer.ID]uint64)}
+		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peer.ID]*seqWindow)}
 	var err error
 	if cfg.Mode == ModeFedAsync {
 		p.mixer, err = staleness.NewMixer(staleness.MixerConfig{Alpha: cfg.Alpha, Policy: pol}, p.vc)
@@ -294,7 +295,7 @@ func (p *asyncPeer) since() time.Duration { return time.Since(p.start) }
 
 func (p *asyncPeer) drop(r DropReason, from peer.ID, tau int) {
 	p.drops[r].Add(1)
-	p.rec.Event(Event{Peer: string(p.self), At: p.since(), Kind: "drop:" + r.String(), Staleness: tau})
+	p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "drop:" + r.String(), Staleness: tau})
 }
 
 // Drops returns a snapshot of the drop counters.
@@ -318,10 +319,14 @@ func (p *asyncPeer) screen(a *gossip.Announcement) (DropReason, bool) {
 	if int(a.Elems) != len(p.w.Model.Params) {
 		return DropShape, false
 	}
-	if last, ok := p.lastSeq[a.Peer]; ok && a.Seq <= last {
+	win := p.seen[a.Peer]
+	if win == nil {
+		win = &seqWindow{}
+		p.seen[a.Peer] = win
+	}
+	if !win.admit(a.Seq) {
 		return DropReplay, false
 	}
-	p.lastSeq[a.Peer] = a.Seq
 	local := p.local.Load()
 	if a.Base <= local+p.cfg.MaxAhead {
 		// The announced base is the version the peer works from, whether
@@ -391,7 +396,7 @@ func (p *asyncPeer) merge(c *contribution) {
 	default:
 		p.merged++
 		p.tauSum += float64(d.Tau)
-		p.rec.Event(Event{Peer: string(p.self), At: p.since(), Kind: "merge", Staleness: int(d.Tau), Weight: w})
+		p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "merge", Staleness: int(d.Tau), Weight: w})
 	}
 }
 
@@ -434,7 +439,7 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		wg.Wait()
 	}()
 
-	sum := &AsyncSummary{Peer: string(p.self), Mode: cfg.Mode, Policy: p.pol.String()}
+	sum := &AsyncSummary{Peer: p.self.String(), Mode: cfg.Mode, Policy: p.pol.String()}
 	var (
 		payload  []byte
 		delta    []float32
@@ -443,7 +448,7 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 	)
 	snapshot := func(force bool) {
 		if at := p.since(); force || at-lastSnap >= cfg.SnapshotEvery {
-			p.rec.Snapshot(string(p.self), at, w.Steps, p.model())
+			p.rec.Snapshot(p.self.String(), at, w.Steps, p.model())
 			lastSnap = at
 		}
 	}
@@ -465,14 +470,14 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		if cfg.MaxSteps > 0 {
 			steps = min(steps, cfg.MaxSteps-w.Steps)
 		}
-		loss, _, err := w.LocalSteps(ctx, steps)
+		loss, err := p.localSteps(ctx, steps, snapshot)
 		if err != nil {
 			if ctx.Err() == nil {
 				runErr = err
 			}
 			break
 		}
-		p.rec.Event(Event{Peer: string(p.self), At: p.since(), Kind: "round", Loss: loss})
+		p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "round", Loss: loss})
 		vec := w.Model.Params
 		if p.server != nil {
 			delta = growVec(delta, len(vec))
@@ -494,7 +499,7 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		pctx, cancel := context.WithTimeout(ctx, cfg.FetchTimeout)
 		if err := net.Publish(pctx, a, payload); err == nil {
 			sum.Published++
-			p.rec.Event(Event{Peer: string(p.self), At: p.since(), Kind: "publish", Bytes: int64(len(payload))})
+			p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "publish", Bytes: int64(len(payload))})
 		}
 		cancel()
 		if p.server != nil { // FedBuff: the own delta joins the own buffer
@@ -514,6 +519,26 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 	sum.Drops = p.dropCounts().Map()
 	sum.WallS = p.since().Seconds()
 	return sum, runErr
+}
+
+// localSteps runs k local SGD steps and returns their mean loss, taking
+// snapshots between steps (so a slow peer's curve has points inside its
+// long rounds).
+func (p *asyncPeer) localSteps(ctx context.Context, k int, snapshot func(bool)) (float64, error) {
+	sum := 0.0
+	for i := 0; i < k; i++ {
+		loss, err := p.w.Step(ctx)
+		if err != nil {
+			return 0, err
+		}
+		sum += loss
+		snapshot(false)
+		// Let the receiver and fetchers run: a compute-bound loop keeps
+		// them waiting for a P until the scheduler preempts it (10 ms),
+		// which shows up as staleness.
+		runtime.Gosched()
+	}
+	return sum / float64(max(k, 1)), nil
 }
 
 // drain merges everything queued, without waiting.
@@ -638,6 +663,36 @@ func (p *asyncPeer) deliver(inbox chan *contribution, c *contribution) {
 		default:
 		}
 	}
+}
+
+// seqWindow admits each sequence number of one sender once: numbers above
+// the highest seen, or up to 64 below it if not seen yet (announcements
+// may arrive out of order); everything else is a replay.
+type seqWindow struct {
+	top  uint64
+	bits uint64 // bit i: top−i was seen
+}
+
+func (w *seqWindow) admit(seq uint64) bool {
+	switch {
+	case w.bits == 0 || seq > w.top:
+		shift := seq - w.top
+		if w.bits == 0 || shift >= 64 {
+			w.bits = 1
+		} else {
+			w.bits = w.bits<<shift | 1
+		}
+		w.top = seq
+		return true
+	case w.top-seq >= 64:
+		return false
+	}
+	bit := uint64(1) << (w.top - seq)
+	if w.bits&bit != 0 {
+		return false
+	}
+	w.bits |= bit
+	return true
 }
 
 // discardRecorder discards everything.

@@ -46,6 +46,18 @@ func shards(t testing.TB, n, k int) []*data.Set {
 	return out
 }
 
+func TestSeqWindow(t *testing.T) {
+	var w seqWindow
+	for _, tc := range []struct {
+		seq  uint64
+		want bool
+	}{{10, true}, {10, false}, {12, true}, {11, true}, {11, false}, {9, true}, {100, true}, {36, false}, {37, true}, {37, false}, {12, false}, {200, true}, {100, false}} {
+		if got := w.admit(tc.seq); got != tc.want {
+			t.Fatalf("admit(%d) = %v, want %v", tc.seq, got, tc.want)
+		}
+	}
+}
+
 func TestAsyncConfigValidate(t *testing.T) {
 	if err := DefaultAsyncConfig().Validate(); err != nil {
 		t.Fatal(err)
@@ -180,7 +192,12 @@ func TestAsyncDropsBadInput(t *testing.T) {
 				}, nil},
 				{"replayed seq", DropReplay, func() (gossip.Announcement, []byte) {
 					a := ann(local, good)
-					a.Seq = 50 // below what "evil" already used
+					a.Seq = 60 // already seen
+					return a, good
+				}, nil},
+				{"seq too old", DropReplay, func() (gossip.Announcement, []byte) {
+					a := ann(local, good)
+					a.Seq = 20 // more than 64 below the newest
 					return a, good
 				}, nil},
 				{"digest mismatch", DropFetch, func() (gossip.Announcement, []byte) {
@@ -202,7 +219,9 @@ func TestAsyncDropsBadInput(t *testing.T) {
 				{"merge: shape", DropShape, nil,
 					&contribution{from: "evil", base: local, version: local + 1, kind: kind, vec: vec(dim-1, 0)}},
 			}
-			p.lastSeq["evil"] = 60
+			p.seen["evil"] = &seqWindow{}
+			p.seen["evil"].admit(60)
+			p.seen["evil"].admit(100)
 			for _, tc := range cases {
 				before := slices.Clone(p.model())
 				drops := p.dropCounts()
@@ -244,8 +263,9 @@ func TestAsyncDropsBadInput(t *testing.T) {
 }
 
 // runAsyncPeers trains k peers with RunAsync over a MemBus until each has
-// done steps local steps, and returns the workers and summaries. adversary,
-// if set, runs alongside until the honest peers finish.
+// done at least steps local steps (the fast ones go on until the slowest
+// is done), and returns the workers and summaries. adversary, if set, runs
+// alongside until the honest peers finish.
 func runAsyncPeers(t *testing.T, k, steps int, cfg AsyncConfig, slow map[int]float64, adversary func(ctx context.Context, bus *MemBus, started chan<- struct{})) ([]*Worker, []*AsyncSummary) {
 	t.Helper()
 	sh := shards(t, 6000, k)
@@ -253,8 +273,10 @@ func runAsyncPeers(t *testing.T, k, steps int, cfg AsyncConfig, slow map[int]flo
 	workers := make([]*Worker, k)
 	sums := make([]*AsyncSummary, k)
 	errs := make([]error, k)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
+	rec := &stepCounter{steps: map[string]int{}, live: k, target: steps, stop: cancel}
+	cfg.SnapshotEvery = 0
 	nets := make([]AsyncNet, k)
 	for i := range k {
 		wc := DefaultWorkerConfig()
@@ -264,7 +286,7 @@ func runAsyncPeers(t *testing.T, k, steps int, cfg AsyncConfig, slow map[int]flo
 			t.Fatal(err)
 		}
 		workers[i] = w
-		nets[i] = bus.Join(peer.ID(fmt.Sprint("p", i)), cfg.Model, 256)
+		nets[i] = bus.Join(peer.ID(fmt.Sprint("p", i)), cfg.Model, 1024)
 	}
 	actx, acancel := context.WithCancel(ctx)
 	var awg sync.WaitGroup
@@ -275,13 +297,14 @@ func runAsyncPeers(t *testing.T, k, steps int, cfg AsyncConfig, slow map[int]flo
 	}
 	var wg sync.WaitGroup
 	for i := range k {
-		c := cfg
-		c.MaxSteps = steps
-		wg.Go(func() { sums[i], errs[i] = RunAsync(ctx, workers[i], nets[i], c, nil) })
+		wg.Go(func() { sums[i], errs[i] = RunAsync(ctx, workers[i], nets[i], cfg, rec) })
 	}
 	wg.Wait()
 	acancel()
 	awg.Wait()
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Fatalf("peers did not reach %d steps each: %v", steps, ctx.Err())
+	}
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("peer %d: %v", i, err)
@@ -322,7 +345,6 @@ func TestAsyncLearns(t *testing.T) {
 			cfg := DefaultAsyncConfig()
 			cfg.Mode = mode
 			cfg.LocalSteps = 5
-			cfg.SnapshotEvery = time.Hour
 			if mode == ModeFedBuff {
 				cfg.Policy = "sqrt"
 				cfg.BufferK = 3
@@ -337,7 +359,7 @@ func TestAsyncLearns(t *testing.T) {
 				if sums[i].Merged == 0 {
 					t.Errorf("peer %d merged nothing", i)
 				}
-				if sums[i].Steps != 150 {
+				if sums[i].Steps < 150 {
 					t.Errorf("peer %d did %d steps", i, sums[i].Steps)
 				}
 			}
@@ -355,7 +377,6 @@ func TestAsyncAdversary(t *testing.T) {
 	_, te := mnist(t)
 	cfg := DefaultAsyncConfig()
 	cfg.LocalSteps = 5
-	cfg.SnapshotEvery = time.Hour
 	probe := testWorker(t, te.Head(10), 1)
 	dim := len(probe.Model.Params)
 	fp32, _ := compression.Parse("fp32")

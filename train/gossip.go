@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"time"
 
@@ -106,7 +107,7 @@ func RunGossip(ctx context.Context, w *Worker, net GossipNet, peers []peer.ID, c
 	}
 	g := &gossipRun{cfg: cfg, w: w, net: net, peers: peers, me: me, rec: rec, start: time.Now(),
 		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(me)))}
-	g.sum = &GossipSummary{Peer: string(self), Algorithm: cfg.Algorithm}
+	g.sum = &GossipSummary{Peer: self.String(), Algorithm: cfg.Algorithm}
 	var err error
 	if cfg.Algorithm == GossipPairwise {
 		err = g.pairwise(ctx)
@@ -159,18 +160,18 @@ func (g *gossipRun) snapshot(force bool, model func([]float32) []float32) {
 	}
 	g.lastSnap = at
 	g.snap = model(g.snap)
-	g.rec.Snapshot(string(g.net.Self()), at, g.w.Steps, g.snap)
+	g.rec.Snapshot(g.net.Self().String(), at, g.w.Steps, g.snap)
 }
 
 func (g *gossipRun) exchanged(err error, bytes int64) {
 	at := time.Since(g.start)
 	if err != nil {
 		g.sum.Failed++
-		g.rec.Event(Event{Peer: string(g.net.Self()), At: at, Kind: "exchange-failed"})
+		g.rec.Event(Event{Peer: g.net.Self().String(), At: at, Kind: "exchange-failed"})
 		return
 	}
 	g.sum.Exchanges++
-	g.rec.Event(Event{Peer: string(g.net.Self()), At: at, Kind: "exchange", Bytes: bytes})
+	g.rec.Event(Event{Peer: g.net.Self().String(), At: at, Kind: "exchange", Bytes: bytes})
 }
 
 // applyTo takes one optimiser step on x with the gradient in
@@ -215,6 +216,7 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 			}
 		}
 		g.snapshot(false, pp.Model)
+		runtime.Gosched() // serve exchanges promptly (see asyncPeer.localSteps)
 	}
 	g.snapshot(true, pp.Model)
 	return ctx.Err()
@@ -286,6 +288,7 @@ func (g *gossipRun) pushSum(ctx context.Context) error {
 			}
 		}
 		g.snapshot(false, ps.Estimate)
+		runtime.Gosched()
 	}
 	g.snapshot(true, ps.Estimate)
 	return ctx.Err()

@@ -1,0 +1,408 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/nn"
+	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/train"
+)
+
+// Peer is one simulated peer, as a strategy sees it. Its network parts are
+// real: a node/ tensor service and a GossipSub control plane on a mocknet
+// host.
+type Peer struct {
+	Index  int
+	ID     peer.ID
+	Host   host.Host
+	Node   *node.Node
+	CP     *gossip.ControlPlane
+	Worker *train.Worker
+	// Group is every peer's ID, sorted: the topology gossip strategies use.
+	Group []peer.ID
+	// Rec receives the peer's snapshots and events.
+	Rec train.Recorder
+	// Config is the experiment's configuration.
+	Config *Config
+	// Log is the experiment's logger.
+	Log *slog.Logger
+
+	delayMu  sync.Mutex
+	delayRng *rand.Rand
+}
+
+// Delay draws one message delay, uniform in [0, Config.Delay]. Safe for
+// concurrent use.
+func (p *Peer) Delay() time.Duration {
+	if p.Config.Delay <= 0 {
+		return 0
+	}
+	p.delayMu.Lock()
+	defer p.delayMu.Unlock()
+	return time.Duration(p.delayRng.Int64N(int64(p.Config.Delay) + 1))
+}
+
+// Sleep waits d or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Option sets an extra of Run.
+type Option func(*options)
+
+type options struct{ log *slog.Logger }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// seededReader is an io.Reader of seeded pseudo-random bytes, for
+// reproducible peer keys.
+type seededReader struct{ r *rand.ChaCha8 }
+
+func (s seededReader) Read(b []byte) (int, error) { return s.r.Read(b) }
+
+func seed32(seed uint64, salt string) [32]byte {
+	var s [32]byte
+	r := rand.New(rand.NewPCG(seed, uint64(len(salt))*0x9e3779b97f4a7c15))
+	for i := range s {
+		s[i] = byte(r.Uint32())
+	}
+	copy(s[24:], salt)
+	return s
+}
+
+// Run runs one experiment and evaluates it. The training phase lasts
+// cfg.Duration (less with StopAtTarget); ctx cancels the whole run.
+// trainSet and testSet are not modified.
+func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...Option) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	o := options{log: slog.New(slog.DiscardHandler)}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if cfg.Policy != "" {
+		cfg.Async.Policy = cfg.Policy
+	}
+	cfg.Policy = cfg.Async.Policy
+	trainSet, testSet = trainSet.Head(cfg.TrainLimit), testSet.Head(cfg.TestLimit)
+	probe, err := nn.New(cfg.Worker.Model, 0)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Async.Model, cfg.Gossip.Seed = probe.Arch, cfg.Seed
+	cfg.Async.SnapshotEvery, cfg.Gossip.SnapshotEvery = cfg.SnapshotEvery, cfg.SnapshotEvery
+	strat := lookup(cfg.Strategy)
+
+	parts, err := train.Partition(trainSet, cfg.Peers, cfg.Partition, cfg.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	sw, err := newSwarm(ctx, &cfg, o.log)
+	if err != nil {
+		return nil, err
+	}
+	defer sw.close()
+
+	rec := &simRecorder{mem: &train.MemRecorder{}, names: map[string]string{}, latest: map[string][]float32{}}
+	peers := make([]*Peer, cfg.Peers)
+	for i := range peers {
+		wc := cfg.Worker
+		wc.DataSeed = cfg.Seed*1000 + uint64(i) + 1
+		wc.Slowdown = max(cfg.Slow[i], 1)
+		w, err := train.NewWorker(wc, trainSet.Subset(parts[i]))
+		if err != nil {
+			return nil, fmt.Errorf("sim: peer %d: %w", i, err)
+		}
+		p := sw.peers[i]
+		p.Worker, p.Rec, p.Config, p.Log = w, rec, &cfg, o.log
+		p.delayRng = rand.New(rand.NewPCG(cfg.Seed, uint64(i)+0xde1a7))
+		rec.names[p.ID.String()] = peerName(i)
+		peers[i] = p
+	}
+
+	o.log.Info("sim: start", "strategy", cfg.Label(), "peers", cfg.Peers, "duration", cfg.Duration)
+	runCtx, stop := context.WithTimeout(ctx, cfg.Duration)
+	defer stop()
+	rec.start = time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, cfg.Peers)
+	summaries := make([]any, cfg.Peers)
+	for i, p := range peers {
+		pctx, kill := context.WithCancel(runCtx)
+		if at, ok := cfg.Kill[i]; ok {
+			t := time.AfterFunc(at, func() {
+				o.log.Info("sim: killing peer", "peer", i)
+				kill()
+				sw.kill(i)
+			})
+			defer t.Stop()
+		}
+		wg.Go(func() {
+			defer kill()
+			summaries[i], errs[i] = strat(pctx, p)
+			if errors.Is(errs[i], context.Canceled) || errors.Is(errs[i], context.DeadlineExceeded) {
+				errs[i] = nil
+			}
+		})
+	}
+	if cfg.StopAtTarget {
+		wg.Go(func() { monitor(runCtx, stop, &cfg, rec, testSet, o.log) })
+	}
+	wg.Wait()
+	wall := time.Since(rec.start)
+	stop()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for i, err := range errs {
+		if err != nil {
+			if _, killed := cfg.Kill[i]; !killed {
+				return nil, fmt.Errorf("sim: peer %d: %w", i, err)
+			}
+		}
+	}
+	o.log.Info("sim: evaluating", "snapshots", rec.count())
+	pts, err := rec.mem.Evaluate(cfg.Worker.Model, testSet)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Config: cfg, Points: pts, Events: rec.mem.Events()}
+	res.summarise(wall, summaries)
+	return res, nil
+}
+
+func peerName(i int) string { return fmt.Sprintf("p%d", i) }
+
+// swarm is the simulated network: a mocknet with one host per peer, each
+// with a node/ service and a control plane.
+type swarm struct {
+	mn     mocknet.Mocknet
+	peers  []*Peer
+	mu     sync.Mutex
+	killed map[int]bool
+}
+
+func newSwarm(ctx context.Context, cfg *Config, log *slog.Logger) (*swarm, error) {
+	sw := &swarm{mn: mocknet.New(), killed: map[int]bool{}}
+	ok := false
+	defer func() {
+		if !ok {
+			sw.close()
+		}
+	}()
+	sw.mn.SetLinkDefaults(mocknet.LinkOptions{Latency: cfg.Latency, Bandwidth: cfg.Bandwidth})
+	keys := seededReader{rand.NewChaCha8(seed32(cfg.Seed, "peer-keys"))}
+	for i := range cfg.Peers {
+		sk, _, err := crypto.GenerateEd25519Key(keys)
+		if err != nil {
+			return nil, err
+		}
+		ip := net.IPv4(10, byte(i>>16), byte(i>>8), byte(i))
+		addr, err := ma.NewMultiaddr(fmt.Sprintf("/ip4/%s/tcp/4242", ip))
+		if err != nil {
+			return nil, err
+		}
+		h, err := sw.mn.AddPeer(sk, addr)
+		if err != nil {
+			return nil, fmt.Errorf("sim: mocknet peer %d: %w", i, err)
+		}
+		ncfg := node.TestConfig()
+		ncfg.MaxTensorBytes = 256 << 20
+		ncfg.MaxParkedBytes = 512 << 20
+		ncfg.IOTimeout = 10 * time.Second
+		ncfg.RecvTimeout = 30 * time.Second
+		nd, err := node.Attach(h, ncfg)
+		if err != nil {
+			return nil, err
+		}
+		sw.peers = append(sw.peers, &Peer{Index: i, ID: h.ID(), Host: h, Node: nd})
+	}
+	if err := sw.mn.LinkAll(); err != nil {
+		return nil, err
+	}
+	// Routers first, connections second: GossipSub learns a peer's topics
+	// when it connects.
+	probe, err := nn.New(cfg.Worker.Model, 0)
+	if err != nil {
+		return nil, err
+	}
+	gcfg := gossip.DefaultConfig()
+	gcfg.Namespace, gcfg.Model = "sim", probe.Arch
+	gcfg.HeartbeatInterval, gcfg.PeerTTL = 250*time.Millisecond, 2*time.Second
+	gcfg.AnnounceQueue = 1024
+	for _, p := range sw.peers {
+		cp, err := gossip.New(p.Host, gcfg, gossip.WithLogger(log))
+		if err != nil {
+			return nil, err
+		}
+		p.CP = cp
+	}
+	if err := sw.mn.ConnectAllButSelf(); err != nil {
+		return nil, err
+	}
+	group := make([]peer.ID, len(sw.peers))
+	for i, p := range sw.peers {
+		group[i] = p.ID
+	}
+	slices.Sort(group)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for i, p := range sw.peers {
+		p.Group = group
+		if _, err := p.CP.WaitPeers(wctx, len(sw.peers)-1); err != nil {
+			return nil, fmt.Errorf("sim: peer %d saw %d of %d peers: %w", i, len(p.CP.Peers()), len(sw.peers)-1, err)
+		}
+	}
+	ok = true
+	return sw, nil
+}
+
+// kill stops peer i's network: its control plane and node close and its
+// host leaves the mocknet, so others see resets and silence.
+func (sw *swarm) kill(i int) {
+	sw.mu.Lock()
+	if sw.killed[i] {
+		sw.mu.Unlock()
+		return
+	}
+	sw.killed[i] = true
+	sw.mu.Unlock()
+	p := sw.peers[i]
+	p.CP.Close()
+	p.Node.Close()
+	p.Host.Close()
+}
+
+func (sw *swarm) close() {
+	for i, p := range sw.peers {
+		sw.mu.Lock()
+		dead := sw.killed[i]
+		sw.killed[i] = true
+		sw.mu.Unlock()
+		if dead {
+			continue
+		}
+		if p.CP != nil {
+			p.CP.Close()
+		}
+		p.Node.Close()
+	}
+	sw.mn.Close()
+}
+
+// simRecorder forwards to a MemRecorder under peer names p0, p1, … with
+// the experiment's own clock, and keeps each peer's latest parameters for
+// the monitor.
+type simRecorder struct {
+	mem   *train.MemRecorder
+	start time.Time
+	names map[string]string // read-only during the run
+
+	mu     sync.Mutex
+	latest map[string][]float32
+	n      int
+}
+
+var _ train.Recorder = (*simRecorder)(nil)
+
+func (r *simRecorder) name(p string) string {
+	if n, ok := r.names[p]; ok {
+		return n
+	}
+	return p
+}
+
+func (r *simRecorder) Snapshot(p string, _ time.Duration, updates int, params []float32) {
+	name := r.name(p)
+	r.mem.Snapshot(name, time.Since(r.start), updates, params)
+	r.mu.Lock()
+	r.latest[name] = append(r.latest[name][:0], params...)
+	r.n++
+	r.mu.Unlock()
+}
+
+func (r *simRecorder) Event(e train.Event) {
+	e.Peer = r.name(e.Peer)
+	e.At = time.Since(r.start)
+	r.mem.Event(e)
+}
+
+func (r *simRecorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+// monitor evaluates the latest snapshots every MonitorEvery and calls stop
+// once their mean test accuracy reaches the target.
+func monitor(ctx context.Context, stop func(), cfg *Config, rec *simRecorder, test *data.Set, log *slog.Logger) {
+	m, err := nn.New(cfg.Worker.Model, 0)
+	if err != nil {
+		return
+	}
+	tick := time.NewTicker(cfg.MonitorEvery)
+	defer tick.Stop()
+	var params [][]float32
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		rec.mu.Lock()
+		params = params[:0]
+		names := make([]string, 0, len(rec.latest))
+		for n := range rec.latest {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			params = append(params, slices.Clone(rec.latest[n]))
+		}
+		rec.mu.Unlock()
+		if len(params) < cfg.Peers {
+			continue
+		}
+		sum := 0.0
+		for _, p := range params {
+			copy(m.Params, p)
+			_, acc := m.Evaluate(test.X, test.Y, 1000)
+			sum += acc
+		}
+		mean := sum / float64(len(params))
+		log.Info("sim: monitor", "mean_accuracy", mean)
+		if mean >= cfg.Target {
+			stop()
+			return
+		}
+	}
+}

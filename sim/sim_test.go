@@ -1,0 +1,228 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/train"
+)
+
+var (
+	mnistOnce             sync.Once
+	mnistTrain, mnistTest *data.Set
+	mnistErr              error
+)
+
+func mnist(t testing.TB) (*data.Set, *data.Set) {
+	mnistOnce.Do(func() { mnistTrain, mnistTest, mnistErr = data.LoadMNIST("") })
+	if mnistErr != nil {
+		t.Fatal(mnistErr)
+	}
+	return mnistTrain, mnistTest
+}
+
+// small returns a quick configuration: 3 peers, a small MLP, MNIST subsets.
+func small(strategy string, d time.Duration) Config {
+	c := DefaultConfig()
+	c.Peers, c.Strategy, c.Duration = 3, strategy, d
+	c.TrainLimit, c.TestLimit = 3000, 1000
+	c.Worker.Model = "mlp:784-32-10"
+	c.Async.LocalSteps = 5
+	c.SnapshotEvery = 100 * time.Millisecond
+	c.Slow = map[int]float64{0: 2}
+	return c
+}
+
+// TestRunStrategies runs every built-in strategy briefly on mocknet and
+// checks that each peer learns and that the files are written.
+func TestRunStrategies(t *testing.T) {
+	tr, te := mnist(t)
+	for _, name := range Strategies() {
+		t.Run(name, func(t *testing.T) {
+			cfg := small(name, 1500*time.Millisecond)
+			cfg.Target = 0.5
+			res, err := Run(context.Background(), cfg, tr, te)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := res.Summary
+			t.Logf("%s: final %.3f (min %.3f), %d steps, %d merges, τ %.2f, %d exchanges, drops %v, to 0.5 in %.2fs",
+				s.Label, s.FinalAccuracy, s.FinalMin, s.Steps, s.Merges, s.MeanTau, s.Exchanges, s.Drops, s.TimeToTarget)
+			if s.FinalMin < 0.6 {
+				t.Errorf("a peer ended at %.3f", s.FinalMin)
+			}
+			if len(res.Mean) == 0 || s.TimeToTarget < 0 {
+				t.Errorf("no mean curve or target not reached: %d points", len(res.Mean))
+			}
+			switch name {
+			case "fedasync", "fedbuff":
+				if s.Merges == 0 {
+					t.Error("no contribution merged")
+				}
+			case "adpsgd", "sgp":
+				if s.Exchanges == 0 {
+					t.Error("no exchange")
+				}
+			}
+			if s.Drops["nonfinite"]+s.Drops["shape"]+s.Drops["model"] != 0 {
+				t.Errorf("honest peers dropped contributions: %v", s.Drops)
+			}
+			dir := t.TempDir()
+			if err := res.WriteFiles(dir); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"points.csv", "mean.csv", "events.csv", "summary.json", "accuracy_time.png", "accuracy_updates.png"}
+			if name == "fedasync" || name == "fedbuff" {
+				want = append(want, "staleness.png")
+			}
+			for _, f := range want {
+				if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+					t.Errorf("%s: %v", f, err)
+				}
+			}
+		})
+	}
+}
+
+// TestRunKilledPeer kills a peer mid-run: the run still ends on time and
+// the survivors keep learning after the death.
+func TestRunKilledPeer(t *testing.T) {
+	tr, te := mnist(t)
+	for _, name := range []string{"fedasync", "sgp", "adpsgd", "sync"} {
+		t.Run(name, func(t *testing.T) {
+			cfg := small(name, 3*time.Second)
+			cfg.Peers = 4
+			cfg.Kill = map[int]time.Duration{1: 500 * time.Millisecond}
+			start := time.Now()
+			res, err := Run(context.Background(), cfg, tr, te)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if el := time.Since(start); el > 30*time.Second {
+				t.Errorf("run took %v", el)
+			}
+			late := map[string]int{}
+			for _, p := range res.Points {
+				if p.At > time.Second {
+					late[p.Peer] = max(late[p.Peer], p.Updates)
+				}
+			}
+			if late["p1"] != 0 {
+				t.Errorf("dead peer p1 has snapshots after its death")
+			}
+			for _, p := range []string{"p0", "p2", "p3"} {
+				if late[p] == 0 {
+					t.Errorf("%s stopped training after p1 died: %v", p, late)
+				}
+			}
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*Config){
+		"peers":    func(c *Config) { c.Peers = 0 },
+		"strategy": func(c *Config) { c.Strategy = "nope" },
+		"policy":   func(c *Config) { c.Policy = "poly:x" },
+		"slow":     func(c *Config) { c.Slow = map[int]float64{9: 2} },
+		"slow<1":   func(c *Config) { c.Slow = map[int]float64{0: 0.5} },
+		"kill":     func(c *Config) { c.Kill = map[int]time.Duration{-1: 0} },
+		"duration": func(c *Config) { c.Duration = 0 },
+		"target":   func(c *Config) { c.Target = 2 },
+		"stop":     func(c *Config) { c.StopAtTarget = true },
+		"bw":       func(c *Config) { c.Bandwidth = -1 },
+		"worker":   func(c *Config) { c.Worker.Batch = 0 },
+		"gossip":   func(c *Config) { c.Gossip.Every = 0 },
+	} {
+		c := DefaultConfig()
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestParseSlowKill(t *testing.T) {
+	s, err := ParseSlow("0:4, 3:2.5")
+	if err != nil || s[0] != 4 || s[3] != 2.5 || len(s) != 2 {
+		t.Fatalf("%v %v", s, err)
+	}
+	for _, bad := range []string{"0", "x:2", "0:y"} {
+		if _, err := ParseSlow(bad); !errors.Is(err, ErrConfig) {
+			t.Errorf("ParseSlow(%q): %v", bad, err)
+		}
+	}
+	k, err := ParseKill("2:5s,1:300ms")
+	if err != nil || k[2] != 5*time.Second || k[1] != 300*time.Millisecond {
+		t.Fatalf("%v %v", k, err)
+	}
+	if _, err := ParseKill("2:soon"); !errors.Is(err, ErrConfig) {
+		t.Errorf("ParseKill: %v", err)
+	}
+}
+
+// TestSwarmSeeded checks that a seed fixes the peers' identities (and so
+// the gossip roles and graph).
+func TestSwarmSeeded(t *testing.T) {
+	ids := func(seed uint64) []string {
+		c := DefaultConfig()
+		c.Peers, c.Seed = 3, seed
+		sw, err := newSwarm(context.Background(), &c, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sw.close()
+		var out []string
+		for _, p := range sw.peers {
+			out = append(out, p.ID.String())
+		}
+		return out
+	}
+	a, b, c := ids(7), ids(7), ids(8)
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("seed 7 gave %v then %v", a, b)
+		}
+		if a[i] == c[i] {
+			t.Fatalf("seeds 7 and 8 share peer %d", i)
+		}
+	}
+}
+
+func TestCompare(t *testing.T) {
+	mk := func(label string, seed uint64, ttt, acc float64) *Result {
+		return &Result{Config: Config{Seed: seed}, Summary: Summary{Label: label, Seed: seed, TimeToTarget: ttt, FinalAccuracy: acc}}
+	}
+	rows := Compare([]*Result{mk("sync", 1, 10, 0.975), mk("fedasync const", 1, 4, 0.978), mk("fedasync poly:0.5", 1, -1, 0.95), mk("sync", 2, 20, 0.97), mk("x", 2, 5, 0.97)}, "sync")
+	want := []struct{ ratio, delta float64 }{{1, 0}, {0.4, 0.3}, {0, -2.5}, {1, 0}, {0.25, 0}}
+	for i, w := range want {
+		if d := rows[i].TimeRatio - w.ratio; d > 1e-9 || d < -1e-9 {
+			t.Errorf("row %d ratio %v, want %v", i, rows[i].TimeRatio, w.ratio)
+		}
+		if d := rows[i].AccuracyDelta - w.delta; d > 1e-9 || d < -1e-9 {
+			t.Errorf("row %d delta %v, want %v", i, rows[i].AccuracyDelta, w.delta)
+		}
+	}
+}
+
+func TestMeanCurve(t *testing.T) {
+	pts := []train.Point{
+		{Peer: "p0", At: 1 * time.Second, Accuracy: 0.5, Updates: 1},
+		{Peer: "p1", At: 2 * time.Second, Accuracy: 0.7, Updates: 2},
+		{Peer: "p0", At: 3 * time.Second, Accuracy: 0.9, Updates: 5},
+	}
+	m := meanCurve(pts, 2)
+	if len(m) != 2 || m[0].Mean != 0.6 || m[0].Min != 0.5 || m[1].Mean != 0.8 || m[1].Min != 0.7 || m[1].Updates != 7 {
+		t.Fatalf("%+v", m)
+	}
+}

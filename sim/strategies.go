@@ -1,0 +1,251 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/p2p"
+	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/train"
+)
+
+// Strategy runs one peer's training until ctx ends (returning nil then)
+// and returns a JSON-encodable summary of it.
+type Strategy func(ctx context.Context, p *Peer) (summary any, err error)
+
+var (
+	regMu    sync.RWMutex
+	registry = map[string]Strategy{}
+)
+
+// Register makes s available under name, replacing any strategy of that
+// name (the synchronous stand-in "sync" is meant to be replaced).
+func Register(name string, s Strategy) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	registry[name] = s
+}
+
+// Strategies returns the registered names, sorted.
+func Strategies() []string {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func lookup(name string) Strategy {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	return registry[name]
+}
+
+func init() {
+	Register("fedasync", asyncStrategy(train.ModeFedAsync))
+	Register("fedbuff", asyncStrategy(train.ModeFedBuff))
+	Register("adpsgd", gossipStrategy(train.GossipPairwise))
+	Register("sgp", gossipStrategy(train.GossipPushSum))
+	Register("local", localStrategy)
+	Register("sync", syncStandIn)
+}
+
+// transport starts the peer's gossip transport over its node.
+func transport(p *Peer) (*gossip.NodeTransport, error) {
+	nc := gossip.DefaultNodeConfig()
+	nc.Model = p.Config.Async.Model
+	nc.ReplyTimeout = 10 * time.Second
+	nc.MaxServed = 16
+	nc.MaxFetchBytes = 256 << 20
+	return gossip.NewNodeTransport(p.Node, nc)
+}
+
+func asyncStrategy(mode string) Strategy {
+	return func(ctx context.Context, p *Peer) (any, error) {
+		t, err := transport(p)
+		if err != nil {
+			return nil, err
+		}
+		defer t.Close()
+		cfg := p.Config.Async
+		cfg.Mode = mode
+		var opts []train.AsyncOption
+		if p.Config.Delay > 0 {
+			opts = append(opts, train.WithDeliveryDelay(func(peer.ID) time.Duration { return p.Delay() }))
+		}
+		return train.RunAsync(ctx, p.Worker, &train.P2PNet{CP: p.CP, T: t}, cfg, p.Rec, opts...)
+	}
+}
+
+func gossipStrategy(algo string) Strategy {
+	return func(ctx context.Context, p *Peer) (any, error) {
+		t, err := transport(p)
+		if err != nil {
+			return nil, err
+		}
+		defer t.Close()
+		cfg := p.Config.Gossip
+		cfg.Algorithm = algo
+		var net train.GossipNet = &train.P2PNet{CP: p.CP, T: t}
+		if p.Config.Delay > 0 {
+			net = &delayGossipNet{GossipNet: net, p: p}
+		}
+		return train.RunGossip(ctx, p.Worker, net, p.Group, cfg, p.Rec)
+	}
+}
+
+// delayGossipNet delays every exchange a peer starts.
+type delayGossipNet struct {
+	train.GossipNet
+	p *Peer
+}
+
+func (n *delayGossipNet) Bind(h gossip.Handler, dim int) gossip.Exchanger {
+	return &delayExchanger{Exchanger: n.GossipNet.Bind(h, dim), p: n.p}
+}
+
+type delayExchanger struct {
+	gossip.Exchanger
+	p *Peer
+}
+
+func (e *delayExchanger) Push(ctx context.Context, to peer.ID, s gossip.Share) error {
+	if err := Sleep(ctx, e.p.Delay()); err != nil {
+		return fmt.Errorf("%w: %w", gossip.ErrNotDelivered, err)
+	}
+	return e.Exchanger.Push(ctx, to, s)
+}
+
+func (e *delayExchanger) Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error {
+	if err := Sleep(ctx, e.p.Delay()); err != nil {
+		return fmt.Errorf("%w: %w", gossip.ErrNotDelivered, err)
+	}
+	return e.Exchanger.Swap(ctx, with, mine, theirs)
+}
+
+// LocalSummary describes a peer that trained alone.
+type LocalSummary struct {
+	Peer  string  `json:"peer"`
+	Steps int     `json:"steps"`
+	WallS float64 `json:"wall_s"`
+}
+
+// localStrategy trains with no communication at all: the reference for
+// what averaging adds.
+func localStrategy(ctx context.Context, p *Peer) (any, error) {
+	w := p.Worker
+	start := time.Now()
+	name := p.ID.String()
+	p.Rec.Snapshot(name, 0, 0, w.Model.Params)
+	last := time.Duration(0)
+	for ctx.Err() == nil {
+		if _, err := w.Step(ctx); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return nil, err
+		}
+		if at := time.Since(start); at-last >= p.Config.SnapshotEvery {
+			p.Rec.Snapshot(name, at, w.Steps, w.Model.Params)
+			last = at
+		}
+		runtime.Gosched() // as the other strategies do, for a fair share
+	}
+	p.Rec.Snapshot(name, time.Since(start), w.Steps, w.Model.Params)
+	return &LocalSummary{Peer: name, Steps: w.Steps, WallS: time.Since(start).Seconds()}, nil
+}
+
+// SyncSummary describes a peer of the synchronous stand-in.
+type SyncSummary struct {
+	Peer   string  `json:"peer"`
+	Steps  int     `json:"steps"`
+	Failed int     `json:"failed_rounds"`
+	Group  int     `json:"final_group"`
+	WallS  float64 `json:"wall_s"`
+}
+
+// syncStandIn is synchronous data-parallel SGD: every step each peer
+// computes its gradient, the group all-reduces the gradients (mean
+// weighted by batch size) with aggregate.Runner over aggregate/p2p, and
+// every peer applies the same mean. It stands in for train's synchronous
+// strategy (owned by aggregate/'s authors) until that lands and registers
+// itself as "sync"; it uses their all-reduce, not one of its own.
+func syncStandIn(ctx context.Context, p *Peer) (any, error) {
+	var tr aggregate.Transport = p2p.New(p.Node)
+	if p.Config.Delay > 0 {
+		tr = &delayTransport{Transport: tr, p: p}
+	}
+	acfg := aggregate.DefaultConfig()
+	// A dead peer costs one stall before the survivors re-run without it:
+	// 2 s rather than 10 keeps a simulated death from dominating a run.
+	acfg.StallTimeout = 2 * time.Second
+	r, err := aggregate.NewRunner(p2p.ID(p.ID), tr, acfg)
+	if err != nil {
+		return nil, err
+	}
+	group := make([]string, len(p.Group))
+	for i, id := range p.Group {
+		group[i] = string(p2p.ID(id))
+	}
+	w := p.Worker
+	name := p.ID.String()
+	sum := &SyncSummary{Peer: name}
+	avg := make([]float32, len(w.Model.Params))
+	start := time.Now()
+	last := time.Duration(0)
+	p.Rec.Snapshot(name, 0, 0, w.Model.Params)
+	for round := uint64(1); ctx.Err() == nil; round++ {
+		_, n, err := w.Grad(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return nil, err
+		}
+		used, err := train.AllReduceGroup(ctx, r, round, group, avg, w.Model.Grads, float64(n))
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if errors.Is(err, aggregate.ErrExcluded) || errors.Is(err, aggregate.ErrTooFewPeers) {
+				return sum, err
+			}
+			sum.Failed++
+			continue
+		}
+		group = used
+		copy(w.Model.Grads, avg)
+		w.Apply(n)
+		if at := time.Since(start); at-last >= p.Config.SnapshotEvery {
+			p.Rec.Snapshot(name, at, w.Steps, w.Model.Params)
+			last = at
+		}
+	}
+	p.Rec.Snapshot(name, time.Since(start), w.Steps, w.Model.Params)
+	sum.Steps, sum.Group, sum.WallS = w.Steps, len(group), time.Since(start).Seconds()
+	return sum, nil
+}
+
+// delayTransport delays every all-reduce chunk a peer sends.
+type delayTransport struct {
+	aggregate.Transport
+	p *Peer
+}
+
+func (t *delayTransport) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.Tag, data []float32) error {
+	if err := Sleep(ctx, t.p.Delay()); err != nil {
+		return err
+	}
+	return t.Transport.Send(ctx, to, tag, data)
+}
