@@ -30,9 +30,7 @@ func TestKillRealProcess(t *testing.T) {
 		runChild(t)
 		return
 	}
-	if testing.Short() {
-		t.Skip("starts processes and real hosts")
-	}
+	t.Parallel()
 	cases := []struct {
 		name string
 		algo aggregate.Algorithm
@@ -40,7 +38,6 @@ func TestKillRealProcess(t *testing.T) {
 		step aggregate.Step
 		nth  int
 	}{
-		{"butterfly/before-sending", aggregate.Butterfly, 2, aggregate.StepScatter, 1},
 		{"butterfly/while-reducing", aggregate.Butterfly, 0, aggregate.StepGather, 1},
 		{"tree/inner-while-reducing", aggregate.Tree, 1, aggregate.StepUp, 2},
 	}
@@ -52,7 +49,7 @@ func TestKillRealProcess(t *testing.T) {
 const (
 	childPeers = 4 // in this process; plus the child
 	childDim   = 50_000
-	childStall = time.Second
+	childStall = 2 * time.Second // real time, on a machine that may be busy
 )
 
 func childConfig(algo aggregate.Algorithm) aggregate.Config {
