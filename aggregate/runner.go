@@ -56,8 +56,9 @@ type Runner struct {
 // Option is an extra for NewRunner.
 type Option func(*Runner)
 
-// WithLogger makes the runner log each attempt's blames and decision at
-// debug level, and failed rounds at warn level.
+// WithLogger makes the runner log failed rounds at warn level, rounds
+// completed without some peers at info level, and each attempt's blames and
+// votes at debug level. The default logs nothing.
 func WithLogger(l *slog.Logger) Option { return func(r *Runner) { r.log = l } }
 
 // NewRunner returns a driver for peer self over t.
@@ -129,6 +130,12 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 	defer func() {
 		if sc != nil {
 			res.Rejected = append(res.Rejected, sc.Rejected(g.round)...)
+		}
+		if err != nil {
+			r.log.Warn("aggregate: round failed", "self", r.self, "round", g.round, "attempts", res.Attempts, "err", err)
+		} else if res.Attempts > 1 || len(res.Rejected) > 0 {
+			r.log.Info("aggregate: round completed without some peers", "self", r.self, "group", res.Group.String(),
+				"excluded", fmt.Sprint(res.Excluded), "rejected", fmt.Sprint(res.Rejected))
 		}
 	}()
 	orig := g.Size()
