@@ -161,6 +161,7 @@ func (r *Result) StalenessHistogram() map[int]int {
 //	events.csv         merges (with τ and weight), drops, exchanges, publications
 //	summary.json       Summary
 //	accuracy_time.png  accuracy vs wall-clock, per peer and mean
+//	accuracy_time_zoom.png  the same, high-accuracy end only
 //	accuracy_updates.png  accuracy vs local steps, per peer
 //	staleness.png      histogram of τ over merged contributions (async strategies)
 func (r *Result) WriteFiles(dir string) error {
@@ -220,6 +221,9 @@ func (r *Result) WriteFiles(dir string) error {
 	}
 	title := fmt.Sprintf("%s, %d peers", r.Summary.Label, r.Config.Peers)
 	if err := plot.Lines(filepath.Join(dir, "accuracy_time.png"), title, "wall-clock (s)", "test accuracy", timeS); err != nil {
+		return err
+	}
+	if err := plot.Lines(filepath.Join(dir, "accuracy_time_zoom.png"), title, "wall-clock (s)", "test accuracy", zoom(timeS, zoomFloor(timeS))); err != nil {
 		return err
 	}
 	if err := plot.Lines(filepath.Join(dir, "accuracy_updates.png"), title, "local steps of the peer", "test accuracy", updS); err != nil {
@@ -315,8 +319,9 @@ func Compare(results []*Result, baseline string) []Comparison {
 	return out
 }
 
-// WriteComparison writes compare.csv, compare.json and compare.png (the
-// mean accuracy of every run against wall-clock) into dir.
+// WriteComparison writes compare.csv, compare.json, compare.png (the mean
+// accuracy of every run against wall-clock) and compare_zoom.png (its
+// high-accuracy end) into dir.
 func WriteComparison(dir string, results []*Result, baseline string) ([]Comparison, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -372,5 +377,35 @@ func WriteComparison(dir string, results []*Result, baseline string) ([]Comparis
 			title += ", slow: " + strings.Join(parts, " ")
 		}
 	}
-	return rows, plot.Lines(filepath.Join(dir, "compare.png"), title, "wall-clock (s)", "test accuracy", series)
+	if err := plot.Lines(filepath.Join(dir, "compare.png"), title, "wall-clock (s)", "test accuracy", series); err != nil {
+		return nil, err
+	}
+	return rows, plot.Lines(filepath.Join(dir, "compare_zoom.png"), title, "wall-clock (s)", "test accuracy", zoom(series, zoomFloor(series)))
+}
+
+// zoomFloor returns a lower accuracy bound that shows where runs differ:
+// the lowest final accuracy less 3 points, at most 0.9.
+func zoomFloor(series []plot.Series) float64 {
+	floor := 0.9
+	for _, s := range series {
+		if n := len(s.Y); n > 0 {
+			floor = min(floor, s.Y[n-1]-0.03)
+		}
+	}
+	return floor
+}
+
+// zoom keeps the points of each series at or above floor, so that the
+// plot's axis spans only the high-accuracy end.
+func zoom(series []plot.Series, floor float64) []plot.Series {
+	out := make([]plot.Series, len(series))
+	for i, s := range series {
+		out[i].Name = s.Name
+		for j := range s.X {
+			if s.Y[j] >= floor {
+				out[i].X, out[i].Y = append(out[i].X, s.X[j]), append(out[i].Y, s.Y[j])
+			}
+		}
+	}
+	return out
 }

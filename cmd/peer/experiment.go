@@ -128,15 +128,17 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if len(policies) == 0 {
 		policies = specList{""}
 	}
+	// Repeats outermost, so that a change in the machine's load during the
+	// experiment falls on every configuration alike.
 	var runs []sim.Config
-	for _, st := range strings.Split(*strategy, ",") {
-		st = strings.TrimSpace(st)
-		ps := specList{""}
-		if st == "fedasync" || st == "fedbuff" {
-			ps = policies
-		}
-		for _, pol := range ps {
-			for r := range *repeat {
+	for r := range *repeat {
+		for _, st := range strings.Split(*strategy, ",") {
+			st = strings.TrimSpace(st)
+			ps := specList{""}
+			if st == "fedasync" || st == "fedbuff" {
+				ps = policies
+			}
+			for _, pol := range ps {
 				c := cfg
 				c.Strategy, c.Policy, c.Seed = st, pol, *seed+uint64(r)
 				if err := c.Validate(); err != nil {
