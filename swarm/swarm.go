@@ -178,12 +178,23 @@ func (p *Peer) Fetch(ctx context.Context, peers []string, version uint64, dst []
 	return p.state.fetch(ctx, ids, version, dst, p.cfg.FetchFrom)
 }
 
+var _ train.Versioned = fedNet{}
+
 // FedNet returns the peer as a train.FedNet.
 func (p *Peer) FedNet() train.FedNet { return fedNet{p} }
 
 type fedNet struct{ p *Peer }
 
 func (f fedNet) Self() string { return f.p.ID() }
+
+// Versions implements train.Versioned from the heartbeats' model versions.
+func (f fedNet) Versions() map[string]uint64 {
+	out := map[string]uint64{}
+	for _, pi := range f.p.Control.Peers() {
+		out[pi.ID.String()] = pi.Version
+	}
+	return out
+}
 
 func (f fedNet) Members(ctx context.Context, round uint64) ([]string, error) {
 	return f.p.Members(), nil

@@ -130,6 +130,14 @@ func TestFederatedOverMocknet(t *testing.T) {
 	var mu sync.Mutex
 	finals := map[uint64]map[string][]float32{}
 	var wg sync.WaitGroup
+	rec := &train.MemRecorder{}
+	defer func() {
+		for _, e := range rec.Events() {
+			if e.Kind == "round-failed" {
+				t.Logf("%s at %v: %s", e.Peer, e.At, e.Detail)
+			}
+		}
+	}()
 	errs := make([]error, len(ps))
 	for i, p := range ps {
 		wc := train.DefaultWorkerConfig()
@@ -141,7 +149,13 @@ func TestFederatedOverMocknet(t *testing.T) {
 		wg.Add(1)
 		go func(i int, p *Peer) {
 			defer wg.Done()
-			errs[i] = train.Federated(ctx, w, p.FedNet(), cfg, nil, func(ri train.RoundInfo) bool {
+			errs[i] = train.Federated(ctx, w, p.FedNet(), cfg, rec, func(ri train.RoundInfo) bool {
+				if ri.Failed {
+					t.Errorf("%s: round %d failed", p.ID(), ri.Round)
+				}
+				if ri.Synced {
+					return false
+				}
 				mu.Lock()
 				if finals[ri.Round] == nil {
 					finals[ri.Round] = map[string][]float32{}

@@ -212,6 +212,65 @@ type FedNet interface {
 	Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error)
 }
 
+// Versioned is implemented by FedNets that know the state version each
+// live peer last published (from heartbeats, say). Federated uses it to
+// line a peer up with the others after it starts or fails a round.
+type Versioned interface {
+	// Versions returns the last known version of each live peer.
+	Versions() map[string]uint64
+}
+
+// alignRound waits, up to 1.5 s, until every
+// other sampled peer has reached version r−1; if one has already finished
+// round r, it fetches the newest state into state and returns its version
+// (else it returns version).
+func alignRound(ctx context.Context, net FedNet, cfg FedConfig, state []float32, version, r uint64, sampled []string) (uint64, error) {
+	vn, ok := net.(Versioned)
+	if !ok {
+		return version, nil
+	}
+	// Long enough for a heartbeat or two to show where the others are,
+	// short enough to stay well inside an all-reduce's stall timeout.
+	deadline := time.Now().Add(min(cfg.RoundTimeout/4, 1500*time.Millisecond))
+	for {
+		vs := vn.Versions()
+		var ahead []string
+		ready := true
+		for _, p := range sampled {
+			if p == net.Self() {
+				continue
+			}
+			v, known := vs[p]
+			switch {
+			case known && v >= r:
+				// Round r is already over for p: this peer is late.
+				ahead = append(ahead, p)
+			case !known || v+1 < r:
+				ready = false
+			}
+		}
+		if len(ahead) > 0 {
+			fctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout/4)
+			v, err := net.Fetch(fctx, ahead, r, state)
+			cancel()
+			if err == nil {
+				return v, nil
+			}
+			if ctx.Err() != nil {
+				return version, ctx.Err()
+			}
+		}
+		if ready || time.Now().After(deadline) {
+			return version, nil
+		}
+		select {
+		case <-ctx.Done():
+			return version, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // ErrNoState reports that no peer could provide the global state.
 var ErrNoState = errors.New("train: no peer provided the global state")
 
@@ -224,6 +283,12 @@ type RoundInfo struct {
 	State        []float32 // the whole global state (a view), for checkpoints
 	Loss         float64   // this peer's mean local training loss
 	Elapsed      time.Duration
+	// Failed reports a round that failed everywhere this peer could see:
+	// the state is the previous one, relabelled with this round.
+	Failed bool
+	// Synced reports a state this peer fetched from others (it missed the
+	// round's all-reduce but not its result).
+	Synced bool
 }
 
 // Federated runs serverless federated learning for one peer: each round
@@ -248,8 +313,15 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	state := make([]float32, n+len(st)) // [global params | server state]
 	copy(state, params)
 	global := state[:n]
+	// send/avg: [local params] for plain averaging, else [local params |
+	// global state] (see fedRound).
+	vec := n
+	if fa, ok := server.(*FedAvgServer); !ok || fa.LR != 1 {
+		vec = n + len(state)
+	}
+	send := make([]float32, vec)
+	avg := make([]float32, vec)
 	delta := make([]float32, n)
-	avg := make([]float32, n)
 	var version uint64
 	start := time.Now()
 	self := net.Self()
@@ -263,10 +335,17 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	}
 	if cfg.CatchUp > 0 {
 		// A late or restarted peer takes the newest state the others hold.
-		if members, err := net.Members(ctx, version+1); err == nil {
+		// It gives discovery up to CatchUp to show it the others, then asks
+		// them without waiting for newer versions.
+		deadline := time.Now().Add(cfg.CatchUp)
+		for {
+			members, err := net.Members(ctx, version+1)
+			if err != nil {
+				return err
+			}
 			others := slices.DeleteFunc(slices.Clone(members), func(p string) bool { return p == self })
 			if len(others) > 0 {
-				cctx, cancel := context.WithTimeout(ctx, cfg.CatchUp)
+				cctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 				tmp := make([]float32, len(state))
 				if v, err := net.Fetch(cctx, others, version+1, tmp); err == nil && v > version {
 					copy(state, tmp)
@@ -277,12 +356,27 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 					}
 				}
 				cancel()
+				break
+			}
+			if time.Now().After(deadline) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
 			}
 		}
 	}
 	copy(w.Model.Params, global)
 	net.Publish(version, state)
+	if version > 0 && (cfg.Resume == nil || version > cfg.Resume.Version) && onRound != nil {
+		if onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)}) {
+			return nil
+		}
+	}
 
+	align := true
 	for r := version + 1; r <= uint64(cfg.Rounds); r++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -299,8 +393,29 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			continue
 		}
 		prev := Sample(cfg.Seed, r-1, members, cfg.Fraction)
+		if align {
+			// After a start or a failed round, line up with the others
+			// before joining an all-reduce: take a newer state if someone
+			// is ahead, and give laggards a moment to reach round r−1.
+			v, err := alignRound(ctx, net, cfg, state, version, r, sampled)
+			if err != nil {
+				return err
+			}
+			align = false
+			if v > version {
+				version = v
+				copy(st, state[n:])
+				copy(w.Model.Params, global)
+				net.Publish(version, state)
+				if onRound != nil && onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)}) {
+					return nil
+				}
+				continue
+			}
+		}
 		rctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout)
-		info, skip, err := fedRound(rctx, w, net, cfg, server, state, delta, avg, &version, r, prev, sampled)
+		before := version
+		info, synced, err := fedRound(rctx, w, net, cfg, server, state, send, avg, delta, &version, r, prev, sampled)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -309,21 +424,25 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			if errors.Is(err, ErrDiverged) {
 				return err
 			}
-			// A failed round leaves the global state as it was; the peer
-			// goes on with the next round.
+			// The round failed for this peer: it holds the others' result
+			// if they had one (synced), else the unchanged state of r−1
+			// as version r.
 			if rec != nil {
 				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "round-failed", Detail: err.Error()})
 			}
-			continue
+			align = true
 		}
-		if skip {
-			continue
+		if version == before {
+			continue // no new state (a fetch for round r−1 failed)
 		}
+		info.Round = version
+		info.Failed = err != nil && !synced
+		info.Synced = synced
 		info.Global = global
 		info.State = state
 		info.Elapsed = time.Since(start)
 		if rec != nil {
-			rec.Snapshot(self, info.Elapsed, int(r), global)
+			rec.Snapshot(self, info.Elapsed, int(version), global)
 			rec.Event(Event{Peer: self, At: info.Elapsed, Kind: "round", Loss: info.Loss, Weight: float64(len(info.Participants))})
 		}
 		if onRound != nil && onRound(info) {
@@ -333,9 +452,9 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	return nil
 }
 
-// fedRound runs round r for a sampled peer. skip reports that the peer
-// found the round already done without it.
-func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server ServerOpt, state, delta, avg []float32, version *uint64, r uint64, prev, sampled []string) (RoundInfo, bool, error) {
+// fedRound runs round r for a sampled peer. synced reports that the peer
+// took the round's result (or a later state) from others.
+func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server ServerOpt, state, send, avg, delta []float32, version *uint64, r uint64, prev, sampled []string) (RoundInfo, bool, error) {
 	n := len(w.Model.Params)
 	global := state[:n]
 	if *version < r-1 {
@@ -351,8 +470,8 @@ func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server 
 		}
 		copy(server.State(), state[n:])
 		*version = v
+		net.Publish(v, state)
 		if v >= r {
-			net.Publish(v, state)
 			return RoundInfo{}, true, nil
 		}
 	}
@@ -382,37 +501,37 @@ func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server 
 		lossSum += loss * float64(k)
 		samples += k
 	}
-	for i := range delta {
-		delta[i] = w.Model.Params[i] - global[i]
+	// Every participant contributes its local model — and, unless the
+	// server step is plain averaging, its global state — so the averaged
+	// result is the same on all of them even if their bases had drifted
+	// apart (a peer that missed a round's result): each successful round
+	// re-synchronises its participants.
+	copy(send, w.Model.Params)
+	if len(send) > n {
+		copy(send[n:], state)
 	}
-	used, err := net.AllReduce(ctx, r, sampled, avg, delta, float64(w.ShardSize()))
+	used, err := net.AllReduce(ctx, r, sampled, avg, send, float64(w.ShardSize()))
 	if err != nil {
-		// This peer holds state r−1 but no result for round r. If others
-		// completed the round without it, take their state; if nobody did,
-		// the round changed nothing and every participant moves to version
-		// r with the state of r−1, so that later rounds never wait for a
-		// state nobody will publish.
-		err = fmt.Errorf("round %d: all-reduce: %w", r, err)
-		others := slices.DeleteFunc(slices.Clone(sampled), func(p string) bool { return p == net.Self() })
-		if len(others) > 0 && ctx.Err() == nil {
-			fctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout/8)
-			v, ferr := net.Fetch(fctx, others, r, state)
-			cancel()
-			if ferr == nil {
-				copy(server.State(), state[n:])
-				copy(w.Model.Params, global)
-				*version = v
-				net.Publish(v, state)
-				return RoundInfo{}, true, err
-			}
-		}
+		// No result for round r here: keep the state of r−1 as version r,
+		// so later rounds never wait for a state nobody will publish. If
+		// others completed the round, the next round this peer joins
+		// brings it back in line with them.
 		copy(w.Model.Params, global)
 		*version = r
 		net.Publish(r, state)
-		return RoundInfo{}, false, err
+		return RoundInfo{}, false, fmt.Errorf("round %d: all-reduce: %w", r, err)
 	}
-	server.Apply(global, avg)
-	copy(state[n:], server.State())
+	if len(avg) == n {
+		copy(global, avg) // FedAvg: the new model is the weighted mean
+	} else {
+		copy(state, avg[n:]) // the mean global state …
+		for i := range delta {
+			delta[i] = avg[i] - global[i] // … and the mean client delta
+		}
+		copy(server.State(), state[n:])
+		server.Apply(global, delta)
+		copy(state[n:], server.State())
+	}
 	copy(w.Model.Params, global)
 	*version = r
 	net.Publish(r, state)

@@ -83,7 +83,24 @@ type RunnerNet struct {
 	Static []string
 }
 
-var _ FedNet = (*RunnerNet)(nil)
+var (
+	_ FedNet    = (*RunnerNet)(nil)
+	_ Versioned = (*RunnerNet)(nil)
+)
+
+// Versions implements Versioned from the board.
+func (n *RunnerNet) Versions() map[string]uint64 { return n.Board.Versions() }
+
+// Versions returns the last published version of every peer.
+func (b *StateBoard) Versions() map[string]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string]uint64, len(b.states))
+	for p, e := range b.states {
+		out[p] = e.version
+	}
+	return out
+}
 
 // Self implements FedNet.
 func (n *RunnerNet) Self() string { return n.ID }

@@ -71,13 +71,14 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	ckpt := fs.String("checkpoint", "", "checkpoint file, rewritten atomically after every round")
 	resume := fs.Bool("resume", false, "continue from --checkpoint")
 	out := fs.String("out", "", "folder for summary.json")
+	linger := fs.Duration("linger", 3*time.Second, "stay up this long after training to serve state to slower peers")
 	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
 			Partition: *partition, DataSeed: *dataSeed, Limit: *limit, Checkpoint: *ckpt, Resume: *resume,
-			Out: *out, ProgressJSON: *progressJSON}
+			Out: *out, ProgressJSON: *progressJSON, Linger: *linger}
 		var lvl slog.Level
 		if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
 			return o, fmt.Errorf("--log-level: %v", err)

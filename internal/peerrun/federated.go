@@ -32,7 +32,14 @@ func runFederated(ctx context.Context, env *Env) error {
 			return true
 		}
 		loss, acc := eval.Evaluate(env.Test)
-		env.Report(Progress{Round: int(ri.Round), Rounds: cfg.Rounds, Accuracy: acc, Loss: loss, Peers: len(ri.Participants)})
+		note := ""
+		switch {
+		case ri.Failed:
+			note = "round failed; state unchanged"
+		case ri.Synced:
+			note = "state fetched from peers"
+		}
+		env.Report(Progress{Round: int(ri.Round), Rounds: cfg.Rounds, Accuracy: acc, Loss: loss, Peers: len(ri.Participants), Note: note})
 		return false
 	})
 	if err == nil {

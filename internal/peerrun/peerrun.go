@@ -45,6 +45,9 @@ type Options struct {
 	Checkpoint string // path of this peer's checkpoint file ("" for none)
 	Resume     bool   // continue from Checkpoint
 	Out        string // folder for summary.json and curve.csv ("" for none)
+	// Linger keeps the peer up this long after training ends, serving its
+	// state to peers that finish a little later.
+	Linger time.Duration
 	// ProgressJSON writes one JSON object per progress event to stdout
 	// (the demo reads them) instead of human-readable lines.
 	ProgressJSON bool
@@ -257,6 +260,12 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	}
 	err = mode(ctx, env)
 	sum.WallS = time.Since(start).Seconds()
+	if err == nil && opts.Linger > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(opts.Linger):
+		}
+	}
 	if opts.Out != "" {
 		if werr := writeSummary(filepath.Join(opts.Out, "summary.json"), sum); werr != nil && err == nil {
 			err = werr

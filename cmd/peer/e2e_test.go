@@ -1,0 +1,316 @@
+package main
+
+// End-to-end tests: real peer processes over loopback TCP.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/internal/peerrun"
+	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/train"
+)
+
+var (
+	buildOnce sync.Once
+	peerBin   string
+	buildErr  error
+)
+
+// binary builds the peer command once per test run.
+func binary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end: builds and runs peer processes")
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "peer-e2e")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		peerBin = filepath.Join(dir, "peer")
+		out, err := exec.Command("go", "build", "-o", peerBin, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return peerBin
+}
+
+type proc struct {
+	cmd   *exec.Cmd
+	lines chan peerrun.Progress
+	done  chan error
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// identity creates a key file and returns the peer's address on port.
+func identity(t *testing.T, dir string, i, port int) (key, addr string) {
+	key = filepath.Join(dir, fmt.Sprintf("k%d", i))
+	sk, err := node.LoadOrCreateIdentity(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := peer.IDFromPrivateKey(sk)
+	return key, fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", port, id)
+}
+
+func start(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"run", "--progress-json", "--mdns=false", "--swarm", "e2e"}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, lines: make(chan peerrun.Progress, 1000), done: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var pr peerrun.Progress
+			if json.Unmarshal(sc.Bytes(), &pr) == nil {
+				p.lines <- pr
+			}
+		}
+		err := cmd.Wait()
+		if err != nil {
+			err = fmt.Errorf("%v: %s", err, stderr.String())
+		}
+		close(p.lines)
+		p.done <- err
+	}()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return p
+}
+
+// waitRound reads p's progress until it reports round r or more.
+func (p *proc) waitRound(t *testing.T, r int, timeout time.Duration) peerrun.Progress {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case pr, ok := <-p.lines:
+			if !ok {
+				t.Fatalf("peer exited before round %d: %v", r, <-p.done)
+			}
+			if pr.Round >= r {
+				return pr
+			}
+		case <-deadline:
+			t.Fatalf("no round %d within %v", r, timeout)
+		}
+	}
+}
+
+func (p *proc) wait(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	go func() {
+		for pr := range p.lines {
+			if pr.Note != "" {
+				t.Logf("%s round %d: %s", pr.Peer[len(pr.Peer)-6:], pr.Round, pr.Note)
+			}
+		}
+	}()
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(timeout):
+		t.Fatalf("peer did not finish within %v", timeout)
+	}
+}
+
+func common(rounds int) []string {
+	return []string{"--model", "logreg", "--limit", "3000", "--rounds", fmt.Sprint(rounds), "--stall-timeout", "2s", "--slowdown", "4",
+		"--round-timeout", "20s", "--wait", "30s", "--optimizer", "sgd", "--lr", "0.1"}
+}
+
+func TestKillAndResume(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	const n, rounds = 3, 40
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	keys, addrs := make([]string, n), make([]string, n)
+	for i := range keys {
+		keys[i], addrs[i] = identity(t, dir, i, ports[i])
+	}
+	args := func(i int) []string {
+		a := append(common(rounds), "--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]), "--key", keys[i],
+			"--shard", fmt.Sprintf("%d/%d", i, n), "--min-peers", fmt.Sprint(n),
+			"--checkpoint", filepath.Join(dir, fmt.Sprintf("c%d", i)), "--out", filepath.Join(dir, fmt.Sprintf("o%d", i)))
+		for j := range n {
+			if j != i {
+				a = append(a, "--connect", addrs[j])
+			}
+		}
+		return a
+	}
+	procs := make([]*proc, n)
+	for i := range procs {
+		procs[i] = start(t, bin, args(i)...)
+	}
+	procs[2].waitRound(t, 3, 60*time.Second)
+	procs[2].cmd.Process.Signal(syscall.SIGKILL)
+	<-procs[2].done
+	ck, err := train.LoadCheckpoint(filepath.Join(dir, "c2"), 1<<24)
+	if err != nil {
+		t.Fatalf("checkpoint after kill -9: %v", err)
+	}
+	if ck.Version < 3 {
+		t.Fatalf("checkpoint at version %d, want ≥ 3", ck.Version)
+	}
+	restarted := start(t, bin, append(args(2), "--resume", "--min-peers", "1")...)
+	first := restarted.waitRound(t, 1, 60*time.Second)
+	if first.Round <= int(ck.Version) {
+		t.Fatalf("restarted peer redid round %d (checkpoint was at %d)", first.Round, ck.Version)
+	}
+	for _, p := range []*proc{procs[0], procs[1], restarted} {
+		p.wait(t, 120*time.Second)
+	}
+	// The three end on the same global state.
+	var states [][]float32
+	for i := range n {
+		c, err := train.LoadCheckpoint(filepath.Join(dir, fmt.Sprintf("c%d", i)), 1<<24)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Version != rounds {
+			t.Fatalf("peer %d ended at version %d", i, c.Version)
+		}
+		states = append(states, c.State)
+	}
+	if !slices.Equal(states[0], states[1]) || !slices.Equal(states[0], states[2]) {
+		t.Fatal("peers ended with different global states")
+	}
+}
+
+func TestLateJoinerSyncs(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	const rounds = 120
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	keys, addrs := make([]string, 3), make([]string, 3)
+	for i := range keys {
+		keys[i], addrs[i] = identity(t, dir, i, ports[i])
+	}
+	args := func(i int, min int) []string {
+		a := append(common(rounds), "--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]), "--key", keys[i],
+			"--shard", fmt.Sprintf("%d/3", i), "--min-peers", fmt.Sprint(min), "--checkpoint", filepath.Join(dir, fmt.Sprintf("c%d", i)))
+		for j := range i {
+			a = append(a, "--connect", addrs[j])
+		}
+		return a
+	}
+	a := start(t, bin, args(0, 2)...)
+	b := start(t, bin, args(1, 2)...)
+	b.waitRound(t, 10, 60*time.Second)
+	late := start(t, bin, args(2, 1)...)
+	first := late.waitRound(t, 1, 60*time.Second)
+	if first.Round <= 10 {
+		t.Fatalf("late joiner started at round %d instead of syncing past round 10", first.Round)
+	}
+	for _, p := range []*proc{a, b, late} {
+		p.wait(t, 120*time.Second)
+	}
+	var ref []float32
+	for i := range 3 {
+		c, err := train.LoadCheckpoint(filepath.Join(dir, fmt.Sprintf("c%d", i)), 1<<24)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref == nil {
+			ref = c.State
+		} else if !slices.Equal(ref, c.State) {
+			t.Fatalf("peer %d's final state (version %d) differs", i, c.Version)
+		}
+		t.Logf("peer %d: version %d", i, c.Version)
+	}
+}
+
+func TestDemoSmall(t *testing.T) {
+	bin := binary(t)
+	out := t.TempDir()
+	cmd := exec.Command(bin, "demo", "--peers", "2", "--rounds", "2", "--out", out,
+		"--peer-flag=--model=logreg", "--peer-flag=--limit=2000", "--timeout", "2m")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	if !strings.Contains(string(b), "final test accuracy") {
+		t.Fatalf("output: %s", b)
+	}
+	for _, f := range []string{"summary.json", "accuracy.png", "loss.png", "peer0/summary.json"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestRunBadInput(t *testing.T) {
+	dir := t.TempDir()
+	badCfg := filepath.Join(dir, "bad.json")
+	os.WriteFile(badCfg, []byte("{not json"), 0o644)
+	wrongCk := filepath.Join(dir, "ck")
+	ck := &train.Checkpoint{Arch: "cnn:28x28x1-10", Mode: "federated", Strategy: "fedavg", Version: 3, State: []float32{1}}
+	if err := ck.Save(wrongCk); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(wrongCk)
+	cases := map[string]struct {
+		args []string
+		want string
+	}{
+		"unknown flag":      {[]string{"run", "--frobnicate"}, "flag provided but not defined"},
+		"unreadable config": {[]string{"run", "--config", filepath.Join(dir, "missing.json")}, "config file"},
+		"bad config":        {[]string{"run", "--config", badCfg}, "not a JSON object"},
+		"conflicting modes": {[]string{"run", "--mode", "sync", "--strategy", "fedprox"}, "conflicting"},
+		"unknown mode":      {[]string{"run", "--mode", "telepathy"}, "unknown --mode"},
+		"bad shard":         {[]string{"run", "--shard", "3/2"}, "--shard"},
+		"resume without":    {[]string{"run", "--resume"}, "--checkpoint"},
+		"other model":       {[]string{"run", "--resume", "--checkpoint", wrongCk, "--limit", "100", "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}, "checkpoint is for model"},
+	}
+	for name, c := range cases {
+		var out, errb strings.Builder
+		err := run(context.Background(), c.args, &out, &errb)
+		if err == nil || !strings.Contains(err.Error()+errb.String(), c.want) {
+			t.Errorf("%s: err = %v, want it to mention %q", name, err, c.want)
+		}
+		if strings.Count(strings.TrimSpace(err.Error()), "\n") > 0 {
+			t.Errorf("%s: error is not one line: %q", name, err)
+		}
+	}
+	after, _ := os.ReadFile(wrongCk)
+	if string(before) != string(after) {
+		t.Fatal("a refused resume overwrote the checkpoint")
+	}
+	_ = io.Discard
+}
