@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/starling-ml/starling/compression"
 )
 
 // Algorithm is an all-reduce algorithm.
@@ -88,6 +90,13 @@ type Config struct {
 	// majority, so at most one side of a network partition completes a
 	// round; 0 lets any survivors continue.
 	Quorum float64
+
+	// Compress is the codec contributions travel in, as compression.Parse
+	// reads it ("fp16", "int8:256", "topk:0.01,ef", "powersgd:4,ef"), or ""
+	// for plain float32 chunks. With a codec the round runs the compressed
+	// data phase (see compressed.go and Runner.Compression); sum and mean
+	// only. Default "".
+	Compress string
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -126,6 +135,14 @@ func (c Config) Validate() error {
 		return bad("MaxAttempts %d not in [1, 255]", c.MaxAttempts)
 	case !(c.Quorum >= 0 && c.Quorum < 1):
 		return bad("Quorum %v not in [0, 1)", c.Quorum)
+	}
+	if c.Compress != "" {
+		if _, err := compression.Parse(c.Compress); err != nil {
+			return fmt.Errorf("%w: Compress: %w", ErrInvalidConfig, err)
+		}
+		if !c.Rule.Linear() {
+			return fmt.Errorf("%w: %w: compressed all-reduce runs sum and mean, not %s", ErrInvalidConfig, ErrUnsupported, c.Rule)
+		}
 	}
 	if v, ok := c.Rule.(interface{ validate() error }); ok {
 		if err := v.validate(); err != nil {

@@ -45,6 +45,7 @@ type Runner struct {
 	t    Transport
 	cfg  Config
 	be   device.Backend
+	comp *Compression // nil without Config.Compress
 
 	log *slog.Logger
 
@@ -73,6 +74,12 @@ func NewRunner(self PeerID, t Transport, cfg Config, opts ...Option) (*Runner, e
 		return nil, err
 	}
 	r := &Runner{self: self, t: t, cfg: cfg, be: device.Default(), bufs: map[string][]float32{}, log: discardLogger()}
+	if cfg.Compress != "" {
+		var err error
+		if r.comp, err = newCompression(cfg.Compress); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
 	for _, o := range opts {
 		o(r)
 	}
@@ -81,6 +88,10 @@ func NewRunner(self PeerID, t Transport, cfg Config, opts ...Option) (*Runner, e
 
 // Config returns the runner's configuration.
 func (r *Runner) Config() Config { return r.cfg }
+
+// Compression returns the runner's compression state, nil without
+// Config.Compress.
+func (r *Runner) Compression() *Compression { return r.comp }
 
 // buf returns a reusable buffer of n values named name; valid until the
 // round ends.
@@ -121,6 +132,13 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 	if g.Rank(r.self) < 0 {
 		return res, &PeerError{Peer: r.self, Err: fmt.Errorf("%w: %v", ErrNotMember, g)}
 	}
+	if r.comp != nil {
+		r.comp.mu.Lock()
+		defer r.comp.mu.Unlock()
+		if err := r.comp.check(len(src), r.cfg.ChunkElems); err != nil {
+			return res, err
+		}
+	}
 	if len(src) > 0 && len(dst) > 0 && &dst[0] == &src[0] {
 		cp := r.buf("src", len(src))
 		copy(cp, src)
@@ -155,6 +173,9 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 		}
 		if out.commit {
 			res.Weight = a.total
+			if r.comp != nil {
+				r.comp.commit()
+			}
 			return res, nil
 		}
 		drop := make([]PeerID, len(out.excluded))
@@ -173,9 +194,12 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 }
 
 // configHash identifies the settings every member of a round must share.
-func configHash(rule Rule, algo Algorithm, chunk int, d int) uint64 {
+func configHash(rule Rule, algo Algorithm, chunk int, d int, comp *Compression) uint64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "starling/aggregate/v1|%s|%s|%d|%d", rule, algo, chunk, d)
+	if comp != nil {
+		fmt.Fprintf(h, "|%s", comp.spec)
+	}
 	return h.Sum64()
 }
 
@@ -214,7 +238,7 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 	algo := r.cfg.resolve(len(src))
 	a := &attempt{
 		r: r, g: g, n: n, rank: g.Rank(r.self), algo: algo,
-		cfg: configHash(r.cfg.Rule, algo, r.cfg.ChunkElems, len(src)),
+		cfg: configHash(r.cfg.Rule, algo, r.cfg.ChunkElems, len(src), r.comp),
 		src: src, dst: dst, weight: weight, stall: r.cfg.StallTimeout,
 		blame: make([]kind, n), lastHeard: make([]atomic.Int64, n), votes: make([]peerVote, n),
 	}
@@ -527,8 +551,10 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 	}
 
 	if !a.bad.Load() {
-		switch a.algo {
-		case Tree:
+		switch {
+		case a.r.comp != nil:
+			a.compressed()
+		case a.algo == Tree:
 			a.tree()
 		default:
 			a.butterfly()
