@@ -3,9 +3,12 @@ package train
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestCheckpointRoundTrip(t *testing.T) {
@@ -53,5 +56,58 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	os.WriteFile(path, []byte("garbage"), 0o644)
 	if _, err := LoadCheckpoint(path, 1<<24); !errors.Is(err, ErrCheckpoint) {
 		t.Fatalf("garbage: %v", err)
+	}
+}
+
+// TestCheckpointSurvivesKillMidWrite kills a process while it rewrites a
+// large checkpoint and checks that the previous one is still whole.
+func TestCheckpointSurvivesKillMidWrite(t *testing.T) {
+	path := os.Getenv("STARLING_CKPT_CHILD")
+	if path != "" {
+		// Child: rewrite the checkpoint with a big state, forever.
+		big := make([]float32, 64<<20)
+		for {
+			(&Checkpoint{Arch: "x", Mode: "federated", Version: 2, State: big}).Save(path)
+		}
+	}
+	if testing.Short() {
+		t.Skip("re-executes the test binary")
+	}
+	path = filepath.Join(t.TempDir(), "ck")
+	want := []float32{1, 2, 3}
+	if err := (&Checkpoint{Arch: "x", Mode: "federated", Version: 1, State: want}).Save(path); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCheckpointSurvivesKillMidWrite$")
+	cmd.Env = append(os.Environ(), "STARLING_CKPT_CHILD="+path)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the child is writing its temporary file, then kill it.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		m, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".ck.tmp*"))
+		if len(m) > 0 {
+			if st, err := os.Stat(m[0]); err == nil && st.Size() > 1<<20 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("child never started writing")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	ck, err := LoadCheckpoint(path, 1<<28)
+	if err != nil {
+		t.Fatalf("checkpoint after a kill mid-write: %v", err)
+	}
+	if ck.Version == 1 && !slices.Equal(ck.State, want) {
+		t.Fatalf("version 1 with state %v", ck.State[:3])
+	}
+	if ck.Version != 1 && ck.Version != 2 {
+		t.Fatalf("version %d", ck.Version)
 	}
 }
