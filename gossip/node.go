@@ -72,26 +72,29 @@ func (c NodeConfig) Validate() error {
 	return nil
 }
 
-// Gossip frames ride node/'s tensor streams as raw byte tensors (codec
-// fp32, dtype uint8, shape [len]). Every frame starts with a fixed header,
+// Gossip requests ride node/'s tensor streams as raw byte tensors (codec
+// fp32, dtype uint8, shape [len]) that start with a fixed header,
 // little-endian:
 //
 //	off size field
 //	0   2    magic "GX"
 //	2   1    format version (1)
-//	3   1    kind
-//	4   4    n: float32 count (push, swap, swap reply) or byte count
-//	         (fetch key, refusal reason); 0 for ack and data
+//	3   1    kind: push, swap or fetch
+//	4   4    n: float32 count (push, swap) or key length (fetch)
 //	8   8    seq: the request's number, echoed by the reply
 //	16  8    FNV-1a 64 hash of the model id
 //	24  8    step (push-sum graph step)
 //	32  8    version (the sender's model version)
 //	40  8    weight (float64 bits; push-sum W)
-//	48  …    body: n float32s, n bytes, or (data) the served bytes
+//	48  …    body: n float32s or the key
 //
 // Requests go to fixed node tags (one per kind) and are received from any
-// peer; a reply goes to the requester under a tag that carries the
-// request's seq, so concurrent exchanges never see each other's replies.
+// peer. A reply goes back under a tag that carries the request's seq, so
+// concurrent exchanges never see each other's replies; its tensor's Step
+// field says what it is (ack, refusal, swapped model, served bytes), its
+// Version field repeats the seq, and its payload is the bare body (a
+// refusal's reason, the float32s, the served bytes), so a fetch is
+// received straight into the caller's buffer.
 const (
 	frameHeaderLen = 48
 	frameVersion   = 1
@@ -177,22 +180,13 @@ func decodeFrame(b []byte) (frame, error) {
 	f.body = b[frameHeaderLen:]
 	var want int
 	switch f.kind {
-	case kindPush, kindSwap, kindSwapReply:
+	case kindPush, kindSwap:
 		want = 4 * int(f.n)
 	case kindFetch:
 		if f.n > MaxKeyLen {
 			return f, fmt.Errorf("%w: key of %d bytes", ErrBadFrame, f.n)
 		}
 		want = int(f.n)
-	case kindRefuse:
-		if f.n > maxReason {
-			return f, fmt.Errorf("%w: reason of %d bytes", ErrBadFrame, f.n)
-		}
-		want = int(f.n)
-	case kindAck:
-		want = 0
-	case kindData:
-		return f, nil
 	default:
 		return f, fmt.Errorf("%w: unknown kind %d", ErrBadFrame, f.kind)
 	}
@@ -334,11 +328,12 @@ func rawTensor(tag node.Tag, f *frame, payload []byte) node.Tensor {
 		Version: f.version, Step: f.step, Payload: payload}
 }
 
-// request sends a request frame to p and waits for the reply into a buffer
-// of at most maxReply bytes. A failed send means the remote cannot have
-// read the whole frame (node/ hands a tensor over only after its trailing
-// checksum), so it is reported as ErrNotDelivered.
-func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *frame, body []float32, key []byte, maxReply int) (frame, error) {
+// request sends a request frame to p and waits for the reply, received
+// into rbuf (grown to at least maxReply bytes). It returns the reply's kind
+// and body (aliasing rbuf). A failed send means the remote cannot have read
+// the whole frame (node/ hands a tensor over only after its trailing
+// checksum), so it is reported as ErrNotDelivered; so is a refusal.
+func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *frame, body []float32, key []byte, rbuf []byte, maxReply int) (byte, []byte, error) {
 	f.kind, f.seq, f.model = kind, t.nextSeq(), t.model
 	defer t.protect(p, f.seq)()
 	buf := make([]byte, 0, frameHeaderLen+4*len(body)+len(key))
@@ -346,36 +341,36 @@ func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *fr
 	buf = appendF32(buf, body)
 	buf = append(buf, key...)
 	if err := t.n.Send(ctx, p, rawTensor(requestTag(kind), f, buf)); err != nil {
-		return frame{}, fmt.Errorf("%w: %w", ErrNotDelivered, err)
+		return 0, nil, fmt.Errorf("%w: %w", ErrNotDelivered, err)
 	}
-	rbuf := make([]byte, maxReply)
-	r, err := t.n.Recv(ctx, p, replyTag(f.seq), rbuf)
+	if cap(rbuf) < maxReply {
+		rbuf = make([]byte, maxReply)
+	}
+	r, err := t.n.Recv(ctx, p, replyTag(f.seq), rbuf[:cap(rbuf)])
 	if err != nil {
-		return frame{}, fmt.Errorf("gossip: waiting for %s's reply: %w", p, err)
+		return 0, nil, fmt.Errorf("gossip: waiting for %s's reply: %w", p, err)
 	}
-	rf, err := decodeFrame(r.Payload)
-	if err != nil {
-		return frame{}, fmt.Errorf("gossip: reply from %s: %w", p, err)
+	if r.Version != f.seq {
+		return 0, nil, fmt.Errorf("gossip: reply from %s: %w: seq %d, want %d", p, ErrBadFrame, r.Version, f.seq)
 	}
-	if rf.seq != f.seq&seqMask {
-		return frame{}, fmt.Errorf("gossip: reply from %s: %w: seq %d, want %d", p, ErrBadFrame, rf.seq, f.seq)
+	rk := byte(r.Step)
+	if r.Step == kindRefuse {
+		msg := r.Payload[:min(len(r.Payload), maxReason)]
+		return rk, nil, fmt.Errorf("%w: %w: %s: %s", ErrNotDelivered, ErrRefused, p, string(msg))
 	}
-	if rf.kind == kindRefuse {
-		return rf, fmt.Errorf("%w: %w: %s: %s", ErrNotDelivered, ErrRefused, p, string(rf.body))
-	}
-	return rf, nil
+	return rk, r.Payload, nil
 }
 
 // Push implements Exchanger: the share goes in one frame; the remote
 // absorbs it only once the whole frame is verified, then acks.
 func (t *NodeTransport) Push(ctx context.Context, to peer.ID, s Share) error {
 	f := frame{n: uint32(len(s.X)), step: s.Step, version: s.Version, weight: s.W}
-	rf, err := t.request(ctx, to, kindPush, &f, s.X, nil, frameHeaderLen+maxReason)
+	rk, _, err := t.request(ctx, to, kindPush, &f, s.X, nil, nil, maxReason)
 	if err != nil {
 		return err
 	}
-	if rf.kind != kindAck {
-		return fmt.Errorf("gossip: push to %s: %w: reply kind %d", to, ErrBadFrame, rf.kind)
+	if rk != kindAck {
+		return fmt.Errorf("gossip: push to %s: %w: reply kind %d", to, ErrBadFrame, rk)
 	}
 	return nil
 }
@@ -389,15 +384,15 @@ func (t *NodeTransport) Swap(ctx context.Context, with peer.ID, mine, theirs []f
 		return fmt.Errorf("%w: mine %d, theirs %d", ErrShape, len(mine), len(theirs))
 	}
 	f := frame{n: uint32(len(mine))}
-	rf, err := t.request(ctx, with, kindSwap, &f, mine, nil, frameHeaderLen+max(4*len(mine), maxReason))
+	rk, body, err := t.request(ctx, with, kindSwap, &f, mine, nil, nil, max(4*len(mine), maxReason))
 	if err != nil {
 		return err
 	}
-	if rf.kind != kindSwapReply || int(rf.n) != len(theirs) {
-		return fmt.Errorf("gossip: swap with %s: %w: reply kind %d with %d values", with, ErrBadFrame, rf.kind, rf.n)
+	if rk != kindSwapReply || len(body) != 4*len(theirs) {
+		return fmt.Errorf("gossip: swap with %s: %w: reply kind %d with %d bytes", with, ErrBadFrame, rk, len(body))
 	}
 	for i := range theirs {
-		theirs[i] = math.Float32frombits(binary.LittleEndian.Uint32(rf.body[4*i:]))
+		theirs[i] = math.Float32frombits(binary.LittleEndian.Uint32(body[4*i:]))
 	}
 	return nil
 }
@@ -443,20 +438,20 @@ func (t *NodeTransport) Fetch(ctx context.Context, a *Announcement, dst []byte) 
 	}
 	src := a.Source()
 	f := frame{n: uint32(len(a.Key))}
-	rf, err := t.request(ctx, src, kindFetch, &f, nil, []byte(a.Key), frameHeaderLen+max(int(a.Size), maxReason))
+	rk, body, err := t.request(ctx, src, kindFetch, &f, nil, []byte(a.Key), dst, max(int(a.Size), maxReason))
 	if err != nil {
 		return dst[:0], fmt.Errorf("gossip: fetch %q: %w", a.Key, err)
 	}
-	if rf.kind != kindData {
-		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: reply kind %d", a.Key, src, ErrBadFrame, rf.kind)
+	if rk != kindData {
+		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: reply kind %d", a.Key, src, ErrBadFrame, rk)
 	}
-	if uint64(len(rf.body)) != a.Size {
-		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: %d bytes, announced %d", a.Key, src, ErrDigest, len(rf.body), a.Size)
+	if uint64(len(body)) != a.Size {
+		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: %d bytes, announced %d", a.Key, src, ErrDigest, len(body), a.Size)
 	}
-	if Digest(rf.body) != a.Digest {
+	if Digest(body) != a.Digest {
 		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: SHA-256 mismatch", a.Key, src, ErrDigest)
 	}
-	return append(dst[:0], rf.body...), nil
+	return body, nil
 }
 
 // serve receives requests of one kind from any peer until Close. Fetch
@@ -494,14 +489,13 @@ func (t *NodeTransport) serve(kind byte) {
 
 // handle serves one decoded request and sends its reply in the background.
 func (t *NodeTransport) handle(from peer.ID, f *frame) {
-	reply := frame{kind: kindAck, seq: f.seq, model: t.model}
+	kind := byte(kindAck)
 	var body []byte
 	refuse := func(c *atomic.Uint64, format string, args ...any) {
 		c.Add(1)
-		reply.kind = kindRefuse
+		kind = kindRefuse
 		msg := fmt.Sprintf(format, args...)
 		body = []byte(msg[:min(len(msg), maxReason)])
-		reply.n = uint32(len(body))
 	}
 	b := t.bound.Load()
 	switch {
@@ -524,7 +518,7 @@ func (t *NodeTransport) handle(from peer.ID, f *frame) {
 			break
 		}
 		t.stats.swapsIn.Add(1)
-		reply.kind, reply.n = kindSwapReply, uint32(len(mine))
+		kind = kindSwapReply
 		body = appendF32(make([]byte, 0, 4*len(mine)), mine)
 	case f.kind == kindFetch:
 		t.mu.Lock()
@@ -535,17 +529,18 @@ func (t *NodeTransport) handle(from peer.ID, f *frame) {
 			break
 		}
 		t.stats.fetchesIn.Add(1)
-		reply.kind = kindData
-		body = v // served values are never modified, only replaced
+		kind = kindData
+		body = v // served values are never modified, only replaced; Send only reads
 	}
-	payload := appendFrameHeader(make([]byte, 0, frameHeaderLen+len(body)), &reply)
-	payload = append(payload, body...)
+	seq := f.seq
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
 		ctx, cancel := context.WithTimeout(t.ctx, t.cfg.ReplyTimeout)
 		defer cancel()
-		if err := t.n.Send(ctx, from, rawTensor(replyTag(f.seq), &reply, payload)); err != nil {
+		r := node.Tensor{Tag: replyTag(seq), Codec: compression.IDFP32, DType: node.Uint8, Shape: []int{len(body)},
+			Version: seq, Step: uint64(kind), Payload: body}
+		if err := t.n.Send(ctx, from, r); err != nil {
 			t.stats.replies.Add(1)
 		}
 	}()
