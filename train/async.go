@@ -226,6 +226,7 @@ type contribution struct {
 	seq, version, base uint64
 	kind               gossip.PayloadKind
 	vec                []float32
+	pooled             bool // vec came from asyncPeer.vecs
 }
 
 // asyncPeer is one peer's state. The run goroutine owns everything but the
@@ -251,6 +252,10 @@ type asyncPeer struct {
 
 	merged, flushes int
 	tauSum          float64
+
+	// Buffers of fetched bytes and decoded vectors, reused: a peer pulls
+	// a model-sized vector per contribution.
+	bufs, vecs sync.Pool
 }
 
 func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts asyncOptions) (*asyncPeer, error) {
@@ -345,8 +350,16 @@ func (p *asyncPeer) screen(a *gossip.Announcement) (DropReason, bool) {
 	return 0, true
 }
 
-// merge folds one contribution into the model, or drops it. Run goroutine.
+// merge folds one contribution into the model, or drops it, and recycles
+// its vector. Run goroutine.
 func (p *asyncPeer) merge(c *contribution) {
+	p.mergeVec(c)
+	if c.pooled {
+		p.vecs.Put(&c.vec)
+	}
+}
+
+func (p *asyncPeer) mergeVec(c *contribution) {
 	if len(c.vec) != len(p.w.Model.Params) {
 		p.drop(DropShape, c.from, 0)
 		return
@@ -629,9 +642,14 @@ func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contr
 
 // pull fetches and decodes one announced vector.
 func (p *asyncPeer) pull(ctx context.Context, net AsyncNet, a *gossip.Announcement) (*contribution, DropReason, bool) {
+	var buf []byte
+	if b, ok := p.bufs.Get().(*[]byte); ok {
+		buf = *b
+	}
 	fctx, cancel := context.WithTimeout(ctx, p.cfg.FetchTimeout)
-	b, err := net.Fetch(fctx, a, nil)
+	b, err := net.Fetch(fctx, a, buf)
 	cancel()
+	defer func() { p.bufs.Put(&b) }()
 	if err != nil {
 		return nil, DropFetch, false
 	}
@@ -639,14 +657,20 @@ func (p *asyncPeer) pull(ctx context.Context, net AsyncNet, a *gossip.Announceme
 	if err != nil {
 		return nil, DropDecode, false
 	}
-	vec := make([]float32, a.Elems)
+	var vec []float32
+	if v, ok := p.vecs.Get().(*[]float32); ok && cap(*v) >= int(a.Elems) {
+		vec = (*v)[:a.Elems]
+	} else {
+		vec = make([]float32, a.Elems)
+	}
 	if err := dec.Decode(vec, b); err != nil {
+		p.vecs.Put(&vec)
 		if errors.Is(err, compression.ErrLength) {
 			return nil, DropShape, false
 		}
 		return nil, DropDecode, false
 	}
-	return &contribution{from: a.Peer, seq: a.Seq, version: a.Version, base: a.Base, kind: a.Kind, vec: vec}, 0, true
+	return &contribution{from: a.Peer, seq: a.Seq, version: a.Version, base: a.Base, kind: a.Kind, vec: vec, pooled: true}, 0, true
 }
 
 // deliver queues c, dropping the oldest queued contribution when full.
@@ -660,6 +684,9 @@ func (p *asyncPeer) deliver(inbox chan *contribution, c *contribution) {
 		select {
 		case old := <-inbox:
 			p.drop(DropOverflow, old.from, 0)
+			if old.pooled {
+				p.vecs.Put(&old.vec)
+			}
 		default:
 		}
 	}
