@@ -1,0 +1,338 @@
+// Package compressexp measures what gradient compression costs synchronous
+// data-parallel SGD in accuracy and saves in bytes: N peers in one process,
+// each a train.Worker on an IID shard of the training set, all-reduce the
+// mean gradient every step through aggregate.Runner with
+// aggregate.Config.Compress set to the codec under test, over an aggtest
+// in-memory network that counts the bytes every peer puts on its link. The
+// same seed gives every codec the same initial model, data shards and batch
+// order, so the rows of the table differ only in the codec.
+//
+//	rows, err := compressexp.Run(ctx, compressexp.DefaultConfig(), trainSet, testSet, nil)
+//
+// Test accuracy is evaluated after every epoch from parameter snapshots,
+// after the run, so evaluation never stalls an all-reduce.
+package compressexp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/aggtest"
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/train"
+)
+
+// Config describes one experiment.
+type Config struct {
+	// Peers is the number of peers. Default 4.
+	Peers int
+	// Epochs is the number of passes over each peer's shard. Default 5.
+	Epochs int
+	// Worker sets the model, per-peer batch, optimiser and learning rate;
+	// ModelSeed, DataSeed and TotalSteps are derived from Seed and Epochs.
+	// Default: FedAvg's 2NN (784-200-200-10), batch 64 per peer, SGD with
+	// momentum 0.9 at 0.05 decayed on a cosine to 0 (so that the last
+	// epoch's accuracy is a stable figure to compare codecs by).
+	Worker train.WorkerConfig
+	// Algorithm is the all-reduce algorithm. Default Auto (a butterfly
+	// for the 2NN's 199 210 parameters).
+	Algorithm aggregate.Algorithm
+	// Codecs are the --compress specs to compare; "fp32" is the baseline
+	// run of plain float32 chunks (aggregate's uncompressed path).
+	Codecs []string
+	// Seed drives the shards, the batch order and the initial model.
+	Seed uint64
+	// StallTimeout bounds every wait on a peer (aggregate.Config); the
+	// default 60 s leaves room for a starved CPU.
+	StallTimeout time.Duration
+}
+
+// DefaultCodecs are the rows of issue 5's table.
+func DefaultCodecs() []string {
+	return []string{"fp32", "fp16", "bf16", "int8", "topk:0.01,ef", "topk:0.01", "sign:ef", "randk:0.01,ef", "powersgd:4,ef"}
+}
+
+// DefaultConfig returns the settings documented on Config.
+func DefaultConfig() Config {
+	wc := train.DefaultWorkerConfig()
+	wc.Model, wc.Batch, wc.LR, wc.Optimizer, wc.Schedule = "mlp", 64, 0.05, "momentum", "cosine"
+	return Config{Peers: 4, Epochs: 5, Worker: wc, Codecs: DefaultCodecs(), Seed: 1, StallTimeout: time.Minute}
+}
+
+// Validate reports settings that cannot run.
+func (c Config) Validate() error {
+	switch {
+	case c.Peers < 1:
+		return fmt.Errorf("compressexp: %d peers", c.Peers)
+	case c.Epochs < 1:
+		return fmt.Errorf("compressexp: %d epochs", c.Epochs)
+	case len(c.Codecs) == 0:
+		return fmt.Errorf("compressexp: no codecs")
+	}
+	for _, s := range c.Codecs {
+		if _, err := aggregateConfig(c, s); err != nil {
+			return err
+		}
+	}
+	return c.Worker.Validate()
+}
+
+// aggregateConfig is the all-reduce configuration of a run of spec.
+func aggregateConfig(c Config, spec string) (aggregate.Config, error) {
+	acfg := aggregate.DefaultConfig()
+	acfg.Algorithm = c.Algorithm
+	if c.StallTimeout > 0 {
+		acfg.StallTimeout = c.StallTimeout
+	}
+	if spec != "fp32" {
+		acfg.Compress = spec
+	}
+	return acfg, acfg.Validate()
+}
+
+// Point is the model's test accuracy after an epoch.
+type Point struct {
+	Epoch    int     `json:"epoch"`
+	Steps    int     `json:"steps"`
+	Accuracy float64 `json:"accuracy"`
+	Loss     float64 `json:"loss"`
+}
+
+// Row is one codec's outcome.
+type Row struct {
+	Codec string `json:"codec"`
+	// ErrorFeedback reports whether the codec ran with error feedback.
+	ErrorFeedback bool `json:"error_feedback"`
+	// FinalAccuracy is the test accuracy after the last epoch.
+	FinalAccuracy float64 `json:"final_accuracy"`
+	// DeltaPP is FinalAccuracy minus the fp32 row's, in percentage points
+	// (0 when there is no fp32 row).
+	DeltaPP float64 `json:"delta_pp"`
+	// BytesPerPeer is the mean over peers of the bytes each put on its link
+	// during the whole run (data, headers and votes).
+	BytesPerPeer float64 `json:"bytes_per_peer"`
+	// BytesPerStep is BytesPerPeer per training step.
+	BytesPerStep float64 `json:"bytes_per_step"`
+	// Ratio is the fp32 row's BytesPerPeer over this row's.
+	Ratio float64 `json:"ratio"`
+	// Steps is the number of synchronous steps.
+	Steps int `json:"steps"`
+	// TrainLoss is the last epoch's mean training loss on peer 0.
+	TrainLoss float64 `json:"train_loss"`
+	// WallS is the run's wall-clock time (peers share the machine's cores).
+	WallS float64 `json:"wall_s"`
+	// Curve is the test accuracy after every epoch.
+	Curve []Point `json:"curve"`
+}
+
+// Run runs every codec of cfg in turn and returns one row per codec, with
+// DeltaPP and Ratio filled against the fp32 row when there is one.
+// progress, if not nil, sees one line per finished epoch and run.
+func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, progress func(string)) ([]Row, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var rows []Row
+	for _, spec := range cfg.Codecs {
+		row, err := RunOne(ctx, cfg, spec, trainSet, testSet, progress)
+		if err != nil {
+			return rows, fmt.Errorf("%s: %w", spec, err)
+		}
+		rows = append(rows, *row)
+	}
+	Compare(rows)
+	return rows, nil
+}
+
+// Compare fills DeltaPP and Ratio against the fp32 row, if any.
+func Compare(rows []Row) {
+	i := slices.IndexFunc(rows, func(r Row) bool { return r.Codec == "fp32" })
+	if i < 0 {
+		return
+	}
+	base := rows[i]
+	for k := range rows {
+		rows[k].DeltaPP = 100 * (rows[k].FinalAccuracy - base.FinalAccuracy)
+		if rows[k].BytesPerPeer > 0 {
+			rows[k].Ratio = base.BytesPerPeer / rows[k].BytesPerPeer
+		}
+	}
+}
+
+// RunOne trains with one codec and returns its row.
+func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *data.Set, progress func(string)) (*Row, error) {
+	acfg, err := aggregateConfig(cfg, spec)
+	if err != nil {
+		return nil, err
+	}
+	parts, err := data.IID(trainSet.Len(), cfg.Peers, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	spe := math.MaxInt
+	for _, p := range parts {
+		spe = min(spe, (len(p)+cfg.Worker.Batch-1)/cfg.Worker.Batch)
+	}
+	net := aggtest.NewNetwork(aggtest.Config{})
+	ids := make([]aggregate.PeerID, cfg.Peers)
+	workers := make([]*train.Worker, cfg.Peers)
+	runners := make([]*aggregate.Runner, cfg.Peers)
+	for i := range cfg.Peers {
+		ids[i] = aggregate.PeerID(fmt.Sprintf("peer%02d", i))
+		wc := cfg.Worker
+		wc.ModelSeed, wc.DataSeed, wc.TotalSteps = cfg.Seed, cfg.Seed*1000+uint64(i)+1, cfg.Epochs*spe
+		if workers[i], err = train.NewWorker(wc, trainSet.Subset(parts[i])); err != nil {
+			return nil, err
+		}
+		if runners[i], err = aggregate.NewRunner(ids[i], net.Join(ids[i]), acfg); err != nil {
+			return nil, err
+		}
+		if c := runners[i].Compression(); c != nil {
+			if err := c.SetLayout(train.CompressionLayout(workers[i].Model)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	row := &Row{Codec: spec, Steps: cfg.Epochs * spe}
+	if c := runners[0].Compression(); c != nil {
+		row.ErrorFeedback = c.ErrorFeedback()
+	}
+
+	// Parameter snapshots of peer 0 after every epoch, evaluated later.
+	snaps := make([][]float32, cfg.Epochs)
+	losses := make([]float64, cfg.Epochs)
+	start := time.Now()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, cfg.Peers)
+	var wg sync.WaitGroup
+	for i := range cfg.Peers {
+		wg.Go(func() {
+			err := syncLoop(ctx, runners[i], ids, workers[i], row.Steps, spe, func(epoch int, loss float64) {
+				if i == 0 {
+					snaps[epoch] = slices.Clone(workers[i].Model.Params)
+					losses[epoch] = loss
+				}
+			})
+			if err != nil {
+				errs[i] = fmt.Errorf("%s: %w", ids[i], err)
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	row.WallS = time.Since(start).Seconds()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	// Synchronous SGD keeps every replica identical: a cheap check that
+	// every peer applied the same bits every step.
+	for i, w := range workers[1:] {
+		if !slices.Equal(w.Model.Params, workers[0].Model.Params) {
+			return nil, fmt.Errorf("compressexp: peer %d's parameters differ from peer 0's", i+1)
+		}
+	}
+	for i := range ids {
+		b, _ := net.Sent(ids[i])
+		row.BytesPerPeer += float64(b) / float64(cfg.Peers)
+	}
+	row.BytesPerStep = row.BytesPerPeer / float64(row.Steps)
+
+	eval := workers[0]
+	final := slices.Clone(eval.Model.Params)
+	for e, p := range snaps {
+		copy(eval.Model.Params, p)
+		loss, acc := eval.Evaluate(testSet)
+		row.Curve = append(row.Curve, Point{Epoch: e + 1, Steps: (e + 1) * spe, Accuracy: acc, Loss: loss})
+		if progress != nil {
+			progress(fmt.Sprintf("%-14s epoch %d  train loss %.4f  test acc %.2f%%  test loss %.4f", spec, e+1, losses[e], 100*acc, loss))
+		}
+	}
+	copy(eval.Model.Params, final)
+	row.FinalAccuracy = row.Curve[len(row.Curve)-1].Accuracy
+	row.TrainLoss = losses[len(losses)-1]
+	if progress != nil {
+		progress(fmt.Sprintf("%-14s done: test acc %.2f%%, %.0f bytes/peer (%.0f per step), %.0fs", spec, 100*row.FinalAccuracy, row.BytesPerPeer, row.BytesPerStep, row.WallS))
+	}
+	return row, nil
+}
+
+// syncLoop is one peer of synchronous data-parallel SGD: every step it
+// computes its gradient, all-reduces the batch-weighted mean with the
+// group, and applies it. It calls epochEnd(e, meanLoss) after every spe
+// steps. A failed round is an error: the in-memory network loses nothing.
+func syncLoop(ctx context.Context, r *aggregate.Runner, ids []aggregate.PeerID, w *train.Worker, steps, spe int, epochEnd func(int, float64)) error {
+	avg := make([]float32, len(w.Model.Grads))
+	var lossSum float64
+	var samples int
+	for step := 1; step <= steps; step++ {
+		loss, n, err := w.Grad(ctx)
+		if err != nil {
+			return err
+		}
+		lossSum += loss * float64(n)
+		samples += n
+		g, err := aggregate.Form(uint64(step), ids)
+		if err != nil {
+			return err
+		}
+		if _, err := r.AllReduce(ctx, g, avg, w.Model.Grads, float64(n)); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
+		copy(w.Model.Grads, avg)
+		w.Apply(n)
+		if step%spe == 0 {
+			epochEnd(step/spe-1, lossSum/float64(samples))
+			lossSum, samples = 0, 0
+		}
+	}
+	return nil
+}
+
+// Table formats rows as an aligned text table.
+func Table(rows []Row) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-15s %4s %9s %8s %14s %12s %9s\n", "codec", "EF", "test acc", "Δ pp", "bytes/peer", "bytes/step", "× fewer")
+	for _, r := range rows {
+		ef := "no"
+		if r.ErrorFeedback {
+			ef = "yes"
+		}
+		fmt.Fprintf(&b, "%-15s %4s %8.2f%% %+8.2f %14.0f %12.0f %9.1f\n", r.Codec, ef, 100*r.FinalAccuracy, r.DeltaPP, r.BytesPerPeer, r.BytesPerStep, r.Ratio)
+	}
+	return b.String()
+}
+
+// MeanRows averages repeated runs of the same codecs (same order) into one
+// row per codec: accuracies, losses and bytes are means; Curve is the
+// first run's.
+func MeanRows(runs [][]Row) []Row {
+	if len(runs) == 0 {
+		return nil
+	}
+	out := slices.Clone(runs[0])
+	for k := range out {
+		var acc, loss, bytes, wall float64
+		for _, run := range runs {
+			acc += run[k].FinalAccuracy
+			loss += run[k].TrainLoss
+			bytes += run[k].BytesPerPeer
+			wall += run[k].WallS
+		}
+		n := float64(len(runs))
+		out[k].FinalAccuracy, out[k].TrainLoss, out[k].BytesPerPeer, out[k].WallS = acc/n, loss/n, bytes/n, wall/n
+		out[k].BytesPerStep = out[k].BytesPerPeer / float64(out[k].Steps)
+		if math.IsNaN(out[k].FinalAccuracy) {
+			out[k].FinalAccuracy = 0
+		}
+	}
+	Compare(out)
+	return out
+}

@@ -1,0 +1,87 @@
+package compressexp
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/starling-ml/starling/data"
+)
+
+func mnist(t *testing.T) (*data.Set, *data.Set) {
+	t.Helper()
+	tr, te, err := data.LoadMNIST("")
+	if errors.Is(err, data.ErrNoDataset) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Head(2400), te.Head(1000)
+}
+
+// TestRunSmall trains a logistic regression on 2 400 samples for two epochs
+// with three codecs: every run learns, compressed runs send fewer bytes by
+// about the codec's ratio, and the fp32 row is the reference of the others.
+func TestRunSmall(t *testing.T) {
+	tr, te := mnist(t)
+	cfg := DefaultConfig()
+	cfg.Peers, cfg.Epochs = 3, 2
+	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR = "logreg", 32, 0.1
+	cfg.Codecs = []string{"fp32", "int8", "topk:0.05,ef"}
+	var lines []string
+	rows, err := Run(t.Context(), cfg, tr, te, func(s string) { lines = append(lines, s) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 || len(lines) != 3*(cfg.Epochs+1) {
+		t.Fatalf("%d rows, %d progress lines", len(rows), len(lines))
+	}
+	steps := cfg.Epochs * ((2400/3 + 31) / 32)
+	for _, r := range rows {
+		if r.Steps != steps || len(r.Curve) != cfg.Epochs || r.FinalAccuracy < 0.75 || r.BytesPerPeer <= 0 {
+			t.Fatalf("row %+v (want %d steps)", r, steps)
+		}
+	}
+	if rows[0].Ratio != 1 || rows[0].DeltaPP != 0 || rows[0].ErrorFeedback || !rows[2].ErrorFeedback {
+		t.Fatalf("fp32 row %+v, topk row %+v", rows[0], rows[2])
+	}
+	if r := rows[1].Ratio; r < 3.5 || r > 4 {
+		t.Errorf("int8 sends %.2f× fewer bytes, want about 4", r)
+	}
+	if r := rows[2].Ratio; r < 5 {
+		t.Errorf("topk:0.05 sends %.2f× fewer bytes", r)
+	}
+	for _, r := range rows[1:] {
+		if d := rows[0].FinalAccuracy - r.FinalAccuracy; d > 0.05 {
+			t.Errorf("%s loses %.1f pp", r.Codec, 100*d)
+		}
+	}
+	tab := Table(rows)
+	if !strings.Contains(tab, "topk:0.05,ef") || strings.Count(tab, "\n") != 4 {
+		t.Fatalf("table:\n%s", tab)
+	}
+	mean := MeanRows([][]Row{rows, rows})
+	if mean[2].FinalAccuracy != rows[2].FinalAccuracy || mean[2].Ratio != rows[2].Ratio {
+		t.Fatalf("mean of two equal runs: %+v", mean[2])
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, f := range []func(*Config){
+		func(c *Config) { c.Peers = 0 },
+		func(c *Config) { c.Epochs = 0 },
+		func(c *Config) { c.Codecs = nil },
+		func(c *Config) { c.Codecs = []string{"zip"} },
+		func(c *Config) { c.Worker.Batch = 0 },
+	} {
+		c := DefaultConfig()
+		f(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v: want error", c)
+		}
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
