@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -312,5 +313,24 @@ func TestRunBadInput(t *testing.T) {
 	if string(before) != string(after) {
 		t.Fatal("a refused resume overwrote the checkpoint")
 	}
-	_ = io.Discard
+}
+
+func TestRunServesMetrics(t *testing.T) {
+	bin := binary(t)
+	port := freePort(t)
+	p := start(t, bin, append(common(500), "--listen", "/ip4/127.0.0.1/tcp/0", "--min-peers", "1",
+		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port))...)
+	p.waitRound(t, 2, 60*time.Second)
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{"starling_train_round ", "starling_train_test_accuracy", "starling_train_round_seconds_bucket", "libp2p_"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	p.cmd.Process.Kill()
 }

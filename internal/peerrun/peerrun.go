@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
@@ -90,6 +91,7 @@ type Summary struct {
 	Peer          string     `json:"peer"`
 	Mode          string     `json:"mode"`
 	Strategy      string     `json:"strategy,omitempty"`
+	Error         string     `json:"error,omitempty"`
 	Model         string     `json:"model"`
 	ShardSize     int        `json:"shard_size"`
 	Rounds        int        `json:"rounds"`
@@ -219,8 +221,16 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}
 	}
 
+	met, err := newMetrics(p.Node.Registry())
+	if err != nil {
+		return nil, err
+	}
+	rec := &train.MemRecorder{MinGap: time.Second}
 	start := time.Now()
 	sum := &Summary{Peer: p.ID(), Mode: opts.Mode, Model: w.Model.Arch, ShardSize: shard.Len()}
+	if opts.Mode == "federated" {
+		sum.Strategy = opts.Fed.Strategy
+	}
 	var mu sync.Mutex
 	report := func(pr Progress) {
 		pr.Peer, pr.Mode = p.ID(), opts.Mode
@@ -229,6 +239,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}
 		mu.Lock()
 		defer mu.Unlock()
+		met.progress(pr)
 		sum.Curve = append(sum.Curve, pr)
 		if pr.Round > sum.Rounds {
 			sum.Rounds = pr.Round
@@ -248,7 +259,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		fmt.Fprintf(stdout, "%s %d/%d  test acc %.2f%%  loss %.4f  peers %d  %.0fs%s\n", roundWord(opts.Mode), pr.Round, pr.Rounds, 100*pr.Accuracy, pr.Loss, pr.Peers, pr.Seconds, note)
 	}
 	env := &Env{
-		Opts: &opts, Peer: p, Worker: w, Test: testSet, Recorder: &train.MemRecorder{}, Checkpoint: ck,
+		Opts: &opts, Peer: p, Worker: w, Test: testSet, Recorder: recorder{rec, met}, Checkpoint: ck,
 		Report: report, Log: opts.Log,
 		Save: func(c *train.Checkpoint) error {
 			if opts.Checkpoint == "" {
@@ -260,6 +271,9 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	}
 	err = mode(ctx, env)
 	sum.WallS = time.Since(start).Seconds()
+	if err != nil {
+		sum.Error = err.Error()
+	}
 	if err == nil && opts.Linger > 0 {
 		select {
 		case <-ctx.Done():
@@ -267,7 +281,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}
 	}
 	if opts.Out != "" {
-		if werr := writeSummary(filepath.Join(opts.Out, "summary.json"), sum); werr != nil && err == nil {
+		if werr := writeSummary(opts.Out, sum, rec); werr != nil && err == nil {
 			err = werr
 		}
 	}
@@ -281,10 +295,37 @@ func roundWord(mode string) string {
 	return "step"
 }
 
-func writeSummary(path string, sum *Summary) error {
+// writeSummary writes summary.json, the accuracy curves and, when the
+// strategy merged stale contributions, the staleness histogram.
+func writeSummary(dir string, sum *Summary, rec *train.MemRecorder) error {
 	b, err := json.MarshalIndent(sum, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "summary.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	var xs, ts, acc []float64
+	for _, p := range sum.Curve {
+		if p.Accuracy > 0 {
+			xs, ts, acc = append(xs, float64(p.Round)), append(ts, p.Seconds), append(acc, p.Accuracy)
+		}
+	}
+	name := sum.Mode + " " + sum.Strategy
+	if err := plot.Lines(filepath.Join(dir, "accuracy.png"), "Test accuracy", roundWord(sum.Mode), "accuracy", []plot.Series{{Name: name, X: xs, Y: acc}}); err != nil {
+		return err
+	}
+	if err := plot.Lines(filepath.Join(dir, "accuracy_time.png"), "Test accuracy over time", "seconds", "accuracy", []plot.Series{{Name: name, X: ts, Y: acc}}); err != nil {
+		return err
+	}
+	hist := map[int]int{}
+	for _, e := range rec.Events() {
+		if e.Kind == "merge" {
+			hist[e.Staleness]++
+		}
+	}
+	if len(hist) > 0 {
+		return plot.Histogram(filepath.Join(dir, "staleness.png"), "Staleness of merged contributions", "τ", hist)
+	}
+	return nil
 }

@@ -1,0 +1,64 @@
+package peerrun
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/starling-ml/starling/train"
+)
+
+// metrics are the training series `peer run` adds to the node's registry
+// (served at --metrics-addr next to libp2p's and the tensor protocol's).
+type metrics struct {
+	round, accuracy, loss, peers prometheus.Gauge
+	roundSeconds                 prometheus.Histogram
+	staleness                    prometheus.Histogram
+	events                       *prometheus.CounterVec
+	last                         time.Time
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		round:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "starling_train_round", Help: "Last round (or step) this peer completed."}),
+		accuracy: prometheus.NewGauge(prometheus.GaugeOpts{Name: "starling_train_test_accuracy", Help: "Test accuracy of the current model."}),
+		loss:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "starling_train_test_loss", Help: "Test loss of the current model."}),
+		peers:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "starling_train_peers", Help: "Peers in the last round."}),
+		roundSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "starling_train_round_seconds",
+			Help: "Time between reported rounds.", Buckets: prometheus.ExponentialBuckets(0.05, 2, 14)}),
+		staleness: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "starling_train_staleness",
+			Help: "Staleness τ of merged contributions.", Buckets: prometheus.LinearBuckets(0, 1, 17)}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "starling_train_events_total",
+			Help: "Strategy events by kind (round, round-failed, merge, drop, …)."}, []string{"kind"}),
+		last: time.Now(),
+	}
+	for _, c := range []prometheus.Collector{m.round, m.accuracy, m.loss, m.peers, m.roundSeconds, m.staleness, m.events} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) progress(p Progress) {
+	m.round.Set(float64(p.Round))
+	m.accuracy.Set(p.Accuracy)
+	m.loss.Set(p.Loss)
+	m.peers.Set(float64(p.Peers))
+	now := time.Now()
+	m.roundSeconds.Observe(now.Sub(m.last).Seconds())
+	m.last = now
+}
+
+// recorder forwards to an inner Recorder and counts events.
+type recorder struct {
+	train.Recorder
+	m *metrics
+}
+
+func (r recorder) Event(e train.Event) {
+	r.m.events.WithLabelValues(e.Kind).Inc()
+	if e.Kind == "merge" {
+		r.m.staleness.Observe(float64(e.Staleness))
+	}
+	r.Recorder.Event(e)
+}
