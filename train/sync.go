@@ -1,0 +1,637 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/starling-ml/starling/aggregate"
+)
+
+// Synchronous data-parallel SGD.
+//
+// Every peer trains on its own shard with the same model and optimiser.
+// Each step it computes the gradient of its next batch, all-reduces it with
+// the other members of the step's group (a mean weighted by batch size, so
+// the result is the gradient of the union of the batches), and applies the
+// same optimiser step; the members therefore hold the same parameters after
+// every step, as one peer with the union batch would.
+//
+// Who takes part. The group of step s is the group whose gradients step
+// s−1 averaged (every member learns it, identically, from its all-reduce),
+// plus the peers that declared they join at step s. A member that dies or
+// stalls during step s is left out by the all-reduce itself (aggregate's
+// votes) and the survivors apply step s without it. A peer that starts
+// late, or that was left out of a step, (re)joins:
+//
+//  1. it looks at the others' statuses (SyncJoiner.Statuses): if no
+//     running peer is ahead of it, it starts (or continues) from its own
+//     state with the peers at its own step — a fresh job starts this way;
+//  2. otherwise it picks a step T ahead of the most advanced running peer
+//     by JoinLead at their current pace, declares "joining at T"
+//     (SetStatus, sent at once), and fetches the state after step T−1
+//     (parameters and optimiser state), which the running peers publish
+//     when they see a declaration for T;
+//  3. it enters step T's all-reduce with the running peers and the other
+//     joiners of T. If the running peers did not all see the declaration in
+//     time, the all-reduce's group vote leaves the minority out, and it
+//     tries again with a longer lead.
+//
+// A SyncNet that does not implement SyncJoiner runs a fixed job: every
+// member starts together and a peer left out of a step stops with an error.
+
+// SyncConfig configures synchronous data-parallel SGD. Every peer of a job
+// uses the same settings, the same model and optimiser (WorkerConfig) and
+// the same batch size.
+type SyncConfig struct {
+	// Steps is the number of optimiser steps of the job (the global step
+	// count at which every peer stops).
+	Steps int
+	// StepTimeout bounds one step's all-reduce on top of the all-reduce's
+	// own failure detection (aggregate's stall timeouts). 2 min.
+	StepTimeout time.Duration
+	// JoinLead is how far ahead, in time at the running peers' pace, a
+	// joining peer declares the step at which it joins: long enough for the
+	// declaration to reach every running peer (gossip heartbeats carry the
+	// pace with up to one heartbeat interval of delay). 2 s. It doubles
+	// after each failed attempt.
+	JoinLead time.Duration
+	// JoinTimeout bounds how long a peer tries to (re)join before it gives
+	// up with ErrNoState. 5 min.
+	JoinTimeout time.Duration
+	// SnapshotEvery records a snapshot of the parameters (Recorder) every
+	// that many steps; 0 records only the last.
+	SnapshotEvery int
+}
+
+// DefaultSyncConfig returns the defaults documented on SyncConfig, for a
+// 1000-step job.
+func DefaultSyncConfig() SyncConfig {
+	return SyncConfig{Steps: 1000, StepTimeout: 2 * time.Minute, JoinLead: 2 * time.Second, JoinTimeout: 5 * time.Minute, SnapshotEvery: 100}
+}
+
+// ErrSync reports synchronous settings that cannot work.
+var ErrSync = errors.New("train: bad synchronous SGD settings")
+
+// Validate reports settings that cannot work, wrapping ErrSync.
+func (c SyncConfig) Validate() error {
+	switch {
+	case c.Steps <= 0:
+		return fmt.Errorf("%w: steps must be positive, got %d", ErrSync, c.Steps)
+	case c.StepTimeout <= 0 || c.JoinLead <= 0 || c.JoinTimeout <= 0:
+		return fmt.Errorf("%w: step timeout, join lead and join timeout must be positive", ErrSync)
+	case c.SnapshotEvery < 0:
+		return fmt.Errorf("%w: snapshot interval must not be negative", ErrSync)
+	}
+	return nil
+}
+
+// SyncNet is what a synchronous data-parallel peer needs from the network.
+// Implementations are safe for concurrent use; every blocking call honours
+// ctx.
+type SyncNet interface {
+	// Self returns this peer's id.
+	Self() string
+	// Members returns the sorted ids of the job's live peers (Self
+	// included) as this peer sees them before step.
+	Members(ctx context.Context, step uint64) ([]string, error)
+	// AllReduce sets dst to the weighted mean of the src vectors of group
+	// (which includes Self) for step, and returns the sorted ids of the
+	// peers whose contributions it holds.
+	AllReduce(ctx context.Context, step uint64, group []string, dst, src []float32, weight float64) ([]string, error)
+}
+
+// SyncJoiner is implemented by SyncNets that let peers join a running job
+// and rejoin it after being left out of a step.
+type SyncJoiner interface {
+	// SetStatus tells the other peers where this peer is. A status with
+	// JoinAt set (a declaration) is sent before SetStatus returns; other
+	// statuses go out with the next periodic announcement.
+	SetStatus(ctx context.Context, st SyncStatus) error
+	// Statuses returns the last status heard from each other live peer.
+	Statuses() map[string]SyncStatus
+	// Publish serves state, the state after step version, to Fetch. The
+	// network keeps its own copy.
+	Publish(version uint64, state []float32)
+	// Fetch fills dst with the state one of peers published for a version
+	// ≥ version (waiting for one until ctx ends) and returns its version.
+	Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error)
+}
+
+// SyncStatus is what a peer tells the others about its progress.
+type SyncStatus struct {
+	// Step is the number of steps the peer has applied (its model version).
+	Step uint64
+	// JoinAt, when not 0, says the peer is waiting to join the job at that
+	// step (and Step is not meaningful).
+	JoinAt uint64
+	// Rate is the peer's pace in steps per second (0 if unknown).
+	Rate float64
+}
+
+// StepInfo describes a step as one peer saw it.
+type StepInfo struct {
+	// Step is the number of steps applied: the model version.
+	Step uint64
+	// Group lists the peers whose gradients step Step averaged (sorted).
+	Group []string
+	// Loss and Samples are this peer's batch loss and size for the step.
+	Loss    float64
+	Samples int
+	Elapsed time.Duration
+	// Joined reports a state fetched from the running peers: this peer
+	// (re)joined the job and holds the state after step Step.
+	Joined bool
+	// Failed reports that this peer was left out of step Step+1; its state
+	// is still that after step Step, and it will rejoin.
+	Failed bool
+	// Err is why the step failed.
+	Err error
+}
+
+// Sync runs synchronous data-parallel SGD for one peer until the job's
+// step count is reached, ctx ends or onStep returns true. The worker's
+// optimiser must be fresh or hold the state of w.Steps global steps (a
+// restored checkpoint): the peer starts at step w.Steps. onStep, if not
+// nil, is called after every step this peer applied, after it (re)joined,
+// and after a step it was left out of, from Sync's goroutine; it must not
+// keep the Group slice.
+func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recorder, onStep func(StepInfo) bool) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if w.Steps < 0 || w.Steps > cfg.Steps {
+		return fmt.Errorf("%w: the worker is at step %d of %d", ErrSync, w.Steps, cfg.Steps)
+	}
+	st, err := newSyncState(w)
+	if err != nil {
+		return err
+	}
+	s := &syncPeer{w: w, net: net, cfg: cfg, rec: rec, st: st, self: net.Self(), start: time.Now(),
+		avg: make([]float32, len(w.Model.Params)), version: uint64(w.Steps)}
+	s.joiner, _ = net.(SyncJoiner)
+	return s.run(ctx, onStep)
+}
+
+// syncPeer is one peer's synchronous loop.
+type syncPeer struct {
+	w      *Worker
+	net    SyncNet
+	joiner SyncJoiner
+	cfg    SyncConfig
+	rec    Recorder
+	st     *syncState
+	self   string
+	start  time.Time
+	avg    []float32
+
+	version  uint64    // steps applied
+	group    []string  // the group of the last step; nil: (re)join first
+	rate     float64   // steps per second (moving average)
+	lastStep time.Time // when the last step was applied
+	left     bool      // the last attempt failed: equal peers may be ahead
+}
+
+func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
+	total := uint64(s.cfg.Steps)
+	call := func(si StepInfo) bool {
+		si.Elapsed = time.Since(s.start)
+		return onStep != nil && onStep(si)
+	}
+	s.snapshot()
+	for s.version < total {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if s.group == nil {
+			joined, err := s.join(ctx)
+			if err != nil {
+				return err
+			}
+			if joined && call(StepInfo{Step: s.version, Group: s.group, Joined: true}) {
+				return nil
+			}
+			continue
+		}
+		info, err := s.step(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			var fatal *syncFatal
+			if errors.As(err, &fatal) {
+				return fatal.err
+			}
+			s.event("step-failed", err.Error())
+			if s.joiner == nil {
+				return fmt.Errorf("train: sync step %d: %w", s.version+1, err)
+			}
+			s.group, s.left, s.lastStep = nil, true, time.Time{}
+			if call(StepInfo{Step: s.version, Failed: true, Err: err}) {
+				return nil
+			}
+			continue
+		}
+		if (s.cfg.SnapshotEvery > 0 && s.version%uint64(s.cfg.SnapshotEvery) == 0) || s.version == total {
+			s.snapshot()
+		}
+		if s.version == total && s.joiner != nil {
+			// Peers that come too late to take part can still end with
+			// the job's result.
+			s.joiner.Publish(s.version, s.st.pack(s.w))
+		}
+		if call(info) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// syncFatal marks errors that end the peer's training (not a step it can
+// rejoin after).
+type syncFatal struct{ err error }
+
+func (e *syncFatal) Error() string { return e.err.Error() }
+
+// step runs step version+1 with the current group.
+func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
+	w := s.w
+	next := s.version + 1
+	loss, k, err := w.Grad(ctx)
+	if err != nil {
+		return StepInfo{}, &syncFatal{err}
+	}
+	group := s.group
+	if s.joiner != nil {
+		// Peers that declared they join at this step take part from now;
+		// they fetch the state this step starts from.
+		members, err := s.net.Members(ctx, next)
+		if err != nil {
+			return StepInfo{}, err
+		}
+		var joining []string
+		for p, ps := range s.joiner.Statuses() {
+			if ps.JoinAt == next && slices.Contains(members, p) && !slices.Contains(group, p) {
+				joining = append(joining, p)
+			}
+		}
+		if len(joining) > 0 {
+			s.joiner.Publish(s.version, s.st.pack(w))
+			group = slices.Concat(group, joining)
+			slices.Sort(group)
+			s.event("admit", fmt.Sprintf("%v at step %d", joining, next))
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.StepTimeout)
+	used, err := s.net.AllReduce(sctx, next, group, s.avg, w.Model.Grads, float64(k))
+	cancel()
+	if err != nil {
+		if errors.Is(err, aggregate.ErrOverflow) || errors.Is(err, aggregate.ErrZeroWeight) {
+			// The whole group got it: the mean gradient is not finite.
+			return StepInfo{}, &syncFatal{fmt.Errorf("%w: step %d: %w", ErrDiverged, next, err)}
+		}
+		return StepInfo{}, err
+	}
+	copy(w.Model.Grads, s.avg)
+	w.Apply(k)
+	s.version, s.group, s.left = next, used, false
+	// The pace is measured from one applied step to the next, whatever
+	// the caller does in between.
+	now := time.Now()
+	if !s.lastStep.IsZero() {
+		if dt := now.Sub(s.lastStep).Seconds(); dt > 0 && s.rate == 0 {
+			s.rate = 1 / dt
+		} else if dt > 0 {
+			s.rate = 0.9*s.rate + 0.1/dt
+		}
+	}
+	s.lastStep = now
+	if s.joiner != nil {
+		if err := s.joiner.SetStatus(ctx, SyncStatus{Step: next, Rate: s.rate}); err != nil && ctx.Err() != nil {
+			return StepInfo{}, ctx.Err()
+		}
+	}
+	return StepInfo{Step: next, Group: used, Loss: loss, Samples: k}, nil
+}
+
+// join brings the peer into the job: it either starts from its own state
+// with the peers at the same step, or fetches the running peers' state and
+// joins them at a declared step. joined reports a fetched state.
+func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
+	if s.joiner == nil {
+		members, err := s.net.Members(ctx, s.version+1)
+		if err != nil {
+			return false, err
+		}
+		s.group = slices.Clone(members)
+		return false, nil
+	}
+	lead := s.cfg.JoinLead
+	deadline := time.Now().Add(s.cfg.JoinTimeout)
+	buf := make([]float32, s.st.size())
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		members, err := s.net.Members(ctx, s.version+1)
+		if err != nil {
+			return false, err
+		}
+		statuses := s.joiner.Statuses()
+		var running, ahead []string
+		var top uint64
+		var rate float64
+		for _, p := range members {
+			ps, ok := statuses[p]
+			if p == s.self || !ok || ps.JoinAt != 0 {
+				continue
+			}
+			running = append(running, p)
+			if ps.Step > s.version || (s.left && ps.Step == s.version) {
+				ahead = append(ahead, p)
+				top = max(top, ps.Step)
+				rate = max(rate, ps.Rate)
+			}
+		}
+		if len(ahead) == 0 {
+			// Nobody is ahead: start (or go on) from our own state with
+			// the peers at our step. Those behind will join us.
+			if err := s.joiner.SetStatus(ctx, SyncStatus{Step: s.version, Rate: s.rate}); err != nil {
+				return false, err
+			}
+			g := []string{s.self}
+			for _, p := range running {
+				if statuses[p].Step == s.version {
+					g = append(g, p)
+				}
+			}
+			slices.Sort(g)
+			s.group, s.left = g, false
+			return false, nil
+		}
+		// Join the running peers at a step T far enough ahead that they
+		// all hear of it before they get there. Past the job's last step,
+		// take its final state instead.
+		T := top + 2 + uint64(math.Ceil(rate*lead.Seconds()))
+		if T > uint64(s.cfg.Steps) {
+			fctx, cancel := context.WithTimeout(ctx, min(4*lead+time.Duration(float64(uint64(s.cfg.Steps)-min(top, uint64(s.cfg.Steps)))/max(rate, 1)*float64(time.Second)), time.Until(deadline)+time.Second))
+			v, err := s.joiner.Fetch(fctx, ahead, uint64(s.cfg.Steps), buf)
+			cancel()
+			if err == nil && v == uint64(s.cfg.Steps) {
+				if err := s.st.unpack(s.w, buf, v); err != nil {
+					return false, &syncFatal{err}
+				}
+				s.version, s.group, s.left = v, nil, false
+				s.event("joined", fmt.Sprintf("final state of step %d", v))
+				return true, nil
+			}
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			if time.Now().After(deadline) {
+				return false, fmt.Errorf("%w: the job's final state (step %d) from %v within %v: %v", ErrNoState, s.cfg.Steps, ahead, s.cfg.JoinTimeout, err)
+			}
+			s.left = false
+			continue
+		}
+		if err := s.joiner.SetStatus(ctx, SyncStatus{JoinAt: T, Rate: s.rate}); err != nil {
+			return false, err
+		}
+		s.event("join", fmt.Sprintf("declared step %d (others at %d, %.1f steps/s)", T, top, rate))
+		// They publish the state after step T−1 when they reach it.
+		wait := 4 * lead
+		if rate > 0 {
+			wait = 2*lead + time.Duration(2*float64(T-top)/rate*float64(time.Second))
+		}
+		// (A second more: a state service may keep one to transfer.)
+		fctx, cancel := context.WithTimeout(ctx, min(wait+time.Second, time.Until(deadline)+time.Second))
+		v, err := s.joiner.Fetch(fctx, ahead, T-1, buf)
+		cancel()
+		if err == nil && v == T-1 {
+			if err := s.st.unpack(s.w, buf, v); err != nil {
+				return false, &syncFatal{err}
+			}
+			s.version = v
+			// The group of step T: every running peer (peers that have
+			// not started are not running), the other joiners of T, and
+			// us.
+			statuses = s.joiner.Statuses()
+			members, err = s.net.Members(ctx, T)
+			if err != nil {
+				return false, err
+			}
+			g := []string{s.self}
+			for _, p := range members {
+				if ps, ok := statuses[p]; ok && p != s.self && ((ps.JoinAt == 0 && ps.Step > 0) || ps.JoinAt == T) {
+					g = append(g, p)
+				}
+			}
+			slices.Sort(g)
+			s.group, s.left = g, false
+			s.event("joined", fmt.Sprintf("state of step %d", v))
+			return true, nil
+		}
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return false, fmt.Errorf("%w: could not join the running peers %v within %v (last: version %d, %v)", ErrNoState, ahead, s.cfg.JoinTimeout, v, err)
+		}
+		// Missed it: the others were faster than we thought, or nobody
+		// runs any more. Look again with a longer lead; peers at our own
+		// step no longer count as ahead.
+		s.event("join-missed", fmt.Sprintf("step %d: got version %d: %v", T, v, err))
+		lead = min(2*lead, 16*s.cfg.JoinLead)
+		s.left = false
+	}
+}
+
+func (s *syncPeer) event(kind, detail string) {
+	if s.rec != nil {
+		s.rec.Event(Event{Peer: s.self, At: time.Since(s.start), Kind: kind, Detail: detail})
+	}
+}
+
+func (s *syncPeer) snapshot() {
+	if s.rec != nil {
+		s.rec.Snapshot(s.self, time.Since(s.start), int(s.version), s.w.Model.Params)
+	}
+}
+
+// syncState is the layout of a synchronous peer's state vector: the
+// parameters, then the optimiser's vectors in the order of their names.
+// The optimiser's step count is the global step (the state's version).
+type syncState struct {
+	n    int
+	keys []string
+	buf  []float32
+}
+
+// newSyncState fixes the layout for w. An optimiser that creates its
+// vectors at its first step (momentum, Adam) is made to create them now,
+// as zeros, which is the same state as a fresh one.
+func newSyncState(w *Worker) (*syncState, error) {
+	n := len(w.Model.Params)
+	steps, vecs := w.Opt.State()
+	if len(vecs) == 0 && steps == 0 {
+		scratch := slices.Clone(w.Model.Params)
+		w.Opt.Step(scratch, make([]float32, n), 0)
+		_, made := w.Opt.State()
+		zero := make(map[string][]float32, len(made))
+		for k, v := range made {
+			zero[k] = make([]float32, len(v))
+		}
+		if err := w.Opt.SetState(0, zero); err != nil {
+			return nil, err
+		}
+		_, vecs = w.Opt.State()
+	}
+	st := &syncState{n: n}
+	for k, v := range vecs {
+		if len(v) != n {
+			return nil, fmt.Errorf("%w: optimiser vector %q has %d values, the model %d", ErrSync, k, len(v), n)
+		}
+		st.keys = append(st.keys, k)
+	}
+	sort.Strings(st.keys)
+	return st, nil
+}
+
+func (st *syncState) size() int { return st.n * (1 + len(st.keys)) }
+
+// pack returns w's state in the layout; the slice is reused by the next
+// call.
+func (st *syncState) pack(w *Worker) []float32 {
+	st.buf = append(st.buf[:0], w.Model.Params...)
+	_, vecs := w.Opt.State()
+	for _, k := range st.keys {
+		st.buf = append(st.buf, vecs[k]...)
+	}
+	return st.buf
+}
+
+// unpack loads a state of version steps into w.
+func (st *syncState) unpack(w *Worker, state []float32, version uint64) error {
+	if len(state) != st.size() {
+		return fmt.Errorf("%w: state of %d values, want %d", ErrNoState, len(state), st.size())
+	}
+	copy(w.Model.Params, state[:st.n])
+	vecs := make(map[string][]float32, len(st.keys))
+	for i, k := range st.keys {
+		vecs[k] = state[(i+1)*st.n : (i+2)*st.n]
+	}
+	if err := w.Opt.SetState(int(version), vecs); err != nil {
+		return err
+	}
+	w.Steps = int(version)
+	return nil
+}
+
+// SyncBoard is the in-memory control plane of MemSyncNet: the job's live
+// members and their statuses. Safe for concurrent use.
+type SyncBoard struct {
+	mu     sync.Mutex
+	status map[string]SyncStatus
+}
+
+// NewSyncBoard returns an empty board.
+func NewSyncBoard() *SyncBoard { return &SyncBoard{status: map[string]SyncStatus{}} }
+
+// Join makes peer a live member (with a zero status).
+func (b *SyncBoard) Join(peer string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.status[peer]; !ok {
+		b.status[peer] = SyncStatus{}
+	}
+}
+
+// Leave removes peer, as a membership expiry would.
+func (b *SyncBoard) Leave(peer string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.status, peer)
+}
+
+// Members returns the live members, sorted.
+func (b *SyncBoard) Members() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]string, 0, len(b.status))
+	for p := range b.status {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (b *SyncBoard) set(peer string, st SyncStatus) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.status[peer]; ok {
+		b.status[peer] = st
+	}
+}
+
+func (b *SyncBoard) others(self string) map[string]SyncStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string]SyncStatus, len(b.status))
+	for p, st := range b.status {
+		if p != self {
+			out[p] = st
+		}
+	}
+	return out
+}
+
+// MemSyncNet is a SyncNet and SyncJoiner in one process: the all-reduce
+// runs on an aggregate.Runner over any Transport (aggtest's in-memory
+// network in tests and simulations), states go through a StateBoard and
+// membership and statuses through a SyncBoard.
+type MemSyncNet struct {
+	ID     string
+	Runner *aggregate.Runner
+	States *StateBoard
+	Board  *SyncBoard
+}
+
+var (
+	_ SyncNet    = (*MemSyncNet)(nil)
+	_ SyncJoiner = (*MemSyncNet)(nil)
+)
+
+// Self implements SyncNet.
+func (n *MemSyncNet) Self() string { return n.ID }
+
+// Members implements SyncNet.
+func (n *MemSyncNet) Members(ctx context.Context, step uint64) ([]string, error) {
+	return n.Board.Members(), nil
+}
+
+// AllReduce implements SyncNet.
+func (n *MemSyncNet) AllReduce(ctx context.Context, step uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
+	return AllReduceGroup(ctx, n.Runner, step, group, dst, src, weight)
+}
+
+// SetStatus implements SyncJoiner.
+func (n *MemSyncNet) SetStatus(ctx context.Context, st SyncStatus) error {
+	n.Board.set(n.ID, st)
+	return nil
+}
+
+// Statuses implements SyncJoiner.
+func (n *MemSyncNet) Statuses() map[string]SyncStatus { return n.Board.others(n.ID) }
+
+// Publish implements SyncJoiner.
+func (n *MemSyncNet) Publish(version uint64, state []float32) { n.States.Publish(n.ID, version, state) }
+
+// Fetch implements SyncJoiner.
+func (n *MemSyncNet) Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error) {
+	return n.States.Fetch(ctx, peers, version, dst)
+}

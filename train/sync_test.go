@@ -1,0 +1,500 @@
+package train_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/aggtest"
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/swarm"
+	"github.com/starling-ml/starling/train"
+)
+
+var (
+	mnistOnce       sync.Once
+	mnistTrain      *data.Set
+	mnistErr        error
+	syncWorkerModel = "mlp:784-32-10"
+)
+
+func trainSet(t testing.TB) *data.Set {
+	t.Helper()
+	mnistOnce.Do(func() { mnistTrain, _, mnistErr = data.LoadMNIST("") })
+	if mnistErr != nil {
+		t.Skipf("MNIST not available: %v", mnistErr)
+	}
+	return mnistTrain
+}
+
+// order returns the sample order in which a worker with the given batch
+// and data seed walks a shard of n samples in its first epoch: it runs the
+// same iterator over a set whose single feature is the sample's index.
+func order(n, batch int, seed uint64) []int {
+	idx := &data.Set{X: make([]float32, n), Y: make([]int32, n), Dim: 1, Classes: 1}
+	for i := range idx.X {
+		idx.X[i] = float32(i)
+	}
+	it := data.NewIterator(idx, batch, seed)
+	out := make([]int, 0, n)
+	for it.Next() {
+		x, _ := it.Batch()
+		for _, v := range x {
+			out = append(out, int(v))
+		}
+	}
+	return out
+}
+
+// equivalentShards builds n shards of per samples each from big (of
+// n·per samples) such that, in their first epoch, step t's batches of the
+// n workers (batch b, data seeds seeds[k]) together hold exactly the
+// samples of step t's batch of one worker with batch n·b and bigSeed.
+func equivalentShards(big *data.Set, n, b int, bigSeed uint64, seeds []uint64) []*data.Set {
+	per := big.Len() / n
+	P := order(big.Len(), n*b, bigSeed)
+	shards := make([]*data.Set, n)
+	for k := range n {
+		Q := order(per, b, seeds[k])
+		idx := make([]int, per)
+		for pos, m := range Q {
+			t, j := pos/b, pos%b
+			idx[m] = P[t*n*b+k*b+j]
+		}
+		shards[k] = big.Subset(idx)
+	}
+	return shards
+}
+
+func syncWorker(t testing.TB, shard *data.Set, batch int, seed uint64) *train.Worker {
+	t.Helper()
+	cfg := train.DefaultWorkerConfig()
+	cfg.Model, cfg.Optimizer, cfg.LR, cfg.Batch, cfg.DataSeed = syncWorkerModel, "momentum", 0.05, batch, seed
+	w, err := train.NewWorker(cfg, shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// memJob is n in-process peers on an aggtest network.
+type memJob struct {
+	netw  *aggtest.Network
+	board *train.SyncBoard
+	state *train.StateBoard
+	acfg  aggregate.Config
+}
+
+func newMemJob(stall time.Duration) *memJob {
+	acfg := aggregate.DefaultConfig()
+	acfg.StallTimeout = stall
+	return &memJob{netw: aggtest.NewNetwork(aggtest.Config{}), board: train.NewSyncBoard(), state: train.NewStateBoard(), acfg: acfg}
+}
+
+func (j *memJob) net(t testing.TB, id string) *train.MemSyncNet {
+	t.Helper()
+	ep := j.netw.Join(aggregate.PeerID(id))
+	r, err := aggregate.NewRunner(aggregate.PeerID(id), ep, j.acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.board.Join(id)
+	return &train.MemSyncNet{ID: id, Runner: r, States: j.state, Board: j.board}
+}
+
+// logRec logs a peer's events (shown with -v or on failure).
+type logRec struct{ t testing.TB }
+
+func (l logRec) Snapshot(string, time.Duration, int, []float32) {}
+func (l logRec) Event(e train.Event) {
+	l.t.Logf("%v %s %s %s", e.At.Round(time.Millisecond), e.Peer, e.Kind, e.Detail)
+}
+
+// relErr returns ‖a−b‖₂/‖b‖₂.
+func relErr(a, b []float32) float64 {
+	var d, n float64
+	for i := range a {
+		x := float64(a[i]) - float64(b[i])
+		d += x * x
+		n += float64(b[i]) * float64(b[i])
+	}
+	return math.Sqrt(d / n)
+}
+
+// TestSyncMatchesBigBatch: n peers with batch b end where one peer with
+// batch n·b does (same model seed, the same samples per step).
+func TestSyncMatchesBigBatch(t *testing.T) {
+	tr := trainSet(t)
+	for _, n := range []int{3, 4} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			const b, steps, epochSteps = 8, 6, 8
+			big := tr.Head(n * b * epochSteps)
+			seeds := make([]uint64, n)
+			for k := range seeds {
+				seeds[k] = uint64(100 + k)
+			}
+			shards := equivalentShards(big, n, b, 7, seeds)
+
+			ref := syncWorker(t, big, n*b, 7)
+			init := slices.Clone(ref.Model.Params)
+			for range steps {
+				if _, err := ref.Step(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			job := newMemJob(5 * time.Second)
+			cfg := train.DefaultSyncConfig()
+			cfg.Steps = steps
+			workers := make([]*train.Worker, n)
+			nets := make([]*train.MemSyncNet, n)
+			for k := range n {
+				workers[k] = syncWorker(t, shards[k], b, seeds[k])
+				nets[k] = job.net(t, fmt.Sprintf("peer%d", k))
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, n)
+			groups := make([][]int, n)
+			for k := range n {
+				wg.Go(func() {
+					errs[k] = train.Sync(context.Background(), workers[k], nets[k], cfg, nil, func(si train.StepInfo) bool {
+						groups[k] = append(groups[k], len(si.Group))
+						return false
+					})
+				})
+			}
+			wg.Wait()
+			for k := range n {
+				if errs[k] != nil {
+					t.Fatalf("peer %d: %v", k, errs[k])
+				}
+				if workers[k].Steps != steps || slices.ContainsFunc(groups[k], func(g int) bool { return g != n }) {
+					t.Fatalf("peer %d: %d steps, group sizes %v", k, workers[k].Steps, groups[k])
+				}
+				if !slices.Equal(workers[k].Model.Params, workers[0].Model.Params) {
+					t.Fatalf("peer %d holds other parameters than peer 0", k)
+				}
+			}
+			got := workers[0].Model.Params
+			e := relErr(got, ref.Model.Params)
+			// The updates themselves, which are much smaller than the
+			// parameters, agree to rounding too.
+			du, dr := make([]float32, len(got)), make([]float32, len(got))
+			for i := range got {
+				du[i], dr[i] = got[i]-init[i], ref.Model.Params[i]-init[i]
+			}
+			eu := relErr(du, dr)
+			t.Logf("n=%d b=%d, %d steps: parameters %.2e relative, updates %.2e", n, b, steps, e, eu)
+			if e > 1e-5 || eu > 1e-4 {
+				t.Fatalf("parameters differ by %.2e relative (updates %.2e) from one peer with batch %d", e, eu, n*b)
+			}
+		})
+	}
+}
+
+// runMem runs peers until they stop; onStep(k, si) may stop peer k.
+func runMem(t *testing.T, workers []*train.Worker, nets []*train.MemSyncNet, cfg train.SyncConfig, throttle time.Duration, onStep func(k int, si train.StepInfo) bool) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	errs := make([]error, len(workers))
+	var wg sync.WaitGroup
+	for k := range workers {
+		wg.Go(func() {
+			errs[k] = train.Sync(ctx, workers[k], nets[k], cfg, logRec{t}, func(si train.StepInfo) bool {
+				if throttle > 0 {
+					time.Sleep(throttle) // a pace at which joining is worth it
+				}
+				return onStep(k, si)
+			})
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+func memPeers(t *testing.T, job *memJob, n, per int, first uint64) ([]*train.Worker, []*train.MemSyncNet) {
+	tr := trainSet(t)
+	workers := make([]*train.Worker, n)
+	nets := make([]*train.MemSyncNet, n)
+	for k := range n {
+		i := int(first) + k
+		workers[k] = syncWorker(t, tr.Subset(seq(i*per, per)), 16, uint64(i+1))
+		nets[k] = job.net(t, fmt.Sprintf("peer%d", i))
+	}
+	return workers, nets
+}
+
+func seq(from, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = from + i
+	}
+	return out
+}
+
+// TestSyncSurvivesAKilledPeer: a peer that dies mid-job is left out by
+// the all-reduce; the survivors finish with the same parameters.
+func TestSyncSurvivesAKilledPeer(t *testing.T) {
+	job := newMemJob(300 * time.Millisecond)
+	workers, nets := memPeers(t, job, 4, 256, 0)
+	cfg := train.DefaultSyncConfig()
+	cfg.Steps = 30
+	last := make([]train.StepInfo, 4)
+	errs := runMem(t, workers, nets, cfg, 0, func(k int, si train.StepInfo) bool {
+		last[k] = si
+		if k == 2 && si.Step == 10 {
+			job.netw.Kill(aggregate.PeerID(nets[k].ID))
+			job.board.Leave(nets[k].ID)
+			return true
+		}
+		return false
+	})
+	for _, k := range []int{0, 1, 3} {
+		if errs[k] != nil {
+			t.Fatalf("peer %d: %v", k, errs[k])
+		}
+		if last[k].Step != 30 || len(last[k].Group) != 3 || slices.Contains(last[k].Group, "peer2") {
+			t.Fatalf("peer %d ended at step %d with group %v", k, last[k].Step, last[k].Group)
+		}
+		if !slices.Equal(workers[k].Model.Params, workers[0].Model.Params) {
+			t.Fatalf("peer %d holds other parameters than peer 0", k)
+		}
+	}
+}
+
+// TestSyncLateJoiner: a peer that starts while the others run fetches
+// their state, joins at the step it declared, and ends with the same
+// parameters, having contributed to the last steps.
+func TestSyncLateJoiner(t *testing.T) {
+	job := newMemJob(2 * time.Second)
+	workers, nets := memPeers(t, job, 3, 256, 0)
+	cfg := train.DefaultSyncConfig()
+	cfg.Steps = 400
+	cfg.JoinLead = 100 * time.Millisecond
+	started := make(chan struct{})
+	var once sync.Once
+	var joinedAt, lastGroup uint64
+	var late *train.Worker
+	var lateErr error
+	var lateLast train.StepInfo
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+			lateErr = errors.New("the others never got going")
+			return
+		}
+		ws, ns := memPeers(t, job, 1, 256, 3)
+		late = ws[0]
+		lateErr = train.Sync(context.Background(), late, ns[0], cfg, logRec{t}, func(si train.StepInfo) bool {
+			time.Sleep(time.Millisecond)
+			if si.Joined {
+				joinedAt = si.Step
+			}
+			lateLast = si
+			return false
+		})
+	})
+	errs := runMem(t, workers, nets, cfg, time.Millisecond, func(k int, si train.StepInfo) bool {
+		if si.Step == 20 {
+			once.Do(func() { close(started) })
+		}
+		if k == 0 && si.Step == uint64(cfg.Steps) {
+			lastGroup = uint64(len(si.Group))
+		}
+		return false
+	})
+	wg.Wait()
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", k, err)
+		}
+	}
+	if lateErr != nil {
+		t.Fatalf("late peer: %v", lateErr)
+	}
+	t.Logf("late peer joined at step %d; last group %d", joinedAt, lastGroup)
+	if joinedAt == 0 || joinedAt >= uint64(cfg.Steps) || lastGroup != 4 || lateLast.Step != uint64(cfg.Steps) {
+		t.Fatalf("late peer joined at %d, last step %d, final group size %d", joinedAt, lateLast.Step, lastGroup)
+	}
+	for k, w := range append(workers, late) {
+		if !slices.Equal(w.Model.Params, workers[0].Model.Params) {
+			t.Fatalf("peer %d holds other parameters than peer 0", k)
+		}
+		if w.Steps != cfg.Steps {
+			t.Fatalf("peer %d at step %d", k, w.Steps)
+		}
+	}
+}
+
+// TestSyncRejoinsAfterStall: a peer that stalls past the stall timeout is
+// left out of a step; once it thaws it rejoins and the job ends in step.
+func TestSyncRejoinsAfterStall(t *testing.T) {
+	job := newMemJob(300 * time.Millisecond)
+	workers, nets := memPeers(t, job, 4, 256, 0)
+	cfg := train.DefaultSyncConfig()
+	cfg.Steps = 800
+	cfg.JoinLead = 100 * time.Millisecond
+	var mu sync.Mutex
+	var failed, joined bool
+	var lastGroup int
+	errs := runMem(t, workers, nets, cfg, time.Millisecond, func(k int, si train.StepInfo) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if k == 1 && si.Step == 15 && !failed {
+			job.netw.Stall(aggregate.PeerID(nets[k].ID))
+			time.AfterFunc(time.Second, func() { job.netw.Resume(aggregate.PeerID(nets[k].ID)) })
+		}
+		if k == 1 && si.Failed {
+			failed = true
+		}
+		if k == 1 && si.Joined {
+			joined = true
+		}
+		if k == 0 && si.Step == uint64(cfg.Steps) {
+			lastGroup = len(si.Group)
+		}
+		return false
+	})
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", k, err)
+		}
+	}
+	if !failed || !joined || lastGroup != 4 {
+		t.Fatalf("stalled peer: left out %v, rejoined %v; final group %d", failed, joined, lastGroup)
+	}
+	for k, w := range workers {
+		if !slices.Equal(w.Model.Params, workers[0].Model.Params) || w.Steps != cfg.Steps {
+			t.Fatalf("peer %d: step %d, same parameters %v", k, w.Steps, slices.Equal(w.Model.Params, workers[0].Model.Params))
+		}
+	}
+}
+
+func TestSyncConfigValidate(t *testing.T) {
+	for _, mut := range []func(*train.SyncConfig){
+		func(c *train.SyncConfig) { c.Steps = 0 },
+		func(c *train.SyncConfig) { c.StepTimeout = 0 },
+		func(c *train.SyncConfig) { c.JoinLead = -1 },
+		func(c *train.SyncConfig) { c.SnapshotEvery = -1 },
+	} {
+		c := train.DefaultSyncConfig()
+		mut(&c)
+		if err := c.Validate(); !errors.Is(err, train.ErrSync) {
+			t.Errorf("%+v: %v, want ErrSync", c, err)
+		}
+	}
+}
+
+// TestSyncOverSwarm runs the job on libp2p peers (mocknet): statuses ride
+// the gossip heartbeats and a late peer joins through the state service.
+func TestSyncOverSwarm(t *testing.T) {
+	tr := trainSet(t)
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	cfg := swarm.DefaultConfig()
+	cfg.Node = node.TestConfig()
+	cfg.Gossip.Namespace = "sync-test"
+	cfg.Gossip.HeartbeatInterval = 100 * time.Millisecond
+	cfg.Gossip.PeerTTL = time.Second
+	cfg.Aggregate.StallTimeout = 3 * time.Second
+	const n = 4
+	peers := make([]*swarm.Peer, n)
+	add := func(i int) {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if peers[i], err = swarm.Attach(h, cfg); err != nil {
+			t.Fatal(err)
+		}
+		p := peers[i]
+		t.Cleanup(func() { p.Close() })
+		if err := mn.LinkAll(); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range peers[:i] {
+			if _, err := mn.ConnectPeers(h.ID(), q.Node.ID()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := range n - 1 {
+		add(i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, p := range peers[:n-1] {
+		if err := p.WaitPeers(ctx, n-1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scfg := train.DefaultSyncConfig()
+	scfg.Steps = 300
+	scfg.JoinLead = 300 * time.Millisecond
+	workers := make([]*train.Worker, n)
+	for k := range workers {
+		workers[k] = syncWorker(t, tr.Subset(seq(k*256, 256)), 16, uint64(k+1))
+	}
+	errs := make([]error, n)
+	started := make(chan struct{})
+	var once sync.Once
+	var joined bool
+	var lastGroup int
+	var wg sync.WaitGroup
+	for k := range n {
+		wg.Go(func() {
+			if k == n-1 {
+				// The last peer comes up once the others are training.
+				select {
+				case <-started:
+				case <-ctx.Done():
+					errs[k] = ctx.Err()
+					return
+				}
+				add(k)
+				if err := peers[k].WaitPeers(ctx, n); err != nil {
+					errs[k] = err
+					return
+				}
+			}
+			errs[k] = train.Sync(ctx, workers[k], peers[k].SyncNet(16), scfg, logRec{t}, func(si train.StepInfo) bool {
+				time.Sleep(2 * time.Millisecond)
+				if si.Step >= 10 {
+					once.Do(func() { close(started) })
+				}
+				if k == n-1 && si.Joined {
+					joined = true
+				}
+				if k == 0 && si.Step == uint64(scfg.Steps) {
+					lastGroup = len(si.Group)
+				}
+				return false
+			})
+		})
+	}
+	wg.Wait()
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", k, err)
+		}
+	}
+	if !joined || lastGroup != n {
+		t.Fatalf("late peer fetched the state: %v; the last step's group has %d peers", joined, lastGroup)
+	}
+	for k, w := range workers {
+		if w.Steps != scfg.Steps || !slices.Equal(w.Model.Params, workers[0].Model.Params) {
+			t.Fatalf("peer %d: step %d, same parameters %v", k, w.Steps, slices.Equal(w.Model.Params, workers[0].Model.Params))
+		}
+	}
+}
