@@ -120,10 +120,14 @@ type Row struct {
 	BytesPerPeer float64 `json:"bytes_per_peer"`
 	// BytesPerStep is BytesPerPeer per training step.
 	BytesPerStep float64 `json:"bytes_per_step"`
-	// Ratio is the fp32 row's BytesPerPeer over this row's.
+	// Ratio is the fp32 row's BytesPerStep over this row's.
 	Ratio float64 `json:"ratio"`
 	// Steps is the number of synchronous steps.
 	Steps int `json:"steps"`
+	// DivergedAt is the step at which the training loss stopped being
+	// finite (0: it did not); the run stops there, and FinalAccuracy and
+	// Curve are those of the epochs completed before.
+	DivergedAt int `json:"diverged_at,omitempty"`
 	// TrainLoss is the last epoch's mean training loss on peer 0.
 	TrainLoss float64 `json:"train_loss"`
 	// WallS is the run's wall-clock time (peers share the machine's cores).
@@ -160,8 +164,8 @@ func Compare(rows []Row) {
 	base := rows[i]
 	for k := range rows {
 		rows[k].DeltaPP = 100 * (rows[k].FinalAccuracy - base.FinalAccuracy)
-		if rows[k].BytesPerPeer > 0 {
-			rows[k].Ratio = base.BytesPerPeer / rows[k].BytesPerPeer
+		if rows[k].BytesPerStep > 0 {
+			rows[k].Ratio = base.BytesPerStep / rows[k].BytesPerStep
 		}
 	}
 }
@@ -212,16 +216,21 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make([]error, cfg.Peers)
+	diverged := make([]int, cfg.Peers)
 	var wg sync.WaitGroup
 	for i := range cfg.Peers {
 		wg.Go(func() {
-			err := syncLoop(ctx, runners[i], ids, workers[i], row.Steps, spe, func(epoch int, loss float64) {
+			step, err := syncLoop(ctx, runners[i], ids, workers[i], row.Steps, spe, func(epoch int, loss float64) {
 				if i == 0 {
 					snaps[epoch] = slices.Clone(workers[i].Model.Params)
 					losses[epoch] = loss
 				}
 			})
-			if err != nil {
+			switch {
+			case errors.Is(err, train.ErrDiverged):
+				diverged[i] = step
+				cancel()
+			case err != nil && ctx.Err() == nil:
 				errs[i] = fmt.Errorf("%s: %w", ids[i], err)
 				cancel()
 			}
@@ -229,13 +238,21 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	}
 	wg.Wait()
 	row.WallS = time.Since(start).Seconds()
-	if err := errors.Join(errs...); err != nil {
+	for _, s := range diverged {
+		if s > 0 && (row.DivergedAt == 0 || s < row.DivergedAt) {
+			row.DivergedAt = s
+		}
+	}
+	if err := errors.Join(errs...); err != nil && row.DivergedAt == 0 {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil && row.DivergedAt == 0 {
 		return nil, err
 	}
 	// Synchronous SGD keeps every replica identical: a cheap check that
 	// every peer applied the same bits every step.
 	for i, w := range workers[1:] {
-		if !slices.Equal(w.Model.Params, workers[0].Model.Params) {
+		if row.DivergedAt == 0 && !slices.Equal(w.Model.Params, workers[0].Model.Params) {
 			return nil, fmt.Errorf("compressexp: peer %d's parameters differ from peer 0's", i+1)
 		}
 	}
@@ -243,11 +260,18 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 		b, _ := net.Sent(ids[i])
 		row.BytesPerPeer += float64(b) / float64(cfg.Peers)
 	}
-	row.BytesPerStep = row.BytesPerPeer / float64(row.Steps)
+	ran := row.Steps
+	if row.DivergedAt > 0 {
+		ran = row.DivergedAt
+	}
+	row.BytesPerStep = row.BytesPerPeer / float64(ran)
 
 	eval := workers[0]
 	final := slices.Clone(eval.Model.Params)
 	for e, p := range snaps {
+		if p == nil {
+			break // diverged
+		}
 		copy(eval.Model.Params, p)
 		loss, acc := eval.Evaluate(testSet)
 		row.Curve = append(row.Curve, Point{Epoch: e + 1, Steps: (e + 1) * spe, Accuracy: acc, Loss: loss})
@@ -256,8 +280,13 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 		}
 	}
 	copy(eval.Model.Params, final)
-	row.FinalAccuracy = row.Curve[len(row.Curve)-1].Accuracy
-	row.TrainLoss = losses[len(losses)-1]
+	if n := len(row.Curve); n > 0 {
+		row.FinalAccuracy = row.Curve[n-1].Accuracy
+		row.TrainLoss = losses[n-1]
+	}
+	if progress != nil && row.DivergedAt > 0 {
+		progress(fmt.Sprintf("%-14s diverged at step %d of %d (loss not finite)", spec, row.DivergedAt, row.Steps))
+	}
 	if progress != nil {
 		progress(fmt.Sprintf("%-14s done: test acc %.2f%%, %.0f bytes/peer (%.0f per step), %.0fs", spec, 100*row.FinalAccuracy, row.BytesPerPeer, row.BytesPerStep, row.WallS))
 	}
@@ -267,24 +296,25 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 // syncLoop is one peer of synchronous data-parallel SGD: every step it
 // computes its gradient, all-reduces the batch-weighted mean with the
 // group, and applies it. It calls epochEnd(e, meanLoss) after every spe
-// steps. A failed round is an error: the in-memory network loses nothing.
-func syncLoop(ctx context.Context, r *aggregate.Runner, ids []aggregate.PeerID, w *train.Worker, steps, spe int, epochEnd func(int, float64)) error {
+// steps, and returns the step it stopped at with its error. A failed round
+// is an error: the in-memory network loses nothing.
+func syncLoop(ctx context.Context, r *aggregate.Runner, ids []aggregate.PeerID, w *train.Worker, steps, spe int, epochEnd func(int, float64)) (int, error) {
 	avg := make([]float32, len(w.Model.Grads))
 	var lossSum float64
 	var samples int
 	for step := 1; step <= steps; step++ {
 		loss, n, err := w.Grad(ctx)
 		if err != nil {
-			return err
+			return step, err
 		}
 		lossSum += loss * float64(n)
 		samples += n
 		g, err := aggregate.Form(uint64(step), ids)
 		if err != nil {
-			return err
+			return step, err
 		}
 		if _, err := r.AllReduce(ctx, g, avg, w.Model.Grads, float64(n)); err != nil {
-			return fmt.Errorf("step %d: %w", step, err)
+			return step, fmt.Errorf("step %d: %w", step, err)
 		}
 		copy(w.Model.Grads, avg)
 		w.Apply(n)
@@ -293,7 +323,7 @@ func syncLoop(ctx context.Context, r *aggregate.Runner, ids []aggregate.PeerID, 
 			lossSum, samples = 0, 0
 		}
 	}
-	return nil
+	return steps, nil
 }
 
 // Table formats rows as an aligned text table.
@@ -305,6 +335,10 @@ func Table(rows []Row) string {
 		if r.ErrorFeedback {
 			ef = "yes"
 		}
+		if r.DivergedAt > 0 {
+			fmt.Fprintf(&b, "%-15s %4s  diverged at step %d of %d (loss NaN/Inf); %.0f bytes/step until then\n", r.Codec, ef, r.DivergedAt, r.Steps, r.BytesPerStep)
+			continue
+		}
 		fmt.Fprintf(&b, "%-15s %4s %8.2f%% %+8.2f %14.0f %12.0f %9.1f\n", r.Codec, ef, 100*r.FinalAccuracy, r.DeltaPP, r.BytesPerPeer, r.BytesPerStep, r.Ratio)
 	}
 	return b.String()
@@ -312,26 +346,26 @@ func Table(rows []Row) string {
 
 // MeanRows averages repeated runs of the same codecs (same order) into one
 // row per codec: accuracies, losses and bytes are means; Curve is the
-// first run's.
+// first run's, and DivergedAt the first that diverged.
 func MeanRows(runs [][]Row) []Row {
 	if len(runs) == 0 {
 		return nil
 	}
 	out := slices.Clone(runs[0])
 	for k := range out {
-		var acc, loss, bytes, wall float64
+		var acc, loss, bytes, perStep, wall float64
 		for _, run := range runs {
 			acc += run[k].FinalAccuracy
 			loss += run[k].TrainLoss
 			bytes += run[k].BytesPerPeer
+			perStep += run[k].BytesPerStep
 			wall += run[k].WallS
+			if out[k].DivergedAt == 0 {
+				out[k].DivergedAt = run[k].DivergedAt
+			}
 		}
 		n := float64(len(runs))
-		out[k].FinalAccuracy, out[k].TrainLoss, out[k].BytesPerPeer, out[k].WallS = acc/n, loss/n, bytes/n, wall/n
-		out[k].BytesPerStep = out[k].BytesPerPeer / float64(out[k].Steps)
-		if math.IsNaN(out[k].FinalAccuracy) {
-			out[k].FinalAccuracy = 0
-		}
+		out[k].FinalAccuracy, out[k].TrainLoss, out[k].BytesPerPeer, out[k].BytesPerStep, out[k].WallS = acc/n, loss/n, bytes/n, perStep/n, wall/n
 	}
 	Compare(out)
 	return out

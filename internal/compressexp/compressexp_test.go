@@ -85,3 +85,25 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDiverged: a run whose loss blows up is a row that says so, and the
+// runs after it still run.
+func TestDiverged(t *testing.T) {
+	tr, te := mnist(t)
+	cfg := DefaultConfig()
+	cfg.Peers, cfg.Epochs = 2, 2
+	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR = "mlp:784-32-32-10", 32, 1e30
+	cfg.Codecs = []string{"fp32", "fp16"}
+	rows, err := Run(t.Context(), cfg, tr, te, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.DivergedAt < 1 || r.DivergedAt > r.Steps || len(r.Curve) != 0 || r.BytesPerStep <= 0 {
+			t.Fatalf("row %+v: want a divergence in the first epoch", r)
+		}
+	}
+	if !strings.Contains(Table(rows), "diverged at step") {
+		t.Fatalf("table:\n%s", Table(rows))
+	}
+}
