@@ -21,10 +21,9 @@
 // stops a run at a target accuracy, which evaluates the latest snapshots
 // every MonitorEvery).
 //
-// Strategies are registered by name (Register); "fedasync", "fedbuff",
-// "adpsgd", "sgp", "local" and "sync" are built in. "sync" is a stand-in
-// for synchronous data-parallel SGD (one all-reduce of the gradients per
-// step through aggregate.Runner over aggregate/p2p) until train grows its
-// own synchronous strategy, which should replace it by registering under
-// the same name.
+// Strategies are registered by name (Register); "fedasync", "fedbuff"
+// (train.RunAsync), "adpsgd", "sgp" (train.RunGossip), "sync" (train.Sync:
+// synchronous data-parallel SGD, one all-reduce of the gradients per step
+// through aggregate.Runner over aggregate/p2p) and "local" (no
+// communication) are built in.
 package sim

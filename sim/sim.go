@@ -132,7 +132,8 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	}
 	defer sw.close()
 
-	rec := &simRecorder{mem: &train.MemRecorder{}, names: map[string]string{}, latest: map[string][]float32{}}
+	rec := &simRecorder{mem: &train.MemRecorder{}, gap: cfg.SnapshotEvery, names: map[string]string{},
+		latest: map[string][]float32{}, last: map[string]time.Duration{}}
 	peers := make([]*Peer, cfg.Peers)
 	for i := range peers {
 		wc := cfg.Worker
@@ -320,15 +321,18 @@ func (sw *swarm) close() {
 }
 
 // simRecorder forwards to a MemRecorder under peer names p0, p1, … with
-// the experiment's own clock, and keeps each peer's latest parameters for
-// the monitor.
+// the experiment's own clock, keeps at most one snapshot per peer every
+// gap (the first and the ones after it), and keeps each peer's latest
+// parameters for the monitor.
 type simRecorder struct {
 	mem   *train.MemRecorder
 	start time.Time
+	gap   time.Duration
 	names map[string]string // read-only during the run
 
 	mu     sync.Mutex
 	latest map[string][]float32
+	last   map[string]time.Duration
 	n      int
 }
 
@@ -343,11 +347,16 @@ func (r *simRecorder) name(p string) string {
 
 func (r *simRecorder) Snapshot(p string, _ time.Duration, updates int, params []float32) {
 	name := r.name(p)
-	r.mem.Snapshot(name, time.Since(r.start), updates, params)
+	at := time.Since(r.start)
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if prev, ok := r.last[name]; ok && at-prev < r.gap {
+		return
+	}
+	r.last[name] = at
+	r.mem.Snapshot(name, at, updates, params)
 	r.latest[name] = append(r.latest[name][:0], params...)
 	r.n++
-	r.mu.Unlock()
 }
 
 func (r *simRecorder) Event(e train.Event) {

@@ -2,8 +2,8 @@ package sim
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -58,7 +58,7 @@ func init() {
 	Register("adpsgd", gossipStrategy(train.GossipPairwise))
 	Register("sgp", gossipStrategy(train.GossipPushSum))
 	Register("local", localStrategy)
-	Register("sync", syncStandIn)
+	Register("sync", syncStrategy)
 }
 
 // transport starts the peer's gossip transport over its node.
@@ -166,22 +166,20 @@ func localStrategy(ctx context.Context, p *Peer) (any, error) {
 	return &LocalSummary{Peer: name, Steps: w.Steps, WallS: time.Since(start).Seconds()}, nil
 }
 
-// SyncSummary describes a peer of the synchronous stand-in.
+// SyncSummary describes a peer of synchronous training.
 type SyncSummary struct {
 	Peer   string  `json:"peer"`
 	Steps  int     `json:"steps"`
-	Failed int     `json:"failed_rounds"`
+	Failed int     `json:"failed_steps"` // steps this peer was left out of
 	Group  int     `json:"final_group"`
 	WallS  float64 `json:"wall_s"`
 }
 
-// syncStandIn is synchronous data-parallel SGD: every step each peer
-// computes its gradient, the group all-reduces the gradients (mean
-// weighted by batch size) with aggregate.Runner over aggregate/p2p, and
-// every peer applies the same mean. It stands in for train's synchronous
-// strategy (owned by aggregate/'s authors) until that lands and registers
-// itself as "sync"; it uses their all-reduce, not one of its own.
-func syncStandIn(ctx context.Context, p *Peer) (any, error) {
+// syncStrategy is synchronous data-parallel SGD (train.Sync): every step
+// the group all-reduces its gradients with aggregate.Runner over
+// aggregate/p2p and applies the same mean. The job is fixed (no joining):
+// every peer starts together, and one left out of a step stops.
+func syncStrategy(ctx context.Context, p *Peer) (any, error) {
 	var tr aggregate.Transport = p2p.New(p.Node)
 	if p.Config.Delay > 0 {
 		tr = &delayTransport{Transport: tr, p: p}
@@ -198,43 +196,38 @@ func syncStandIn(ctx context.Context, p *Peer) (any, error) {
 	for i, id := range p.Group {
 		group[i] = string(p2p.ID(id))
 	}
-	w := p.Worker
-	name := p.ID.String()
-	sum := &SyncSummary{Peer: name}
-	avg := make([]float32, len(w.Model.Params))
+	scfg := train.DefaultSyncConfig()
+	scfg.Steps = math.MaxInt32 // the run's duration ends the job
+	scfg.SnapshotEvery = 1     // simRecorder keeps one per SnapshotEvery
+	sum := &SyncSummary{Peer: p.ID.String(), Group: len(group)}
 	start := time.Now()
-	last := time.Duration(0)
-	p.Rec.Snapshot(name, 0, 0, w.Model.Params)
-	for round := uint64(1); ctx.Err() == nil; round++ {
-		_, n, err := w.Grad(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			return nil, err
-		}
-		used, err := train.AllReduceGroup(ctx, r, round, group, avg, w.Model.Grads, float64(n))
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			if errors.Is(err, aggregate.ErrExcluded) || errors.Is(err, aggregate.ErrTooFewPeers) {
-				return sum, err
-			}
+	err = train.Sync(ctx, p.Worker, &syncNet{self: string(p2p.ID(p.ID)), group: group, r: r}, scfg, p.Rec, func(si train.StepInfo) bool {
+		if si.Failed {
 			sum.Failed++
-			continue
+		} else {
+			sum.Group = len(si.Group)
 		}
-		group = used
-		copy(w.Model.Grads, avg)
-		w.Apply(n)
-		if at := time.Since(start); at-last >= p.Config.SnapshotEvery {
-			p.Rec.Snapshot(name, at, w.Steps, w.Model.Params)
-			last = at
-		}
-	}
-	p.Rec.Snapshot(name, time.Since(start), w.Steps, w.Model.Params)
-	sum.Steps, sum.Group, sum.WallS = w.Steps, len(group), time.Since(start).Seconds()
-	return sum, nil
+		return false
+	})
+	sum.Steps, sum.WallS = p.Worker.Steps, time.Since(start).Seconds()
+	return sum, err
+}
+
+// syncNet is a fixed synchronous job over one aggregate.Runner.
+type syncNet struct {
+	self  string
+	group []string
+	r     *aggregate.Runner
+}
+
+var _ train.SyncNet = (*syncNet)(nil)
+
+func (n *syncNet) Self() string { return n.self }
+
+func (n *syncNet) Members(context.Context, uint64) ([]string, error) { return n.group, nil }
+
+func (n *syncNet) AllReduce(ctx context.Context, step uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
+	return train.AllReduceGroup(ctx, n.r, step, group, dst, src, weight)
 }
 
 // delayTransport delays every all-reduce chunk a peer sends.
