@@ -1,8 +1,8 @@
 // Package compressexp measures what gradient compression costs synchronous
 // data-parallel SGD in accuracy and saves in bytes: N peers in one process,
-// each a train.Worker on an IID shard of the training set, all-reduce the
-// mean gradient every step through aggregate.Runner with
-// aggregate.Config.Compress set to the codec under test, over an aggtest
+// each a train.Worker on an IID shard of the training set, run train.Sync
+// over a train.MemSyncNet whose aggregate.Runner has
+// aggregate.Config.Compress set to the codec under test, on an aggtest
 // in-memory network that counts the bytes every peer puts on its link. The
 // same seed gives every codec the same initial model, data shards and batch
 // order, so the rows of the table differ only in the codec.
@@ -110,6 +110,9 @@ type Row struct {
 	Codec string `json:"codec"`
 	// ErrorFeedback reports whether the codec ran with error feedback.
 	ErrorFeedback bool `json:"error_feedback"`
+	// LeftOut counts the steps some peer was left out of (a stall on a
+	// starved machine); 0 in a clean run.
+	LeftOut int `json:"left_out,omitempty"`
 	// FinalAccuracy is the test accuracy after the last epoch.
 	FinalAccuracy float64 `json:"final_accuracy"`
 	// DeltaPP is FinalAccuracy minus the fp32 row's, in percentage points
@@ -185,6 +188,7 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 		spe = min(spe, (len(p)+cfg.Worker.Batch-1)/cfg.Worker.Batch)
 	}
 	net := aggtest.NewNetwork(aggtest.Config{})
+	board, states := train.NewSyncBoard(), train.NewStateBoard()
 	ids := make([]aggregate.PeerID, cfg.Peers)
 	workers := make([]*train.Worker, cfg.Peers)
 	runners := make([]*aggregate.Runner, cfg.Peers)
@@ -198,6 +202,7 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 		if runners[i], err = aggregate.NewRunner(ids[i], net.Join(ids[i]), acfg); err != nil {
 			return nil, err
 		}
+		board.Join(string(ids[i]))
 		if c := runners[i].Compression(); c != nil {
 			if err := c.SetLayout(train.CompressionLayout(workers[i].Model)); err != nil {
 				return nil, err
@@ -217,15 +222,18 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	defer cancel()
 	errs := make([]error, cfg.Peers)
 	diverged := make([]int, cfg.Peers)
+	leftOut := make([]int, cfg.Peers)
 	var wg sync.WaitGroup
 	for i := range cfg.Peers {
 		wg.Go(func() {
-			step, err := syncLoop(ctx, runners[i], ids, workers[i], row.Steps, spe, func(epoch int, loss float64) {
+			sn := &train.MemSyncNet{ID: string(ids[i]), Runner: runners[i], States: states, Board: board}
+			step, left, err := syncPeer(ctx, sn, workers[i], row.Steps, spe, func(epoch int, loss float64) {
 				if i == 0 {
 					snaps[epoch] = slices.Clone(workers[i].Model.Params)
 					losses[epoch] = loss
 				}
 			})
+			leftOut[i] = left
 			switch {
 			case errors.Is(err, train.ErrDiverged):
 				diverged[i] = step
@@ -238,10 +246,11 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	}
 	wg.Wait()
 	row.WallS = time.Since(start).Seconds()
-	for _, s := range diverged {
+	for i, s := range diverged {
 		if s > 0 && (row.DivergedAt == 0 || s < row.DivergedAt) {
 			row.DivergedAt = s
 		}
+		row.LeftOut += leftOut[i]
 	}
 	if err := errors.Join(errs...); err != nil && row.DivergedAt == 0 {
 		return nil, err
@@ -293,37 +302,39 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	return row, nil
 }
 
-// syncLoop is one peer of synchronous data-parallel SGD: every step it
-// computes its gradient, all-reduces the batch-weighted mean with the
-// group, and applies it. It calls epochEnd(e, meanLoss) after every spe
-// steps, and returns the step it stopped at with its error. A failed round
-// is an error: the in-memory network loses nothing.
-func syncLoop(ctx context.Context, r *aggregate.Runner, ids []aggregate.PeerID, w *train.Worker, steps, spe int, epochEnd func(int, float64)) (int, error) {
-	avg := make([]float32, len(w.Model.Grads))
-	var lossSum float64
-	var samples int
-	for step := 1; step <= steps; step++ {
-		loss, n, err := w.Grad(ctx)
-		if err != nil {
-			return step, err
+// syncPeer runs train.Sync for one peer for steps steps and calls
+// epochEnd(e, meanLoss) after every spe steps it applied. It returns the
+// last step the peer reached, the number of steps it was left out of, and
+// Sync's error (wrapping train.ErrDiverged when the loss stopped being
+// finite).
+func syncPeer(ctx context.Context, net *train.MemSyncNet, w *train.Worker, steps, spe int, epochEnd func(int, float64)) (int, int, error) {
+	cfg := train.DefaultSyncConfig()
+	cfg.Steps, cfg.SnapshotEvery = steps, 0
+	var (
+		lossSum float64
+		samples int
+		last    int
+		left    int
+	)
+	err := train.Sync(ctx, w, net, cfg, nil, func(si train.StepInfo) bool {
+		switch {
+		case si.Failed:
+			left++
+			return false
+		case si.Joined:
+			last = int(si.Step)
+			return false
 		}
-		lossSum += loss * float64(n)
-		samples += n
-		g, err := aggregate.Form(uint64(step), ids)
-		if err != nil {
-			return step, err
-		}
-		if _, err := r.AllReduce(ctx, g, avg, w.Model.Grads, float64(n)); err != nil {
-			return step, fmt.Errorf("step %d: %w", step, err)
-		}
-		copy(w.Model.Grads, avg)
-		w.Apply(n)
-		if step%spe == 0 {
-			epochEnd(step/spe-1, lossSum/float64(samples))
+		last = int(si.Step)
+		lossSum += si.Loss * float64(si.Samples)
+		samples += si.Samples
+		if last%spe == 0 {
+			epochEnd(last/spe-1, lossSum/float64(max(samples, 1)))
 			lossSum, samples = 0, 0
 		}
-	}
-	return steps, nil
+		return false
+	})
+	return last + 1, left, err
 }
 
 // Table formats rows as an aligned text table.

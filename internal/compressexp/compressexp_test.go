@@ -20,13 +20,13 @@ func mnist(t *testing.T) (*data.Set, *data.Set) {
 	return tr.Head(2400), te.Head(1000)
 }
 
-// TestRunSmall trains a logistic regression on 2 400 samples for two epochs
+// TestRunSmall trains a logistic regression on 2 400 samples for an epoch
 // with three codecs: every run learns, compressed runs send fewer bytes by
 // about the codec's ratio, and the fp32 row is the reference of the others.
 func TestRunSmall(t *testing.T) {
 	tr, te := mnist(t)
 	cfg := DefaultConfig()
-	cfg.Peers, cfg.Epochs = 3, 2
+	cfg.Peers, cfg.Epochs = 3, 1
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR = "logreg", 32, 0.1
 	cfg.Codecs = []string{"fp32", "int8", "topk:0.05,ef"}
 	var lines []string
@@ -91,7 +91,7 @@ func TestValidate(t *testing.T) {
 func TestDiverged(t *testing.T) {
 	tr, te := mnist(t)
 	cfg := DefaultConfig()
-	cfg.Peers, cfg.Epochs = 2, 2
+	cfg.Peers, cfg.Epochs = 2, 1
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR = "mlp:784-32-32-10", 32, 1e30
 	cfg.Codecs = []string{"fp32", "fp16"}
 	rows, err := Run(t.Context(), cfg, tr, te, nil)
