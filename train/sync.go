@@ -67,12 +67,18 @@ type SyncConfig struct {
 	// SnapshotEvery records a snapshot of the parameters (Recorder) every
 	// that many steps; 0 records only the last.
 	SnapshotEvery int
+	// Discover is how long a starting peer that knows of no other member
+	// waits for one to show up (and their statuses with it) before it
+	// starts alone: a restarted peer must not start a job of its own
+	// beside the running one. 2 s (two gossip heartbeats).
+	Discover time.Duration
 }
 
 // DefaultSyncConfig returns the defaults documented on SyncConfig, for a
 // 1000-step job.
 func DefaultSyncConfig() SyncConfig {
-	return SyncConfig{Steps: 1000, StepTimeout: 2 * time.Minute, JoinLead: 2 * time.Second, JoinTimeout: 5 * time.Minute, SnapshotEvery: 100}
+	return SyncConfig{Steps: 1000, StepTimeout: 2 * time.Minute, JoinLead: 2 * time.Second, JoinTimeout: 5 * time.Minute,
+		SnapshotEvery: 100, Discover: 2 * time.Second}
 }
 
 // ErrSync reports synchronous settings that cannot work.
@@ -85,8 +91,8 @@ func (c SyncConfig) Validate() error {
 		return fmt.Errorf("%w: steps must be positive, got %d", ErrSync, c.Steps)
 	case c.StepTimeout <= 0 || c.JoinLead <= 0 || c.JoinTimeout <= 0:
 		return fmt.Errorf("%w: step timeout, join lead and join timeout must be positive", ErrSync)
-	case c.SnapshotEvery < 0:
-		return fmt.Errorf("%w: snapshot interval must not be negative", ErrSync)
+	case c.SnapshotEvery < 0 || c.Discover < 0:
+		return fmt.Errorf("%w: snapshot interval and discovery wait must not be negative", ErrSync)
 	}
 	return nil
 }
@@ -195,6 +201,7 @@ type syncPeer struct {
 	rate     float64   // steps per second (moving average)
 	lastStep time.Time // when the last step was applied
 	left     bool      // the last attempt failed: equal peers may be ahead
+	started  bool      // the first join (with its discovery wait) is done
 }
 
 func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
@@ -252,6 +259,9 @@ func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
 	return nil
 }
 
+// errAhead sends a peer to rejoin the group ahead of its own.
+var errAhead = errors.New("train: another group of the job is ahead")
+
 // syncFatal marks errors that end the peer's training (not a step it can
 // rejoin after).
 type syncFatal struct{ err error }
@@ -276,8 +286,17 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		}
 		var joining []string
 		for p, ps := range s.joiner.Statuses() {
-			if ps.JoinAt == next && slices.Contains(members, p) && !slices.Contains(group, p) {
+			if !slices.Contains(members, p) || slices.Contains(group, p) {
+				continue
+			}
+			switch {
+			case ps.JoinAt == next:
 				joining = append(joining, p)
+			case ps.JoinAt == 0 && ps.Step > next:
+				// A running peer outside our group is ahead of us: two
+				// groups of one job (peers that started apart, a healed
+				// partition). The group behind joins the one ahead.
+				return StepInfo{}, fmt.Errorf("%w: %s runs outside our group at step %d", errAhead, p, ps.Step)
 			}
 		}
 		if len(joining) > 0 {
@@ -334,6 +353,12 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 	lead := s.cfg.JoinLead
 	deadline := time.Now().Add(s.cfg.JoinTimeout)
 	buf := make([]float32, s.st.size())
+	discover := time.Now().Add(s.cfg.Discover)
+	if !s.started {
+		s.started = true
+	} else {
+		discover = time.Time{}
+	}
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return false, err
@@ -343,6 +368,16 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 			return false, err
 		}
 		statuses := s.joiner.Statuses()
+		if len(statuses) == 0 && time.Now().Before(discover) {
+			// Nobody known yet: give discovery a moment before starting
+			// alone.
+			select {
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-time.After(min(100*time.Millisecond, time.Until(discover))):
+			}
+			continue
+		}
 		var running, ahead []string
 		var top uint64
 		var rate float64

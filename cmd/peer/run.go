@@ -130,6 +130,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlagSet("run", stderr)
 	config := fs.String("config", "", "JSON file of flag names to values (flags > STARLING_* variables > this file > defaults)")
 	build := runFlags(fs, stderr)
+	buildSync := syncFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -146,8 +147,23 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
-	_, err = peerrun.Run(ctx, opts, stdout, stderr)
+	_, err = peerrun.Run(peerrun.WithSync(ctx, buildSync()), opts, stdout, stderr)
 	return err
+}
+
+// syncFlags defines the flags of --mode sync on fs.
+func syncFlags(fs *flag.FlagSet) func() peerrun.SyncOptions {
+	d := peerrun.DefaultSyncOptions()
+	steps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there)")
+	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync: evaluate, report and checkpoint every N steps")
+	stepTimeout := fs.Duration("step-timeout", d.Sync.StepTimeout, "sync: longest one step's all-reduce may take")
+	joinLead := fs.Duration("join-lead", d.Sync.JoinLead, "sync: how far ahead (at the others' pace) a joining peer declares the step it joins at")
+	return func() peerrun.SyncOptions {
+		o := d
+		o.Sync.Steps, o.Sync.StepTimeout, o.Sync.JoinLead, o.EvalEvery = *steps, *stepTimeout, *joinLead, *evalEvery
+		o.Sync.SnapshotEvery = *evalEvery
+		return o
+	}
 }
 
 // checkModeFlags refuses flags that belong to another mode than --mode.
@@ -169,4 +185,5 @@ func checkModeFlags(fs *flag.FlagSet) error {
 var modeOnlyFlags = map[string]string{
 	"strategy": "federated", "rounds": "federated", "fraction": "federated",
 	"local-epochs": "federated", "local-steps": "federated", "round-timeout": "federated",
+	"steps": "sync", "eval-every": "sync", "step-timeout": "sync", "join-lead": "sync",
 }

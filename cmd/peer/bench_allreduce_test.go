@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/starling-ml/starling/train"
+)
+
+func TestResultLine(t *testing.T) {
+	got := resultLine("starling", 4, 64000000, 500*time.Millisecond)
+	want := "starling world=4 bytes=64000000 time_s=0.5000 algbw_MBps=128.0 busbw_MBps=192.0"
+	if got != want {
+		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+}
+
+func TestBenchAllReduceFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	for _, bad := range [][]string{
+		{"--world", "0"},
+		{"--peers", "/ip4/127.0.0.1/tcp/1"}, // no /p2p/ID
+		{"--peers", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWQaVtHLbhobY1PdCvP16JMLN4YCWgCUfYrAKH7KLTJPVA"}, // no --key
+		{"--world", "2", "--algo", "ring"}, // unknown algorithm
+		{"--world", "2", "--size-mb", "0"}, // empty vector
+		{"--world", "2", "--iters", "0"},   // nothing to time
+		{"--world", "2", "--connect", "/ip4/127.0.0.1/tcp/1/p2p/x", "--peers", "/ip4/127.0.0.1/tcp/1/p2p/y"}, // both
+	} {
+		if _, err := parseAllReduceBench(bad, &stderr); err == nil {
+			t.Errorf("%q: want an error", bad)
+		}
+	}
+	b, err := parseAllReduceBench([]string{"--world", "3", "--connect", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWQaVtHLbhobY1PdCvP16JMLN4YCWgCUfYrAKH7KLTJPVA", "--algo", "tree", "--size-mb", "1.5"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.master || b.world != 3 || b.bytes != 1500000 || b.cfg.Aggregate.Algorithm.String() != "tree" {
+		t.Fatalf("%+v", b)
+	}
+}
+
+// TestBenchAllReduceProcesses runs `peer bench allreduce` as three
+// processes on loopback, once with --peers and once with --connect, and
+// checks rank 0's line (the processes check every result themselves).
+func TestBenchAllReduceProcesses(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	line := regexp.MustCompile(`^starling world=3 bytes=2000000 time_s=[0-9.]+ algbw_MBps=[0-9.]+ busbw_MBps=[0-9.]+\n$`)
+	const n = 3
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	keys, addrs := make([]string, n), make([]string, n)
+	for i := range keys {
+		keys[i], addrs[i] = identity(t, dir, i, ports[i])
+	}
+	run := func(t *testing.T, args func(i int) []string) []string {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		outs := make([]string, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				cmd := exec.CommandContext(ctx, bin, append([]string{"bench", "allreduce", "--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]),
+					"--size-mb", "2", "--iters", "2", "--stall-timeout", "10s"}, args(i)...)...)
+				cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+				var out, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &out, &stderr
+				if err := cmd.Run(); err != nil {
+					errs[i] = fmt.Errorf("%v: %s", err, stderr.String())
+				}
+				outs[i] = out.String()
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("process %d: %v", i, err)
+			}
+		}
+		return outs
+	}
+	t.Run("peers", func(t *testing.T) {
+		outs := run(t, func(i int) []string {
+			return []string{"--key", keys[i], "--peers", strings.Join(addrs, ","), "--algo", "butterfly"}
+		})
+		if !line.MatchString(outs[0]) || outs[1] != "" || outs[2] != "" {
+			t.Fatalf("outputs %q", outs)
+		}
+	})
+	t.Run("connect", func(t *testing.T) {
+		outs := run(t, func(i int) []string {
+			a := []string{"--key", keys[i], "--world", "3", "--algo", "auto"}
+			if i > 0 {
+				a = append(a, "--connect", addrs[0])
+			}
+			return a
+		})
+		if !line.MatchString(outs[0]) || outs[1] != "" || outs[2] != "" {
+			t.Fatalf("outputs %q", outs)
+		}
+	})
+}
+
+// TestSyncKillAndResume runs `peer run --mode sync` as three processes,
+// kills one with SIGKILL mid-job and restarts it from its checkpoint: the
+// survivors go on without it, the restarted peer rejoins by fetching their
+// state, and all three end with the same parameters.
+func TestSyncKillAndResume(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	const n, steps = 3, 300
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	keys, addrs := make([]string, n), make([]string, n)
+	for i := range keys {
+		keys[i], addrs[i] = identity(t, dir, i, ports[i])
+	}
+	args := func(i int) []string {
+		a := []string{"--mode", "sync", "--model", "mlp:784-32-10", "--limit", "6000", "--batch", "16", "--steps", fmt.Sprint(steps),
+			"--eval-every", "20", "--stall-timeout", "2s", "--slowdown", "200", "--join-lead", "1s", "--wait", "30s",
+			"--optimizer", "momentum", "--lr", "0.05", "--linger", "5s",
+			"--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]), "--key", keys[i],
+			"--shard", fmt.Sprintf("%d/%d", i, n), "--min-peers", fmt.Sprint(n),
+			"--checkpoint", filepath.Join(dir, fmt.Sprintf("c%d", i))}
+		for j := range n {
+			if j != i {
+				a = append(a, "--connect", addrs[j])
+			}
+		}
+		return a
+	}
+	procs := make([]*proc, n)
+	for i := range procs {
+		procs[i] = start(t, bin, args(i)...)
+	}
+	procs[2].waitRound(t, 40, 60*time.Second)
+	procs[2].cmd.Process.Signal(syscall.SIGKILL)
+	<-procs[2].done
+	ck, err := train.LoadCheckpoint(filepath.Join(dir, "c2"), 1<<24)
+	if err != nil {
+		t.Fatalf("checkpoint after kill -9: %v", err)
+	}
+	restarted := start(t, bin, append(args(2), "--resume", "--min-peers", "1")...)
+	// It may first try the step it stopped at (the others may still be
+	// waiting on it there) and be left out; then it joins them.
+	for {
+		pr := restarted.waitRound(t, 1, 60*time.Second)
+		t.Logf("restarted peer: step %d %s", pr.Round, pr.Note)
+		if strings.HasPrefix(pr.Note, "joined") {
+			if pr.Round <= int(ck.Version) || pr.Round >= steps {
+				t.Fatalf("restarted peer (checkpoint at step %d) joined at step %d of %d", ck.Version, pr.Round, steps)
+			}
+			break
+		}
+	}
+	for _, p := range []*proc{procs[0], procs[1], restarted} {
+		p.wait(t, 120*time.Second)
+	}
+	var ref []float32
+	for i := range n {
+		ck, err := train.LoadCheckpoint(filepath.Join(dir, fmt.Sprintf("c%d", i)), 1<<24)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ck.Version != steps || ck.Mode != "sync" {
+			t.Fatalf("peer %d: checkpoint at step %d, mode %q", i, ck.Version, ck.Mode)
+		}
+		if ref == nil {
+			ref = ck.Params
+		} else if !slices.Equal(ref, ck.Params) {
+			t.Fatalf("peer %d ended with other parameters", i)
+		}
+	}
+}

@@ -1,0 +1,84 @@
+package peerrun
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/starling-ml/starling/train"
+)
+
+func init() { RegisterMode("sync", runSync) }
+
+// SyncOptions are the settings only --mode sync reads.
+type SyncOptions struct {
+	Sync train.SyncConfig
+	// EvalEvery evaluates on the test set, reports progress and writes the
+	// checkpoint every that many steps (and after the last, a join or a
+	// step this peer was left out of).
+	EvalEvery int
+}
+
+// DefaultSyncOptions returns train's defaults, evaluating every 100 steps.
+func DefaultSyncOptions() SyncOptions {
+	return SyncOptions{Sync: train.DefaultSyncConfig(), EvalEvery: 100}
+}
+
+type syncKey struct{}
+
+// WithSync returns ctx carrying the options of --mode sync for Run.
+// (Options has no field for them yet; see the package's integration
+// notes.)
+func WithSync(ctx context.Context, o SyncOptions) context.Context {
+	return context.WithValue(ctx, syncKey{}, o)
+}
+
+func syncOptions(ctx context.Context) SyncOptions {
+	if o, ok := ctx.Value(syncKey{}).(SyncOptions); ok {
+		return o
+	}
+	return DefaultSyncOptions()
+}
+
+// runSync is --mode sync: synchronous data-parallel SGD, one all-reduce of
+// the gradients per step.
+func runSync(ctx context.Context, env *Env) error {
+	o := syncOptions(ctx)
+	if err := o.Sync.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if o.EvalEvery <= 0 {
+		return fmt.Errorf("%w: --eval-every must be positive", ErrUsage)
+	}
+	if ck := env.Checkpoint; ck != nil && ck.Strategy != "sync" {
+		return fmt.Errorf("%w: checkpoint is from strategy %q, this run is sync", train.ErrCheckpoint, ck.Strategy)
+	}
+	w := env.Worker
+	total := o.Sync.Steps
+	var lastErr error
+	err := train.Sync(ctx, w, env.Peer.SyncNet(env.Opts.Worker.Batch), o.Sync, env.Recorder, func(si train.StepInfo) bool {
+		due := si.Step%uint64(o.EvalEvery) == 0 || si.Step == uint64(total) || si.Joined || si.Failed
+		if !due {
+			return false
+		}
+		ck := &train.Checkpoint{Strategy: "sync", Version: si.Step}
+		ck.Capture(w)
+		if err := env.Save(ck); err != nil {
+			lastErr = err
+			return true
+		}
+		loss, acc := w.Evaluate(env.Test)
+		note := ""
+		switch {
+		case si.Joined:
+			note = "joined: state fetched from the running peers"
+		case si.Failed:
+			note = fmt.Sprintf("left out of step %d (%v); rejoining", si.Step+1, si.Err)
+		}
+		env.Report(Progress{Round: int(si.Step), Rounds: total, Accuracy: acc, Loss: loss, Peers: len(si.Group), Note: note})
+		return false
+	})
+	if err == nil {
+		err = lastErr
+	}
+	return err
+}
