@@ -20,10 +20,9 @@ import (
 //	cfg := aggregate.DefaultConfig()
 //	cfg.Compress = "topk:0.01,ef"
 //	r, _ := aggregate.NewRunner(self, transport, cfg)
-//	_ = r.Compression().SetLayout(train.CompressionLayout(w.Model))
+//	err := train.PrepareCompression(r.Compression(), w.Model, restored) // restored may be nil
 //	…
 //	train.SaveCompression(ck, r.Compression()) // with the rest of the checkpoint
-//	err = train.LoadCompression(ck, r.Compression())
 
 // ExtraCompression is the Checkpoint.Extra entry that holds the compressed
 // all-reduce's state.
@@ -43,6 +42,23 @@ func CompressionLayout(m *nn.Model) []compression.Shape {
 		layout = append(layout, compression.Shape{Rows: rows, Cols: cols})
 	}
 	return layout
+}
+
+// PrepareCompression readies c for training m: PowerSGD's layout from the
+// model's tensors (CompressionLayout) and, when ck is not nil, the state a
+// checkpoint saved (LoadCompression). A nil c (no compression) does
+// nothing.
+func PrepareCompression(c *aggregate.Compression, m *nn.Model, ck *Checkpoint) error {
+	if c == nil {
+		return nil
+	}
+	if err := c.SetLayout(CompressionLayout(m)); err != nil {
+		return err
+	}
+	if ck != nil {
+		return LoadCompression(ck, c)
+	}
+	return nil
 }
 
 // SaveCompression stores c's state (the error-feedback residual, PowerSGD's

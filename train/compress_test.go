@@ -73,7 +73,7 @@ func TestCompressionCheckpoint(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if err := r.Compression().SetLayout(CompressionLayout(m)); err != nil {
+					if err := PrepareCompression(r.Compression(), m, nil); err != nil {
 						t.Fatal(err)
 					}
 					rs = append(rs, r)
@@ -106,7 +106,7 @@ func TestCompressionCheckpoint(t *testing.T) {
 				t.Fatal(err)
 			}
 			fresh := runners()
-			if err := LoadCompression(back, fresh[0].Compression()); err != nil {
+			if err := PrepareCompression(fresh[0].Compression(), m, back); err != nil {
 				t.Fatal(err)
 			}
 			if a, b := rs[0].Compression().AppendState(nil), fresh[0].Compression().AppendState(nil); !slices.Equal(a, b) {
@@ -129,6 +129,9 @@ func TestCompressionCheckpoint(t *testing.T) {
 			}
 			if err := LoadCompression(&Checkpoint{}, fresh[1].Compression()); err != nil {
 				t.Fatalf("checkpoint without state: %v", err)
+			}
+			if err := PrepareCompression(nil, m, back); err != nil {
+				t.Fatalf("no compression: %v", err)
 			}
 		})
 	}
