@@ -46,7 +46,7 @@ func TestRunStrategies(t *testing.T) {
 	tr, te := mnist(t)
 	for _, name := range Strategies() {
 		t.Run(name, func(t *testing.T) {
-			cfg := small(name, 1500*time.Millisecond)
+			cfg := small(name, 2*time.Second)
 			cfg.Target = 0.5
 			res, err := Run(context.Background(), cfg, tr, te)
 			if err != nil {
