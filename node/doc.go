@@ -79,8 +79,13 @@
 // starling_node_frames_rejected_total{reason}. Every read and write has a
 // deadline (Config.IOTimeout per 1 MiB chunk, IdleTimeout between frames)
 // and every blocking call honours its ctx; cancelling a Send resets its
-// streams, so the receiving Recv fails promptly with ErrReset, and
-// cancelling a Recv resets the sender's streams in turn.
+// streams, so the receiving Recv fails promptly with ErrReset. A Recv that
+// gives up (its ctx ends) while its tensor arrives returns at once; the
+// rest of the tensor is drained, not reset, because pooled streams carry
+// frames back to back and those queued behind it — whose Sends have
+// returned — must still arrive. A tensor too large for its Recv's buffer
+// and one the admission hook (SetAdmit: by sender and metadata, before any
+// payload byte is read) refuses are drained the same way.
 //
 // # API for all-reduce and gossip
 //
@@ -104,8 +109,9 @@
 //	}
 //
 // Receive into caller buffers: a Recv posted before its tensor arrives has
-// the payload read straight from the stream into its buffer (zero copy;
-// post Recvs ahead, as an all-reduce knows what it will receive). A tensor
+// the payload copied from the stream through a small staging buffer into
+// its buffer (no tensor-sized intermediate; post Recvs ahead, as an
+// all-reduce knows what it will receive). A tensor
 // that arrives first is parked in a buffer of its own, bounded by
 // MaxParkedBytes in total, and copied into the Recv's buffer later; past
 // the bound, the sender's stream waits (back-pressure) for a Recv. Parked

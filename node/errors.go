@@ -64,6 +64,9 @@ var (
 	// ErrShortBuffer means the buffer given to Recv is smaller than the
 	// announced payload.
 	ErrShortBuffer = errors.New("node: receive buffer too small")
+	// ErrRefused means the admission hook (SetAdmit) refused a tensor; it
+	// was drained unread.
+	ErrRefused = errors.New("node: tensor refused by the admission hook")
 )
 
 // Reason returns the metrics label for a frame error ("too_large",
@@ -91,6 +94,7 @@ var reasons = []struct {
 	{ErrChecksum, "checksum"},
 	{ErrTruncated, "truncated"},
 	{ErrShortBuffer, "short_buffer"},
+	{ErrRefused, "refused"},
 	{ErrLimitedConn, "limited_conn"},
 	{ErrTimeout, "timeout"},
 	{ErrReset, "reset"},

@@ -34,7 +34,7 @@ func newNodeMetrics(reg prometheus.Registerer) (*nodeMetrics, error) {
 		}, []string{"direction"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "starling", Subsystem: "node", Name: "frames_rejected_total",
-			Help: "Tensor frames refused by this node, by reason; each reset its stream.",
+			Help: "Tensor frames refused by this node, by reason; a refused or too-large-for-its-Recv tensor is drained, any other reason resets its stream.",
 		}, []string{"reason"}),
 	}
 	for _, c := range []prometheus.Collector{m.bw, m.tensors, m.seconds, m.rejected} {

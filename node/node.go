@@ -298,15 +298,32 @@ func (n *Node) Send(ctx context.Context, p peer.ID, t Tensor) error {
 
 // Recv returns the tensor with tag from peer from (any peer if from is
 // ""), waiting until it arrives, ctx ends, or — if ctx has no deadline —
-// Config.RecvTimeout passes. The payload is read straight into dst when
-// Recv is waiting before the tensor arrives (zero copy), or copied into it
-// from the parked buffer otherwise; the returned Payload aliases dst. With
-// a nil dst, Recv allocates (or hands over the parked buffer). A dst
-// shorter than the payload fails with ErrShortBuffer and the tensor is
-// dropped (its stream reset). When Recv returns,
-// nothing writes to dst any more. One Recv at a time per (from, tag).
+// Config.RecvTimeout passes. The payload goes into dst as it arrives when
+// Recv is waiting before the tensor does, or is copied into it from the
+// parked buffer otherwise; the returned Payload aliases dst. With a nil
+// dst, Recv allocates (or hands over the parked buffer). A dst shorter
+// than the payload fails with ErrShortBuffer and the tensor is drained.
+// When Recv returns, nothing writes to dst any more; if it gave up while
+// its tensor arrived, the rest of the tensor is drained (the stream stays
+// up for the frames behind it). One Recv at a time per (from, tag).
 func (n *Node) Recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Tensor, error) {
 	return n.ts.recv(ctx, from, tag, dst)
+}
+
+// SetAdmit installs f as the admission hook (nil removes it): the stream
+// handler calls it with each arriving tensor's sender and metadata (Tag,
+// Codec, DType, Shape, Version, Step; no payload) after the header is
+// validated and before any payload byte is read or buffer allocated. A
+// tensor f refuses is read to its end and dropped, never parked nor handed
+// to a Recv, and counted in starling_node_frames_rejected_total{reason=
+// "refused"}; the stream stays usable for the frames behind it. f runs on
+// stream-handler goroutines, concurrently: it must be safe for concurrent
+// use and must not block. It sees every stripe of a striped tensor and
+// should decide alike for all.
+func (n *Node) SetAdmit(f func(from peer.ID, t *Tensor) error) {
+	n.ts.mu.Lock()
+	n.ts.admit = f
+	n.ts.mu.Unlock()
 }
 
 // Link is a long-lived tensor channel to one peer: its own pool of open

@@ -197,7 +197,9 @@ func TestTensor256MB(t *testing.T) {
 
 // TestCancelMidTransfer cancels the sender's ctx once the receiver has some
 // of the tensor: both sides must end promptly with an error. Then the
-// same from the receiver's side.
+// receiver's: its Recv ends promptly, and the rest of the tensor is
+// drained, so the sender's Send succeeds (TestRecvGivingUpDrains checks
+// the frames behind it).
 func TestCancelMidTransfer(t *testing.T) {
 	const size = 32 << 20 // float32s: 128 MiB
 	for _, side := range []string{"sender", "receiver"} {
@@ -239,14 +241,11 @@ func TestCancelMidTransfer(t *testing.T) {
 				t.Fatal("receiver did not end within 10 s")
 			}
 			took := time.Since(start)
-			if sendErr == nil || recvErr == nil {
-				t.Fatalf("send err %v, recv err %v: both must fail", sendErr, recvErr)
+			if side == "sender" && (sendErr == nil || !errors.Is(recvErr, ErrReset)) {
+				t.Fatalf("send err %v, recv err %v: want a failed Send and ErrReset", sendErr, recvErr)
 			}
-			if side == "sender" && !errors.Is(recvErr, ErrReset) {
-				t.Fatalf("receiver got %v, want ErrReset", recvErr)
-			}
-			if side == "receiver" && !errors.Is(sendErr, ErrReset) {
-				t.Fatalf("sender got %v, want ErrReset", sendErr)
+			if side == "receiver" && (sendErr != nil || !errors.Is(recvErr, context.Canceled)) {
+				t.Fatalf("send err %v, recv err %v: want a drained Send and context.Canceled", sendErr, recvErr)
 			}
 			t.Logf("%s cancel: send %v / recv %v after %v", side, sendErr, recvErr, took)
 		})

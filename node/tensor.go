@@ -95,18 +95,28 @@ type recvOp struct {
 }
 
 // assembly is one incoming tensor whose stripes are arriving. Its buffer is
-// the bound Recv's dst (zero copy) or, when it arrived before any Recv, a
+// the bound Recv's dst or, when it arrived before any Recv, a
 // parked buffer counted in tensors.parked.
 type assembly struct {
-	key     mkey // the real sender
-	h       header
-	buf     []byte
-	parked  bool
-	recv    *recvOp
-	seen    uint64 // bitmap of stripes started
-	done    int    // stripes verified
-	active  map[network.Stream]struct{}
-	err     error
+	key    mkey // the real sender
+	h      header
+	buf    []byte
+	parked bool
+	recv   *recvOp
+	seen   uint64 // bitmap of stripes started
+	done   int    // stripes verified
+	active map[network.Stream]struct{}
+	err    error
+	// drain means nobody wants the tensor any more (its Recv gave up or
+	// was too short): its stripes are read to their end and dropped, so
+	// that the frames queued behind them on the same streams still
+	// arrive. A draining assembly stays in tensors.asm, without a buffer,
+	// until all its stripes are through (or ParkedTTL passes).
+	drain bool
+	// dstMu is read-held while a stripe reader copies into buf; gone
+	// (under dstMu) means buf is its Recv's caller's again.
+	dstMu   sync.RWMutex
+	gone    bool
 	start   time.Time
 	created time.Time
 }
@@ -130,6 +140,7 @@ type tensors struct {
 	pools   map[peer.ID]*streamPool
 	links   map[*streamPool]struct{}
 	prot    map[peer.ID]int
+	admit   func(from peer.ID, t *Tensor) error
 	wg      sync.WaitGroup // stream handlers
 }
 
@@ -248,6 +259,18 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	deadline := time.Now().Add(ts.cfg.IOTimeout)
 
 	ts.mu.Lock()
+	admit := ts.admit
+	ts.mu.Unlock()
+	if admit != nil {
+		var t Tensor
+		t.fill(h, from)
+		if err := admit(from, &t); err != nil {
+			ts.m.reject(fmt.Errorf("%w: %w", ErrRefused, err))
+			return ts.drainStripe(s, from, int(n))
+		}
+	}
+
+	ts.mu.Lock()
 	var a *assembly
 	for a == nil {
 		if ts.closed {
@@ -272,11 +295,14 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 					buf = make([]byte, h.length) // validated against MaxTensorBytes
 				}
 				if uint64(cap(buf)) < h.length {
-					err := fmt.Errorf("%w: %d bytes for a %d-byte tensor", ErrShortBuffer, cap(buf), h.length)
-					r.err = err
+					// The Recv cannot take it: tell it, and drain the
+					// tensor rather than reset the stream.
+					r.err = fmt.Errorf("%w: %d bytes for a %d-byte tensor", ErrShortBuffer, cap(buf), h.length)
+					ts.m.reject(r.err)
 					close(r.done)
-					ts.mu.Unlock()
-					return err
+					a = ts.newAssemblyLocked(key, h, nil, false)
+					a.drain = true
+					break
 				}
 				a = ts.newAssemblyLocked(key, h, buf[:h.length], false)
 				a.recv, r.asm = r, a
@@ -302,22 +328,32 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	}
 	a.seen |= 1 << h.stripe
 	a.active[s] = struct{}{}
-	dst := a.buf[off : off+n]
+	var dst []byte
+	if !a.drain {
+		dst = a.buf[off : off+n]
+	}
 	ts.mu.Unlock()
 
 	ts.protect(from)
-	err := readStripe(s, dst, ioChunk,
-		func() error { return s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)) },
-		func(k int) {
-			if ts.hooks.recvProgress != nil {
-				ts.hooks.recvProgress(from, k)
-			}
-		})
+	err := ts.readStripe(s, from, a, dst, int(n))
 	ts.unprotect(from)
 
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	delete(a.active, s)
+	if a.drain && a.err == nil {
+		if err != nil {
+			err = streamErr(err)
+			ts.dropLocked(a)
+			return err
+		}
+		// Drained to its end: the stream is clean for the next frame.
+		a.done++
+		if a.done == int(a.h.stripes) {
+			ts.dropLocked(a)
+		}
+		return nil
+	}
 	if a.err != nil {
 		ts.finishIfIdleLocked(a)
 		return errAbandoned
@@ -332,6 +368,83 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 		ts.completeLocked(a)
 	}
 	return nil
+}
+
+// readStripe reads a stripe's payload and trailer and checks the
+// checksum. The payload goes through a small staging buffer and is copied
+// into dst (if not nil) for as long as a's buffer is not given back to its
+// caller (gone): a Recv that gives up must neither wait for a stalled
+// sender nor have its buffer written after it returned, and the stream
+// must stay in step (a reset would lose the frames queued behind this
+// one). Reading straight into dst would save the copy but leave a blocked
+// Read holding dst; cutting that Read short with a deadline makes yamux
+// drop a window update now and then, which stalls the stream for good.
+func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int) error {
+	sp := scratchPool.Get().(*[]byte)
+	defer scratchPool.Put(sp)
+	scratch := *sp
+	var crc uint32
+	for off := 0; off < n; {
+		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
+			return err
+		}
+		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
+		crc = crc32.Update(crc, castagnoli, scratch[:k])
+		if k > 0 && dst != nil {
+			a.dstMu.RLock()
+			if !a.gone {
+				copy(dst[off:], scratch[:k])
+			}
+			a.dstMu.RUnlock()
+		}
+		off += k
+		if ts.hooks.recvProgress != nil && k > 0 {
+			ts.hooks.recvProgress(from, k)
+		}
+		if err != nil {
+			return truncated(err)
+		}
+	}
+	var tr [trailerLen]byte
+	s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout))
+	if _, err := io.ReadFull(s, tr[:]); err != nil {
+		return truncated(err)
+	}
+	if binary.LittleEndian.Uint32(tr[:]) != crc {
+		return ErrChecksum
+	}
+	return nil
+}
+
+// scratchPool holds the staging buffers of readStripe.
+var scratchPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// abandonLocked turns a into a draining assembly after its Recv gave up:
+// once abandonLocked returns, nothing writes into the Recv's buffer, and
+// the stripe readers go on reading their stripes to the end.
+func (ts *tensors) abandonLocked(a *assembly) {
+	a.recv = nil
+	a.drain = true
+	a.dstMu.Lock()
+	a.gone = true
+	a.dstMu.Unlock()
+	if len(a.active) == 0 && a.seen == 1<<a.h.stripes-1 {
+		ts.dropLocked(a)
+	}
+	ts.broadcast()
+}
+
+// dropLocked forgets a draining assembly.
+func (ts *tensors) dropLocked(a *assembly) {
+	if ts.asm[a.key] == a {
+		delete(ts.asm, a.key)
+	}
+	ts.broadcast()
+}
+
+// drainStripe reads a refused stripe (payload and trailer) to its end.
+func (ts *tensors) drainStripe(s network.Stream, from peer.ID, n int) error {
+	return ts.readStripe(s, from, nil, nil, n)
 }
 
 func (ts *tensors) newAssemblyLocked(key mkey, h *header, buf []byte, parked bool) *assembly {
@@ -430,6 +543,10 @@ func (ts *tensors) expireLocked(now time.Time) {
 	}
 	for _, a := range ts.asm {
 		if a.recv == nil && len(a.active) == 0 && now.Sub(a.created) > ts.cfg.ParkedTTL {
+			if a.drain {
+				ts.dropLocked(a)
+				continue
+			}
 			ts.failLocked(a, fmt.Errorf("%w: stripes missing after %v", ErrTimeout, ts.cfg.ParkedTTL))
 		}
 	}
@@ -493,11 +610,11 @@ func (ts *tensors) recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) 
 		ts.mu.Unlock()
 		return Tensor{}, err
 	default:
-		// The stripes are writing into dst: stop them and wait until they
-		// are out before giving dst back to the caller.
-		ts.failLocked(a, fmt.Errorf("%w: receiver gave up: %w", ErrReset, ctx.Err()))
+		// The stripes are writing into dst: switch them to draining (the
+		// sender's frames behind this one on the same streams must still
+		// arrive) and take dst back.
+		ts.abandonLocked(a)
 		ts.mu.Unlock()
-		<-r.done
 		return Tensor{}, err
 	}
 }
