@@ -84,7 +84,7 @@
 // rest of the tensor is drained, not reset, because pooled streams carry
 // frames back to back and those queued behind it — whose Sends have
 // returned — must still arrive. A tensor too large for its Recv's buffer
-// and one the admission hook (SetAdmit: by sender and metadata, before any
+// and one the admission hook (AddAdmit: by sender and metadata, before any
 // payload byte is read) refuses are drained the same way.
 //
 // # API for all-reduce and gossip

@@ -129,7 +129,9 @@ func TestAdmitHook(t *testing.T) {
 	connect(t, a, b)
 	var mu sync.Mutex
 	var seen []string
-	b.SetAdmit(func(from peer.ID, tn *Tensor) error {
+	pass := b.AddAdmit(func(peer.ID, *Tensor) error { return nil })
+	defer pass()
+	remove := b.AddAdmit(func(from peer.ID, tn *Tensor) error {
 		mu.Lock()
 		seen = append(seen, fmt.Sprintf("%s/%d/%v/%d", from.ShortString(), tn.Tag, tn.Shape, tn.Version))
 		mu.Unlock()
@@ -165,7 +167,7 @@ func TestAdmitHook(t *testing.T) {
 	if len(seen) != 2 || seen[0] != want {
 		t.Fatalf("hook saw %v, want %s first", seen, want)
 	}
-	b.SetAdmit(nil)
+	remove()
 	if err := a.Send(ctxT(t, 30*time.Second), b.ID(), rawTensor(7, 10, 1)); err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ var (
 	// ErrShortBuffer means the buffer given to Recv is smaller than the
 	// announced payload.
 	ErrShortBuffer = errors.New("node: receive buffer too small")
-	// ErrRefused means the admission hook (SetAdmit) refused a tensor; it
+	// ErrRefused means an admission hook (AddAdmit) refused a tensor; it
 	// was drained unread.
 	ErrRefused = errors.New("node: tensor refused by the admission hook")
 )

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -310,20 +311,32 @@ func (n *Node) Recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Ten
 	return n.ts.recv(ctx, from, tag, dst)
 }
 
-// SetAdmit installs f as the admission hook (nil removes it): the stream
-// handler calls it with each arriving tensor's sender and metadata (Tag,
-// Codec, DType, Shape, Version, Step; no payload) after the header is
-// validated and before any payload byte is read or buffer allocated. A
-// tensor f refuses is read to its end and dropped, never parked nor handed
-// to a Recv, and counted in starling_node_frames_rejected_total{reason=
-// "refused"}; the stream stays usable for the frames behind it. f runs on
-// stream-handler goroutines, concurrently: it must be safe for concurrent
-// use and must not block. It sees every stripe of a striped tensor and
-// should decide alike for all.
-func (n *Node) SetAdmit(f func(from peer.ID, t *Tensor) error) {
+// AddAdmit installs f as an admission hook and returns a function that
+// removes it. The stream handler calls every hook with each arriving
+// tensor's sender and metadata (Tag, Codec, DType, Shape, Version, Step;
+// no payload) after the header is validated and before any payload byte
+// is read or buffer allocated. A tensor any hook refuses (a non-nil error)
+// is read to its end and dropped, never parked nor handed to a Recv, and
+// counted in starling_node_frames_rejected_total{reason="refused"}; the
+// stream stays usable for the frames behind it. Hooks run on stream-handler
+// goroutines, concurrently: they must be safe for concurrent use, must not
+// block, and should pass tensors that are not theirs to judge (several
+// protocols share the node). A striped tensor is judged once per stripe;
+// decide alike for all.
+func (n *Node) AddAdmit(f func(from peer.ID, t *Tensor) error) (remove func()) {
+	h := &admitHook{f: f}
 	n.ts.mu.Lock()
-	n.ts.admit = f
+	n.ts.admit = append(slices.Clone(n.ts.admit), h)
 	n.ts.mu.Unlock()
+	return func() {
+		n.ts.mu.Lock()
+		n.ts.admit = slices.DeleteFunc(slices.Clone(n.ts.admit), func(o *admitHook) bool { return o == h })
+		n.ts.mu.Unlock()
+	}
+}
+
+type admitHook struct {
+	f func(from peer.ID, t *Tensor) error
 }
 
 // Link is a long-lived tensor channel to one peer: its own pool of open

@@ -140,7 +140,7 @@ type tensors struct {
 	pools   map[peer.ID]*streamPool
 	links   map[*streamPool]struct{}
 	prot    map[peer.ID]int
-	admit   func(from peer.ID, t *Tensor) error
+	admit   []*admitHook   // copied on write
 	wg      sync.WaitGroup // stream handlers
 }
 
@@ -261,12 +261,14 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	ts.mu.Lock()
 	admit := ts.admit
 	ts.mu.Unlock()
-	if admit != nil {
+	if len(admit) > 0 {
 		var t Tensor
 		t.fill(h, from)
-		if err := admit(from, &t); err != nil {
-			ts.m.reject(fmt.Errorf("%w: %w", ErrRefused, err))
-			return ts.drainStripe(s, from, int(n))
+		for _, a := range admit {
+			if err := a.f(from, &t); err != nil {
+				ts.m.reject(fmt.Errorf("%w: %w", ErrRefused, err))
+				return ts.drainStripe(s, from, int(n))
+			}
 		}
 	}
 

@@ -16,10 +16,12 @@
 //	n, _ := node.New(ctx, node.DefaultConfig())
 //	r, _ := aggregate.NewRunner(p2p.ID(n.ID()), p2p.New(n), aggregate.DefaultConfig())
 //
-// Transport does not implement aggregate.Scoper: node/ delivers into its
-// own mailbox and offers no hook to refuse a tensor by sender and tag, so
-// chunks from peers outside a round's group are never read (they expire
-// after node.Config.ParkedTTL) and are not reported in Result.Rejected.
+// Transport implements aggregate.Scoper through node's admission hook:
+// chunks of the current round and attempt from peers outside its group,
+// and chunks of earlier rounds and attempts, are drained unread as they
+// arrive (never parked), and the outsiders are reported in
+// Result.Rejected. Tensors that are not all-reduce chunks (another dtype,
+// codec or step) pass untouched.
 package p2p
 
 import (
@@ -39,26 +41,34 @@ import (
 
 // Transport is an aggregate.Transport over a node. Safe for concurrent use.
 //
-// Votes travel on a Link of their own per peer, apart from the data: when
-// a receiver gives up on a chunk mid-transfer, node/ resets the stream it
-// arrives on, and a vote queued behind it on the same pooled stream would
-// be lost although its Send succeeded.
+// Votes travel on a Link of their own per peer, apart from the data, so
+// that a vote never waits behind data chunks on a pooled stream.
 type Transport struct {
-	n   *node.Node
-	ids sync.Map // aggregate.PeerID → peer.ID
+	n      *node.Node
+	ids    sync.Map           // aggregate.PeerID → peer.ID
+	scope  *aggregate.Mailbox // scope decisions only; nothing is delivered to it
+	unhook func()
 
 	mu     sync.Mutex
 	closed bool
 	links  map[peer.ID]*node.Link
 }
 
-var _ aggregate.Transport = (*Transport)(nil)
+var (
+	_ aggregate.Transport = (*Transport)(nil)
+	_ aggregate.Scoper    = (*Transport)(nil)
+)
 
 // New returns a Transport over n. The node stays the caller's to close;
 // Close the Transport first.
-func New(n *node.Node) *Transport { return &Transport{n: n, links: map[peer.ID]*node.Link{}} }
+func New(n *node.Node) *Transport {
+	t := &Transport{n: n, links: map[peer.ID]*node.Link{}, scope: aggregate.NewMailbox(0)}
+	t.unhook = n.AddAdmit(t.admit)
+	return t
+}
 
-// Close closes the control links. Later Sends fail with ErrClosed.
+// Close closes the control links and removes the admission hook. Later
+// Sends fail with ErrClosed.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	links := t.links
@@ -67,7 +77,36 @@ func (t *Transport) Close() error {
 	for _, l := range links {
 		l.Close()
 	}
+	t.unhook()
 	return nil
+}
+
+// Scope implements aggregate.Scoper.
+func (t *Transport) Scope(g aggregate.Group) { t.scope.Scope(g) }
+
+// Rejected implements aggregate.Scoper.
+func (t *Transport) Rejected(round uint64) []*aggregate.PeerError { return t.scope.Rejected(round) }
+
+// admit is node's admission hook: it refuses all-reduce chunks that the
+// current scope refuses (see aggregate.Mailbox.Admit).
+func (t *Transport) admit(from peer.ID, tn *node.Tensor) error {
+	tag, ok := chunkTag(tn)
+	if !ok {
+		return nil
+	}
+	return t.scope.Admit(ID(from), tag)
+}
+
+// chunkTag recovers a chunk's aggregate.Tag from a tensor's metadata, or
+// reports that the tensor is not an all-reduce chunk. The attempt is known
+// modulo 256 (MaxAttempts is at most 255).
+func chunkTag(tn *node.Tensor) (aggregate.Tag, bool) {
+	step := aggregate.Step(tn.Tag >> 32 & 0xff)
+	if tn.Codec != compression.IDFP32 || tn.DType != node.Float32 || len(tn.Shape) != 1 ||
+		step == 0 || uint64(tn.Tag>>48) != tn.Version&0xffff {
+		return aggregate.Tag{}, false
+	}
+	return aggregate.Tag{Round: tn.Version, Digest: tn.Step, Attempt: uint16(tn.Tag >> 40 & 0xff), Step: step, Chunk: uint32(tn.Tag)}, true
 }
 
 // link returns the control link to p, opening it if needed.
