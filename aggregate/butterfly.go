@@ -35,7 +35,7 @@ func chunkRange(off, size, c, k int) (lo, hi int) {
 // owners).
 func (a *attempt) butterfly() {
 	n, me, d := a.n, a.rank, len(a.src)
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	ownOff, ownSize := shardRange(d, n, me)
 	ownChunks := numChunks(ownSize, C)
 
@@ -84,7 +84,7 @@ func (a *attempt) scatterTo(j int) {
 	if !a.send(j, StepScatter, 0, hw[:], 1) {
 		return
 	}
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	off, size := shardRange(len(a.src), a.n, j)
 	for k := range numChunks(size, C) {
 		lo, hi := chunkRange(off, size, C, k)
@@ -106,7 +106,7 @@ func (a *attempt) scatterFrom(j int, row []float32, w *float64, arrived chan<- s
 	}
 	*w = h.weight
 	arrived <- struct{}{}
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	chunk := func(k int) []float32 { lo, hi := chunkRange(0, len(row), C, k); return row[lo:hi] }
 	if a.recvLane(j, StepScatter, 1, numChunks(len(row), C), chunk, 1, kindStall, true, func(int) { arrived <- struct{}{} }) {
 		a.laneDone()
@@ -114,7 +114,7 @@ func (a *attempt) scatterFrom(j int, row []float32, w *float64, arrived chan<- s
 }
 
 func (a *attempt) gatherTo(j, off, size int, ready <-chan struct{}) {
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	for k := range numChunks(size, C) {
 		if !a.wait(ready) {
 			return
@@ -128,7 +128,7 @@ func (a *attempt) gatherTo(j, off, size int, ready <-chan struct{}) {
 }
 
 func (a *attempt) gatherFrom(j int) {
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	off, size := shardRange(len(a.src), a.n, j)
 	chunk := func(k int) []float32 { lo, hi := chunkRange(off, size, C, k); return a.dst[lo:hi] }
 	if a.recvLane(j, StepGather, 0, numChunks(size, C), chunk, 2, kindTimeout, true, nil) {
@@ -140,7 +140,7 @@ func (a *attempt) gatherFrom(j int) {
 // finished chunk to the gatherTo lanes.
 func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, ready []chan struct{}, off, size int) {
 	n, me := a.n, a.rank
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	chunks := numChunks(size, C)
 	for j := range n {
 		if j != me && !a.wait(arrived[j]) {

@@ -65,13 +65,17 @@ type Config struct {
 	Algorithm Algorithm
 
 	// TreeMaxBytes is the largest vector (4 bytes per value) for which Auto
-	// picks the tree. Default 64 KiB: up to about one chunk the cost is
+	// picks the tree. Default 64 KiB: up to about one short chunk the cost is
 	// per-hop latency, above it the butterfly's 2(n−1)/n traffic wins.
 	TreeMaxBytes int
 
-	// ChunkElems is the number of float32 values per chunk, the unit of
-	// pipelining. Default 16384 (64 KiB): big enough that per-message costs
-	// are small, small enough that a 1 MiB shard flows in 4 chunks.
+	// ChunkElems is the largest number of float32 values per chunk, the
+	// unit of pipelining. Default 262144 (1 MiB): over libp2p streams each
+	// chunk costs a frame, a Recv and a few TLS records beyond its bytes,
+	// and 64 KiB chunks took twice the CPU of 1 MiB ones for a 64 MB
+	// all-reduce of 4 peers on loopback (peer bench allreduce --chunk-kb).
+	// Smaller vectors use shorter chunks (down to 64 KiB) so that each
+	// shard still flows in 8 of them.
 	ChunkElems int
 
 	// StallTimeout is how long the driver waits for a peer to make progress
@@ -105,7 +109,7 @@ func DefaultConfig() Config {
 		Rule:         Mean{},
 		Algorithm:    Auto,
 		TreeMaxBytes: 64 << 10,
-		ChunkElems:   16 << 10,
+		ChunkElems:   256 << 10,
 		StallTimeout: 10 * time.Second,
 		MaxAttempts:  4,
 		Quorum:       0.5,
@@ -150,6 +154,26 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// minChunkElems and pipelineDepth shape the chunks of a round that is too
+// small for ChunkElems to pipeline: each span (a butterfly shard, the
+// tree's whole vector) flows in at least pipelineDepth chunks, but chunks
+// stay at least minChunkElems (64 KiB) long.
+const (
+	minChunkElems = 16 << 10
+	pipelineDepth = 8
+)
+
+// chunkElems returns the chunk length a round of d values over n members
+// runs with: ChunkElems, or less for a vector too small to pipeline in
+// chunks of that length. It depends only on settings every member shares.
+func (c Config) chunkElems(d, n int, algo Algorithm) int {
+	span := d
+	if algo == Butterfly {
+		span = (d + n - 1) / max(n, 1)
+	}
+	return min(c.ChunkElems, max(minChunkElems, (span+pipelineDepth-1)/pipelineDepth))
 }
 
 // resolve returns the algorithm a round of d values runs.

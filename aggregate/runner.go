@@ -210,6 +210,7 @@ type attempt struct {
 	n      int
 	rank   int
 	algo   Algorithm
+	chunk  int // values per chunk (Config.chunkElems)
 	cfg    uint64
 	src    []float32
 	dst    []float32
@@ -237,7 +238,7 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 	n := g.Size()
 	algo := r.cfg.resolve(len(src))
 	a := &attempt{
-		r: r, g: g, n: n, rank: g.Rank(r.self), algo: algo,
+		r: r, g: g, n: n, rank: g.Rank(r.self), algo: algo, chunk: r.cfg.chunkElems(len(src), n, algo),
 		cfg: configHash(r.cfg.Rule, algo, r.cfg.ChunkElems, len(src), r.comp),
 		src: src, dst: dst, weight: weight, stall: r.cfg.StallTimeout,
 		blame: make([]kind, n), lastHeard: make([]atomic.Int64, n), votes: make([]peerVote, n),

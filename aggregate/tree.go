@@ -26,7 +26,7 @@ func treeHeight(r, n int) int {
 // the result from the parent into dst; downTo(c) per child forwards it.
 func (a *attempt) tree() {
 	n, me, d := a.n, a.rank, len(a.src)
-	chunks := numChunks(d, a.r.cfg.ChunkElems)
+	chunks := numChunks(d, a.chunk)
 	var kids []int
 	for _, c := range []int{2*me + 1, 2*me + 2} {
 		if c < n {
@@ -95,7 +95,7 @@ func (a *attempt) upFrom(c int, buf []float32, w *float64, arrived chan<- struct
 	}
 	*w = hd.weight
 	arrived <- struct{}{}
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	chunk := func(i int) []float32 { lo, hi := chunkRange(0, len(buf), C, i); return buf[lo:hi] }
 	if a.recvLane(c, StepUp, 1, numChunks(len(buf), C), chunk, mult, k, true, func(int) { arrived <- struct{}{} }) {
 		a.laneDone()
@@ -133,7 +133,7 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 		coef = float32(a.weight)
 	}
 	acc := a.r.buf("acc", len(a.src))
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	be := a.r.be
 	for k := range chunks {
 		for _, ch := range arrived {
@@ -189,7 +189,7 @@ func (a *attempt) downFrom(parent, chunks int, publish func()) {
 	}
 	a.total = h.weight
 	publish()
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	chunk := func(k int) []float32 { lo, hi := chunkRange(0, len(a.src), C, k); return a.dst[lo:hi] }
 	if a.recvLane(parent, StepDown, 1, chunks, chunk, mult, kindTimeout, true, func(int) { publish() }) {
 		a.laneDone()
@@ -206,7 +206,7 @@ func (a *attempt) downTo(c, chunks int, ready <-chan struct{}) {
 	if !a.send(c, StepDown, 0, hw[:], mult) {
 		return
 	}
-	C := a.r.cfg.ChunkElems
+	C := a.chunk
 	for k := range chunks {
 		if !a.wait(ready) {
 			return
