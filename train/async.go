@@ -38,6 +38,11 @@ type AsyncConfig struct {
 	// LocalSteps is H, the local SGD steps between two publications. 10
 	// keeps a 200k-parameter MLP's traffic near one model per 10 steps.
 	LocalSteps int
+	// RoundTime, when > 0, also ends a round once it has lasted that long
+	// (after at least one step), so that a straggler publishes and merges
+	// as often as the others instead of drifting through long rounds. 0
+	// keeps rounds at LocalSteps steps.
+	RoundTime time.Duration
 	// Alpha is FedAsync's mixing rate α ∈ (0, 1]. 0.5 pulls a fresh model
 	// halfway, which on a few peers keeps them close without freezing the
 	// local progress.
@@ -106,8 +111,8 @@ func (c AsyncConfig) Validate() error {
 		return bad("buffer K %d < 1", c.BufferK)
 	case !(c.ServerLR > 0) || math.IsInf(c.ServerLR, 0):
 		return bad("server learning rate %v", c.ServerLR)
-	case c.FetchTimeout <= 0 || c.PeerTTL <= 0 || c.SnapshotEvery < 0:
-		return bad("fetch timeout and peer TTL must be > 0, snapshot interval ≥ 0")
+	case c.FetchTimeout <= 0 || c.PeerTTL <= 0 || c.SnapshotEvery < 0 || c.RoundTime < 0:
+		return bad("fetch timeout and peer TTL must be > 0, snapshot interval and round time ≥ 0")
 	case c.Fetchers < 1 || c.Inbox < 1 || c.MaxAhead < 1 || c.MaxSteps < 0:
 		return bad("fetchers, inbox and max-ahead must be ≥ 1, max steps ≥ 0")
 	}
@@ -483,7 +488,7 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		if cfg.MaxSteps > 0 {
 			steps = min(steps, cfg.MaxSteps-w.Steps)
 		}
-		loss, err := p.localSteps(ctx, steps, snapshot)
+		loss, steps, err := p.localSteps(ctx, steps, snapshot)
 		if err != nil {
 			if ctx.Err() == nil {
 				runErr = err
@@ -534,15 +539,20 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 	return sum, runErr
 }
 
-// localSteps runs k local SGD steps and returns their mean loss, taking
-// snapshots between steps (so a slow peer's curve has points inside its
-// long rounds).
-func (p *asyncPeer) localSteps(ctx context.Context, k int, snapshot func(bool)) (float64, error) {
+// localSteps runs up to k local SGD steps (fewer if RoundTime passes
+// first) and returns their mean loss and number, taking snapshots between
+// steps (so a slow peer's curve has points inside its long rounds).
+func (p *asyncPeer) localSteps(ctx context.Context, k int, snapshot func(bool)) (float64, int, error) {
 	sum := 0.0
-	for i := 0; i < k; i++ {
+	start := time.Now()
+	i := 0
+	for ; i < k; i++ {
+		if i > 0 && p.cfg.RoundTime > 0 && time.Since(start) >= p.cfg.RoundTime {
+			break
+		}
 		loss, err := p.w.Step(ctx)
 		if err != nil {
-			return 0, err
+			return 0, i, err
 		}
 		sum += loss
 		snapshot(false)
@@ -551,7 +561,7 @@ func (p *asyncPeer) localSteps(ctx context.Context, k int, snapshot func(bool)) 
 		// which shows up as staleness.
 		runtime.Gosched()
 	}
-	return sum / float64(max(k, 1)), nil
+	return sum / float64(max(i, 1)), i, nil
 }
 
 // drain merges everything queued, without waiting.

@@ -476,3 +476,24 @@ func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
 	}
 	t.Logf("%+v", *sumA)
 }
+
+// TestAsyncRoundTime checks that RoundTime ends rounds early: with one step
+// taking longer than RoundTime, every round is a single step.
+func TestAsyncRoundTime(t *testing.T) {
+	sh := shards(t, 1000, 1)
+	wc := DefaultWorkerConfig()
+	wc.Model, wc.Slowdown = testArch, 3
+	w, err := NewWorker(wc, sh[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultAsyncConfig()
+	cfg.LocalSteps, cfg.RoundTime, cfg.MaxSteps = 100, time.Nanosecond, 12
+	sum, err := RunAsync(context.Background(), w, NewMemBus().Join("solo", cfg.Model, 4), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Steps != 12 || sum.Rounds != 12 {
+		t.Fatalf("%d steps in %d rounds, want 12 rounds of one step", sum.Steps, sum.Rounds)
+	}
+}

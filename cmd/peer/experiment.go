@@ -90,6 +90,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	lr := fs.Float64("lr", float64(def.Worker.LR), "local learning rate")
 	opt := fs.String("optimizer", def.Worker.Optimizer, "local optimizer: sgd, momentum, nesterov, adam, adamw")
 	localSteps := fs.Int("local-steps", def.Async.LocalSteps, "fedasync/fedbuff: local steps H between publications")
+	roundTime := fs.Duration("round-time", def.Async.RoundTime, "fedasync/fedbuff: also end a round after this long (0: rounds are --local-steps steps)")
 	alpha := fs.Float64("alpha", def.Async.Alpha, "fedasync: mixing rate α")
 	bufK := fs.Int("buffer-k", def.Async.BufferK, "fedbuff: contributions per server step K")
 	serverLR := fs.Float64("server-lr", def.Async.ServerLR, "fedbuff: server learning rate η")
@@ -121,6 +122,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR, cfg.Worker.Optimizer = *model, *batch, float32(*lr), *opt
+	cfg.Async.RoundTime = *roundTime
 	cfg.Async.LocalSteps, cfg.Async.Alpha, cfg.Async.BufferK, cfg.Async.ServerLR, cfg.Async.Codec = *localSteps, *alpha, *bufK, *serverLR, *codec
 	cfg.Gossip.Every, cfg.Gossip.Period = *every, *period
 
