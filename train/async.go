@@ -131,21 +131,22 @@ type DropReason uint8
 // Drop reasons. Each contribution that is not merged is counted under
 // exactly one.
 const (
-	DropModel     DropReason = iota // announced for another model id
-	DropKind                        // a payload kind the mode does not merge
-	DropShape                       // announced or decoded length ≠ the model's
-	DropReplay                      // sequence number not above that peer's last
-	DropFuture                      // base or version beyond MaxAhead of ours
-	DropStale                       // τ beyond the policy's SSP bound
-	DropNonFinite                   // a NaN or Inf in the vector
-	DropFetch                       // the pull failed (timeout, dead holder, digest)
-	DropDecode                      // bytes that do not decode with their codec
-	DropOverflow                    // the inbox was full
+	DropModel      DropReason = iota // announced for another model id
+	DropKind                         // a payload kind the mode does not merge
+	DropShape                        // announced or decoded length ≠ the model's
+	DropReplay                       // sequence number not above that peer's last
+	DropFuture                       // base or version beyond MaxAhead of ours
+	DropStale                        // τ beyond the policy's SSP bound
+	DropNonFinite                    // a NaN or Inf in the vector
+	DropFetch                        // the pull failed (timeout, dead holder, digest)
+	DropDecode                       // bytes that do not decode with their codec
+	DropOverflow                     // the inbox or the pull queue was full
+	DropSuperseded                   // FedAsync: a newer model from the same peer came before it was pulled
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
-	"model", "kind", "shape", "replay", "future", "stale", "nonfinite", "fetch", "decode", "overflow",
+	"model", "kind", "shape", "replay", "future", "stale", "nonfinite", "fetch", "decode", "overflow", "superseded",
 }
 
 func (r DropReason) String() string {
@@ -219,8 +220,9 @@ type asyncOptions struct {
 }
 
 // WithDeliveryDelay delays every fetched contribution by f(sender) before
-// it may be merged, without holding a fetch slot: experiments use it to
-// inject message delays and so staleness.
+// it may be merged, without holding a pull slot: experiments use it to
+// inject message delays and so staleness. f is called from several
+// goroutines.
 func WithDeliveryDelay(f func(from peer.ID) time.Duration) AsyncOption {
 	return func(o *asyncOptions) { o.delay = f }
 }
@@ -432,8 +434,10 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 //
 // A receiver goroutine screens announcements (model id, kind, length,
 // replay, versions too far ahead, beyond the SSP bound) before pulling
-// anything, pulls with FetchTimeout, decodes, and queues; the run loop
-// merges between rounds. Every drop is counted by reason and recorded as
+// anything and queues them; Fetchers pullers fetch (each with
+// FetchTimeout), decode and hand them to the run loop, which merges between
+// rounds. In FedAsync mode a model still waiting to be pulled is replaced
+// by a newer one from the same peer. Every drop is counted by reason and recorded as
 // an Event "drop:<reason>"; no dropped contribution touches the model. A
 // dead peer only means fewer contributions. With an SSP bound in the
 // policy, a peer more than the bound ahead of the slowest live peer waits
@@ -603,10 +607,17 @@ func (p *asyncPeer) gate(ctx context.Context, inbox <-chan *contribution) (time.
 	}
 }
 
-// receive screens announcements, pulls the accepted ones (at most
-// Fetchers at once), decodes them and queues them for the run loop.
+// receive screens announcements and queues the accepted ones for Fetchers
+// pullers, which fetch, decode and deliver them to the run loop. It never
+// blocks on a pull, so the control plane's queue does not back up behind
+// slow holders; in FedAsync mode a queued model announcement is replaced by
+// a newer one from the same peer (DropSuperseded), since the newer model
+// already holds the older one's work.
 func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contribution, wg *sync.WaitGroup) {
-	sem := make(chan struct{}, p.cfg.Fetchers)
+	q := newPullQueue(p.cfg.Mode == ModeFedAsync, 4*p.cfg.Inbox)
+	for range p.cfg.Fetchers {
+		wg.Go(func() { p.puller(ctx, net, q, inbox, wg) })
+	}
 	for {
 		a, err := net.Next(ctx)
 		if err != nil {
@@ -620,33 +631,118 @@ func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contr
 			p.drop(r, a.Peer, tau)
 			continue
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
+		if old, r := q.push(a); old != nil {
+			p.drop(r, old.Peer, 0)
+		}
+	}
+}
+
+// puller pulls queued announcements until ctx ends. A delivery delay runs
+// on its own goroutine, so it holds no pull slot.
+func (p *asyncPeer) puller(ctx context.Context, net AsyncNet, q *pullQueue, inbox chan *contribution, wg *sync.WaitGroup) {
+	for {
+		a, ok := q.pop(ctx)
+		if !ok {
 			return
 		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			c, r, ok := p.pull(ctx, net, a)
-			if !ok {
-				if ctx.Err() == nil {
-					p.drop(r, a.Peer, 0)
-				}
-				return
+		c, r, ok := p.pull(ctx, net, a)
+		if !ok {
+			if ctx.Err() == nil {
+				p.drop(r, a.Peer, 0)
 			}
-			if p.opts.delay != nil {
-				if d := p.opts.delay(a.Peer); d > 0 {
-					t := time.NewTimer(d)
-					select {
-					case <-t.C:
-					case <-ctx.Done():
-						t.Stop()
-						return
-					}
-				}
-			}
+			continue
+		}
+		var d time.Duration
+		if p.opts.delay != nil {
+			d = p.opts.delay(a.Peer)
+		}
+		if d <= 0 {
 			p.deliver(inbox, c)
+			continue
+		}
+		wg.Go(func() {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				p.deliver(inbox, c)
+			case <-ctx.Done():
+			}
 		})
+	}
+}
+
+// pullQueue holds screened announcements waiting to be pulled, oldest
+// first, bounded by max (the oldest is dropped beyond it). With coalesce, at
+// most one announcement per peer waits: a newer one takes the older one's
+// place in the queue. Safe for concurrent use.
+type pullQueue struct {
+	mu       sync.Mutex
+	items    []*gossip.Announcement
+	byPeer   map[peer.ID]*gossip.Announcement
+	coalesce bool
+	max      int
+	ready    chan struct{}
+}
+
+func newPullQueue(coalesce bool, max int) *pullQueue {
+	return &pullQueue{byPeer: make(map[peer.ID]*gossip.Announcement), coalesce: coalesce, max: max, ready: make(chan struct{}, 1)}
+}
+
+// push queues a and returns the announcement it displaced, if any, and why.
+func (q *pullQueue) push(a *gossip.Announcement) (*gossip.Announcement, DropReason) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	defer q.wake()
+	if q.coalesce {
+		if old := q.byPeer[a.Peer]; old != nil {
+			prev := *old
+			*old = *a // keeps the older one's place
+			return &prev, DropSuperseded
+		}
+		q.byPeer[a.Peer] = a
+	}
+	q.items = append(q.items, a)
+	if len(q.items) <= q.max {
+		return nil, 0
+	}
+	d := q.items[0]
+	q.items = q.items[1:]
+	if q.byPeer[d.Peer] == d {
+		delete(q.byPeer, d.Peer)
+	}
+	return d, DropOverflow
+}
+
+func (q *pullQueue) wake() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// pop takes the oldest announcement, waiting for one until ctx ends.
+func (q *pullQueue) pop(ctx context.Context) (*gossip.Announcement, bool) {
+	for {
+		q.mu.Lock()
+		if len(q.items) > 0 {
+			a := q.items[0]
+			q.items = q.items[1:]
+			if q.byPeer[a.Peer] == a {
+				delete(q.byPeer, a.Peer)
+			}
+			if len(q.items) > 0 {
+				q.wake() // another puller may take the next
+			}
+			q.mu.Unlock()
+			return a, true
+		}
+		q.mu.Unlock()
+		select {
+		case <-q.ready:
+		case <-ctx.Done():
+			return nil, false
+		}
 	}
 }
 

@@ -497,3 +497,52 @@ func TestAsyncRoundTime(t *testing.T) {
 		t.Fatalf("%d steps in %d rounds, want 12 rounds of one step", sum.Steps, sum.Rounds)
 	}
 }
+
+func TestPullQueue(t *testing.T) {
+	ann := func(p string, seq uint64) *gossip.Announcement { return &gossip.Announcement{Peer: peer.ID(p), Seq: seq} }
+	ctx := context.Background()
+	q := newPullQueue(true, 3)
+	for _, a := range []*gossip.Announcement{ann("a", 1), ann("b", 1)} {
+		if old, _ := q.push(a); old != nil {
+			t.Fatalf("push displaced %v", old)
+		}
+	}
+	// A newer model from a replaces the queued one in place.
+	if old, r := q.push(ann("a", 2)); old == nil || old.Seq != 1 || r != DropSuperseded {
+		t.Fatalf("coalesce: %v %v", old, r)
+	}
+	q.push(ann("c", 1))
+	// Over max: the oldest goes.
+	if old, r := q.push(ann("d", 1)); old == nil || old.Peer != "a" || r != DropOverflow {
+		t.Fatalf("overflow: %v %v", old, r)
+	}
+	var got []string
+	for range 3 {
+		a, ok := q.pop(ctx)
+		if !ok {
+			t.Fatal("pop failed")
+		}
+		got = append(got, fmt.Sprint(string(a.Peer), a.Seq))
+	}
+	if fmt.Sprint(got) != "[b1 c1 d1]" {
+		t.Fatalf("popped %v", got)
+	}
+	// a's slot was freed by the overflow: a new a is queued, not merged.
+	if old, _ := q.push(ann("a", 3)); old != nil {
+		t.Fatalf("push after overflow displaced %v", old)
+	}
+	if a, _ := q.pop(ctx); a.Seq != 3 {
+		t.Fatalf("popped %v", a)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if _, ok := q.pop(cctx); ok {
+		t.Fatal("pop on an empty queue returned")
+	}
+	// Without coalescing (FedBuff) every delta waits its turn.
+	q = newPullQueue(false, 8)
+	q.push(ann("a", 1))
+	if old, _ := q.push(ann("a", 2)); old != nil {
+		t.Fatalf("FedBuff queue coalesced")
+	}
+}
