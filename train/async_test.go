@@ -499,7 +499,9 @@ func TestAsyncRoundTime(t *testing.T) {
 }
 
 func TestPullQueue(t *testing.T) {
-	ann := func(p string, seq uint64) *gossip.Announcement { return &gossip.Announcement{Peer: peer.ID(p), Seq: seq} }
+	ann := func(p string, seq uint64) *gossip.Announcement {
+		return &gossip.Announcement{Peer: peer.ID(p), Seq: seq}
+	}
 	ctx := context.Background()
 	q := newPullQueue(true, 3)
 	for _, a := range []*gossip.Announcement{ann("a", 1), ann("b", 1)} {
