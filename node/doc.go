@@ -77,7 +77,8 @@
 // ErrUnknownCodec, ErrUnknownDType, ErrShapeMismatch, ErrBadHeader,
 // ErrChecksum, ErrTruncated, …), resets the stream, and is counted in
 // starling_node_frames_rejected_total{reason}. Every read and write has a
-// deadline (Config.IOTimeout per 1 MiB chunk, IdleTimeout between frames)
+// deadline (Config.IOTimeout per read or write of at most 1 MiB,
+// IdleTimeout between frames)
 // and every blocking call honours its ctx; cancelling a Send resets its
 // streams, so the receiving Recv fails promptly with ErrReset. A Recv that
 // gives up (its ctx ends) while its tensor arrives returns at once; the
