@@ -143,6 +143,18 @@ func meanCurve(pts []train.Point, peers int) []MeanPoint {
 	return out
 }
 
+// AccuracyAtUpdates returns the mean accuracy over peers at the first
+// point where the peers had done at least u local steps in all (0 if
+// never).
+func (r *Result) AccuracyAtUpdates(u int) float64 {
+	for _, m := range r.Mean {
+		if m.Updates >= u {
+			return m.Mean
+		}
+	}
+	return 0
+}
+
 // StalenessHistogram counts merged contributions by staleness τ.
 func (r *Result) StalenessHistogram() map[int]int {
 	h := map[int]int{}
@@ -230,11 +242,30 @@ func (r *Result) WriteFiles(dir string) error {
 		return err
 	}
 	if h := r.StalenessHistogram(); len(h) > 0 {
-		if err := plot.Histogram(filepath.Join(dir, "staleness.png"), "staleness of merged contributions, "+title, "τ (versions)", h); err != nil {
+		h, xlabel := binHistogram(h, 64)
+		if err := plot.Histogram(filepath.Join(dir, "staleness.png"), "staleness of merged contributions, "+title, xlabel, h); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// binHistogram merges a histogram of τ into at most about maxBins bins of
+// equal width and returns it with the axis label.
+func binHistogram(h map[int]int, maxBins int) (map[int]int, string) {
+	top := 0
+	for k := range h {
+		top = max(top, k)
+	}
+	w := top/maxBins + 1
+	if w == 1 {
+		return h, "τ (versions)"
+	}
+	out := map[int]int{}
+	for k, n := range h {
+		out[k/w] += n
+	}
+	return out, fmt.Sprintf("τ / %d (bins of %d versions)", w, w)
 }
 
 func peerIndex(name string) int {
@@ -279,16 +310,24 @@ type Comparison struct {
 	FinalAccuracy float64 `json:"final_accuracy"`
 	FinalMin      float64 `json:"final_min_accuracy"`
 	TimeToTarget  float64 `json:"time_to_target_s"`
+	// UpdatesToTarget is the local steps of all peers when the mean
+	// accuracy reached the target (-1: not reached).
+	UpdatesToTarget int `json:"updates_to_target"`
 	// TimeRatio is TimeToTarget over the baseline's (0 when either did
 	// not reach the target); AccuracyDelta is FinalAccuracy minus the
 	// baseline's, in percentage points.
 	TimeRatio     float64 `json:"time_ratio"`
 	AccuracyDelta float64 `json:"accuracy_delta_pp"`
-	MeanTau       float64 `json:"mean_staleness"`
-	Merges        int     `json:"merges"`
-	Steps         int     `json:"steps"`
-	Dropped       uint64  `json:"dropped"`
-	WallS         float64 `json:"wall_s"`
+	// AccAtUpdates is the mean accuracy over peers once the swarm had
+	// done AtUpdates local steps in all (the fewest any compared run did):
+	// a comparison that does not depend on how much CPU each run got.
+	AtUpdates    int     `json:"at_updates"`
+	AccAtUpdates float64 `json:"accuracy_at_updates"`
+	MeanTau      float64 `json:"mean_staleness"`
+	Merges       int     `json:"merges"`
+	Steps        int     `json:"steps"`
+	Dropped      uint64  `json:"dropped"`
+	WallS        float64 `json:"wall_s"`
 }
 
 // Compare tabulates results against the baseline (the run labelled
@@ -300,14 +339,22 @@ func Compare(results []*Result, baseline string) []Comparison {
 			base[r.Config.Seed] = r
 		}
 	}
+	at := -1
+	for _, r := range results {
+		if n := len(r.Mean); n > 0 && (at < 0 || r.Mean[n-1].Updates < at) {
+			at = r.Mean[n-1].Updates
+		}
+	}
 	out := make([]Comparison, 0, len(results))
 	for _, r := range results {
 		s := r.Summary
 		c := Comparison{Label: s.Label, Seed: s.Seed, FinalAccuracy: s.FinalAccuracy, FinalMin: s.FinalMin,
-			TimeToTarget: s.TimeToTarget, MeanTau: s.MeanTau, Merges: s.Merges, Steps: s.Steps, WallS: s.WallS}
+			TimeToTarget: s.TimeToTarget, UpdatesToTarget: s.UpdatesToTarget, MeanTau: s.MeanTau, Merges: s.Merges,
+			Steps: s.Steps, WallS: s.WallS}
 		for _, d := range s.Drops {
 			c.Dropped += d
 		}
+		c.AtUpdates, c.AccAtUpdates = at, r.AccuracyAtUpdates(at)
 		if b := base[s.Seed]; b != nil {
 			if s.TimeToTarget > 0 && b.Summary.TimeToTarget > 0 {
 				c.TimeRatio = s.TimeToTarget / b.Summary.TimeToTarget
@@ -320,19 +367,21 @@ func Compare(results []*Result, baseline string) []Comparison {
 }
 
 // WriteComparison writes compare.csv, compare.json, compare.png (the mean
-// accuracy of every run against wall-clock) and compare_zoom.png (its
-// high-accuracy end) into dir.
+// accuracy of every run against wall-clock), compare_zoom.png (its
+// high-accuracy end) and compare_updates.png (against the local steps of
+// all peers) into dir.
 func WriteComparison(dir string, results []*Result, baseline string) ([]Comparison, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	rows := Compare(results, baseline)
 	err := writeCSV(filepath.Join(dir, "compare.csv"), []string{"label", "seed", "final_accuracy", "final_min_accuracy",
-		"time_to_target_s", "time_ratio", "accuracy_delta_pp", "mean_staleness", "merges", "steps", "dropped", "wall_s"}, len(rows), func(i int) []string {
+		"time_to_target_s", "updates_to_target", "time_ratio", "accuracy_delta_pp", "at_updates", "accuracy_at_updates", "mean_staleness", "merges",
+		"steps", "dropped", "wall_s"}, len(rows), func(i int) []string {
 		c := rows[i]
 		return []string{c.Label, strconv.FormatUint(c.Seed, 10), ff(c.FinalAccuracy, 4), ff(c.FinalMin, 4), ff(c.TimeToTarget, 2),
-			ff(c.TimeRatio, 3), ff(c.AccuracyDelta, 2), ff(c.MeanTau, 2), strconv.Itoa(c.Merges), strconv.Itoa(c.Steps),
-			strconv.FormatUint(c.Dropped, 10), ff(c.WallS, 1)}
+			strconv.Itoa(c.UpdatesToTarget), ff(c.TimeRatio, 3), ff(c.AccuracyDelta, 2), strconv.Itoa(c.AtUpdates), ff(c.AccAtUpdates, 4), ff(c.MeanTau, 2),
+			strconv.Itoa(c.Merges), strconv.Itoa(c.Steps), strconv.FormatUint(c.Dropped, 10), ff(c.WallS, 1)}
 	})
 	if err != nil {
 		return nil, err
@@ -378,6 +427,17 @@ func WriteComparison(dir string, results []*Result, baseline string) ([]Comparis
 		}
 	}
 	if err := plot.Lines(filepath.Join(dir, "compare.png"), title, "wall-clock (s)", "test accuracy", series); err != nil {
+		return nil, err
+	}
+	var byUpd []plot.Series
+	for i, r := range results {
+		s := plot.Series{Name: series[i].Name}
+		for _, m := range r.Mean {
+			s.X, s.Y = append(s.X, float64(m.Updates)), append(s.Y, m.Mean)
+		}
+		byUpd = append(byUpd, s)
+	}
+	if err := plot.Lines(filepath.Join(dir, "compare_updates.png"), title, "local steps of all peers", "test accuracy", byUpd); err != nil {
 		return nil, err
 	}
 	return rows, plot.Lines(filepath.Join(dir, "compare_zoom.png"), title, "wall-clock (s)", "test accuracy", zoom(series, zoomFloor(series)))

@@ -207,7 +207,17 @@ func TestCompare(t *testing.T) {
 	mk := func(label string, seed uint64, ttt, acc float64) *Result {
 		return &Result{Config: Config{Seed: seed}, Summary: Summary{Label: label, Seed: seed, TimeToTarget: ttt, FinalAccuracy: acc}}
 	}
-	rows := Compare([]*Result{mk("sync", 1, 10, 0.975), mk("fedasync const", 1, 4, 0.978), mk("fedasync poly:0.5", 1, -1, 0.95), mk("sync", 2, 20, 0.97), mk("x", 2, 5, 0.97)}, "sync")
+	results := []*Result{mk("sync", 1, 10, 0.975), mk("fedasync const", 1, 4, 0.978), mk("fedasync poly:0.5", 1, -1, 0.95), mk("sync", 2, 20, 0.97), mk("x", 2, 5, 0.97)}
+	for i, r := range results {
+		// Mean curves with 100·(i+1) steps in all at the end.
+		r.Mean = []MeanPoint{{Seconds: 1, Mean: 0.5, Updates: 50}, {Seconds: 2, Mean: 0.6 + 0.01*float64(i), Updates: 100 * (i + 1)}}
+	}
+	rows := Compare(results, "sync")
+	for i, r := range rows {
+		if r.AtUpdates != 100 || r.AccAtUpdates != 0.6+0.01*float64(i) {
+			t.Errorf("row %d: accuracy %v at %d steps", i, r.AccAtUpdates, r.AtUpdates)
+		}
+	}
 	want := []struct{ ratio, delta float64 }{{1, 0}, {0.4, 0.3}, {0, -2.5}, {1, 0}, {0.25, 0}}
 	for i, w := range want {
 		if d := rows[i].TimeRatio - w.ratio; d > 1e-9 || d < -1e-9 {
@@ -216,6 +226,18 @@ func TestCompare(t *testing.T) {
 		if d := rows[i].AccuracyDelta - w.delta; d > 1e-9 || d < -1e-9 {
 			t.Errorf("row %d delta %v, want %v", i, rows[i].AccuracyDelta, w.delta)
 		}
+	}
+}
+
+func TestBinHistogram(t *testing.T) {
+	h, label := binHistogram(map[int]int{0: 1, 3: 2}, 64)
+	if len(h) != 2 || h[3] != 2 || label != "τ (versions)" {
+		t.Fatalf("%v %q", h, label)
+	}
+	h, _ = binHistogram(map[int]int{0: 1, 1: 1, 130: 5, 131: 1, 200: 2}, 64)
+	// width 200/64+1 = 4
+	if h[0] != 2 || h[32] != 6 || h[50] != 2 || len(h) != 3 {
+		t.Fatalf("%v", h)
 	}
 }
 

@@ -77,7 +77,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	target := fs.Float64("target", 0.97, "test accuracy whose time to reach is reported (0: none)")
 	stopAt := fs.Bool("stop-at-target", false, "end each run once the mean accuracy over peers reaches --target (a monitor evaluates every --monitor)")
 	monitorEvery := fs.Duration("monitor", def.MonitorEvery, "period of the --stop-at-target monitor")
-	baseline := fs.String("baseline", "sync", "label of the run that time ratios and accuracy deltas compare against")
+	baseline := fs.String("baseline", "sync", "label of the run that time ratios and accuracy deltas compare against, as the table shows it (e.g. \"fedasync const\")")
 	out := fs.String("out", "experiment-out", "output folder")
 	dataDir := fs.String("data", "", "folder with the MNIST IDX files (default: the GoMNIST module in the Go module cache)")
 	trainLimit := fs.Int("train-limit", 0, "use the first N training samples only (0: all 60000)")
@@ -179,14 +179,18 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "run\tseed\tfinal acc\tmin acc\ttime to %.2f\tratio vs %s\tΔacc (pp)\tmean τ\tmerges\tsteps\tdropped\n", *target, *baseline)
+	at := 0
+	if len(rows) > 0 {
+		at = rows[0].AtUpdates
+	}
+	fmt.Fprintf(tw, "run\tseed\tfinal acc\tmin acc\ttime to %.2f\tsteps to it\tratio vs %s\tΔacc (pp)\tacc at %d steps\tmean τ\tmerges\tsteps\tdropped\n", *target, *baseline, at)
 	for _, r := range rows {
 		ratio := "-"
 		if r.TimeRatio > 0 {
 			ratio = fmt.Sprintf("%.3f", r.TimeRatio)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%s\t%s\t%+.2f\t%.2f\t%d\t%d\t%d\n", r.Label, r.Seed, r.FinalAccuracy, r.FinalMin,
-			fmtTime(r.TimeToTarget), ratio, r.AccuracyDelta, r.MeanTau, r.Merges, r.Steps, r.Dropped)
+		fmt.Fprintf(tw, "%s\t%d\t%.4f\t%.4f\t%s\t%d\t%s\t%+.2f\t%.4f\t%.2f\t%d\t%d\t%d\n", r.Label, r.Seed, r.FinalAccuracy, r.FinalMin,
+			fmtTime(r.TimeToTarget), r.UpdatesToTarget, ratio, r.AccuracyDelta, r.AccAtUpdates, r.MeanTau, r.Merges, r.Steps, r.Dropped)
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "files in %s (compare.csv, compare.json, compare.png, one folder per run)\n", *out)
