@@ -646,7 +646,9 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 // onlyBlamedMissing reports whether every member whose vote is pending is
 // blamed with a hard kind (which excludes it whatever it votes) by a vote
 // already in (ours included) from a member that shares our group and
-// settings.
+// settings. Blame for a disagreement (another group, other settings, another
+// length) does not count: there the accused is alive and its vote is what
+// tells which side is the odd one out.
 func (a *attempt) onlyBlamedMissing(pending []bool) bool {
 	for j, p := range pending {
 		if !p {
@@ -654,7 +656,7 @@ func (a *attempt) onlyBlamedMissing(pending []bool) bool {
 		}
 		blamed := false
 		for i := range a.n {
-			if !pending[i] && a.votes[i].state == voteGot && a.votes[i].v.cfg == a.cfg && a.votes[i].v.blame[j].hard() {
+			if !pending[i] && a.votes[i].state == voteGot && a.votes[i].v.cfg == a.cfg && a.votes[i].v.blame[j].silences() {
 				blamed = true
 				break
 			}

@@ -79,6 +79,13 @@ const (
 // accused cannot blame anyone itself (see decide).
 func (k kind) hard() bool { return k != kindNone && k != kindTimeout && k != kindUnreachable }
 
+// silences reports whether blame of kind k lets a member stop waiting for
+// the accused's vote: a hard kind that is not a disagreement, which the
+// accused sees from its own side and votes on.
+func (k kind) silences() bool {
+	return k.hard() && k != kindMismatch && k != kindConfig && k != kindBadLength
+}
+
 func (k kind) err() error {
 	switch k {
 	case kindStall, kindTimeout:
