@@ -290,14 +290,18 @@ func TestRunBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		"unknown flag":      {[]string{"run", "--frobnicate"}, "flag provided but not defined"},
-		"unreadable config": {[]string{"run", "--config", filepath.Join(dir, "missing.json")}, "config file"},
-		"bad config":        {[]string{"run", "--config", badCfg}, "not a JSON object"},
-		"conflicting modes": {[]string{"run", "--mode", "sync", "--strategy", "fedprox"}, "conflicting"},
-		"unknown mode":      {[]string{"run", "--mode", "telepathy"}, "unknown --mode"},
-		"bad shard":         {[]string{"run", "--shard", "3/2"}, "--shard"},
-		"resume without":    {[]string{"run", "--resume"}, "--checkpoint"},
-		"other model":       {[]string{"run", "--resume", "--checkpoint", wrongCk, "--limit", "100", "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}, "checkpoint is for model"},
+		"unknown flag":       {[]string{"run", "--frobnicate"}, "flag provided but not defined"},
+		"unreadable config":  {[]string{"run", "--config", filepath.Join(dir, "missing.json")}, "config file"},
+		"bad config":         {[]string{"run", "--config", badCfg}, "not a JSON object"},
+		"conflicting modes":  {[]string{"run", "--mode", "sync", "--strategy", "fedprox"}, "conflicting"},
+		"unknown mode":       {[]string{"run", "--mode", "telepathy"}, "unknown --mode"},
+		"compress federated": {[]string{"run", "--compress", "fp16"}, "--compress applies to --mode sync|async"},
+		"endless async":      {[]string{"run", "--mode", "async", "--steps", "0"}, "needs a --duration"},
+		"bad policy":         {[]string{"run", "--mode", "async", "--policy", "hinge:x"}, "policy"},
+		"bad gossip":         {[]string{"run", "--mode", "gossip", "--gossip", "flood"}, "gossip algorithm"},
+		"bad shard":          {[]string{"run", "--shard", "3/2"}, "--shard"},
+		"resume without":     {[]string{"run", "--resume"}, "--checkpoint"},
+		"other model":        {[]string{"run", "--resume", "--checkpoint", wrongCk, "--limit", "100", "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}, "checkpoint is for model"},
 	}
 	for name, c := range cases {
 		var out, errb strings.Builder
@@ -333,4 +337,65 @@ func TestRunServesMetrics(t *testing.T) {
 		}
 	}
 	p.cmd.Process.Kill()
+}
+
+// TestAsyncModes runs --mode async (FedAsync, FedBuff) and --mode gossip
+// (AD-PSGD, SGP) as two processes each: both peers train, exchange models
+// (merged contributions or completed exchanges are counted in the final
+// progress note) and end with a model that learned.
+func TestAsyncModes(t *testing.T) {
+	bin := binary(t)
+	for _, mode := range [][]string{
+		{"--mode", "async"},
+		{"--mode", "async", "--async", "fedbuff", "--buffer-k", "2", "--compress", "fp16"},
+		{"--mode", "gossip"},
+		{"--mode", "gossip", "--gossip", "sgp"},
+	} {
+		t.Run(strings.Join(mode[1:], " "), func(t *testing.T) {
+			dir := t.TempDir()
+			ports := []int{freePort(t), freePort(t)}
+			keys, addrs := make([]string, 2), make([]string, 2)
+			for i := range keys {
+				keys[i], addrs[i] = identity(t, dir, i, ports[i])
+			}
+			procs := make([]*proc, 2)
+			for i := range procs {
+				procs[i] = start(t, bin, append(slices.Clone(mode), "--model", "logreg", "--limit", "3000", "--optimizer", "sgd", "--lr", "0.1",
+					"--slowdown", "20", "--steps", "0", "--duration", "3s", "--eval-every", "20", "--wait", "30s", "--linger", "1s",
+					"--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]), "--key", keys[i], "--shard", fmt.Sprintf("%d/2", i),
+					"--min-peers", "2", "--connect", addrs[1-i], "--checkpoint", filepath.Join(dir, fmt.Sprintf("c%d", i)))...)
+			}
+			var exchanged bool
+			for i, p := range procs {
+				var last peerrun.Progress
+				for pr := range p.lines {
+					last = pr
+				}
+				if err := <-p.done; err != nil {
+					t.Fatalf("peer %d: %v", i, err)
+				}
+				t.Logf("peer %d: step %d, accuracy %.4f, %s", i, last.Round, last.Accuracy, last.Note)
+				if last.Accuracy < 0.8 {
+					t.Errorf("peer %d: accuracy %.4f after %d steps", i, last.Accuracy, last.Round)
+				}
+				var a, b int
+				if _, err := fmt.Sscanf(last.Note, "merged %d", &a); err == nil && a > 0 {
+					exchanged = true
+				}
+				if _, err := fmt.Sscanf(last.Note, "%d exchanges", &b); err == nil && b > 0 {
+					exchanged = true
+				}
+				ck, err := train.LoadCheckpoint(filepath.Join(dir, fmt.Sprintf("c%d", i)), 1<<24)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ck.Mode != mode[1] || ck.Steps != last.Round {
+					t.Errorf("peer %d: checkpoint of mode %q at step %d, want %q at %d", i, ck.Mode, ck.Steps, mode[1], last.Round)
+				}
+			}
+			if !exchanged {
+				t.Error("no contribution merged and no exchange completed")
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -131,6 +132,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	config := fs.String("config", "", "JSON file of flag names to values (flags > STARLING_* variables > this file > defaults)")
 	build := runFlags(fs, stderr)
 	buildSync := syncFlags(fs)
+	buildAsync := asyncFlags(fs)
+	compress := fs.String("compress", "", "sync: codec of the gradient all-reduce; async: codec of published models (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -147,6 +150,13 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
+	if opts.Async, err = buildAsync(); err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	if *compress != "" {
+		opts.Swarm.Aggregate.Compress = *compress
+		opts.Async.Async.Codec = *compress
+	}
 	_, err = peerrun.Run(peerrun.WithSync(ctx, buildSync()), opts, stdout, stderr)
 	return err
 }
@@ -154,8 +164,8 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // syncFlags defines the flags of --mode sync on fs.
 func syncFlags(fs *flag.FlagSet) func() peerrun.SyncOptions {
 	d := peerrun.DefaultSyncOptions()
-	steps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there)")
-	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync: evaluate, report and checkpoint every N steps")
+	steps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip: local steps of this peer (0: until --duration)")
+	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip: evaluate, report and checkpoint every N steps")
 	stepTimeout := fs.Duration("step-timeout", d.Sync.StepTimeout, "sync: longest one step's all-reduce may take")
 	joinLead := fs.Duration("join-lead", d.Sync.JoinLead, "sync: how far ahead (at the others' pace) a joining peer declares the step it joins at")
 	return func() peerrun.SyncOptions {
@@ -166,13 +176,48 @@ func syncFlags(fs *flag.FlagSet) func() peerrun.SyncOptions {
 	}
 }
 
+// asyncFlags defines the flags of --mode async and --mode gossip on fs
+// (--steps and --eval-every are shared with sync and read from fs).
+func asyncFlags(fs *flag.FlagSet) func() (peerrun.AsyncOptions, error) {
+	d := peerrun.DefaultAsyncOptions()
+	strategy := fs.String("async", d.Async.Mode, "async: fedasync (mix each fresh model in) or fedbuff (apply after K buffered deltas)")
+	policy := fs.String("policy", d.Async.Policy, "async: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S")
+	alpha := fs.Float64("alpha", d.Async.Alpha, "async: fedasync mixing rate α")
+	bufferK := fs.Int("buffer-k", d.Async.BufferK, "async: fedbuff contributions per server step K")
+	serverLR := fs.Float64("server-lr", d.Async.ServerLR, "async: fedbuff server learning rate η")
+	publish := fs.Int("publish-every", d.Async.LocalSteps, "async: local steps H between two publications of this peer's model")
+	roundTime := fs.Duration("round-time", 0, "async: also publish after this long (a straggler publishes as often as the others; 0: off)")
+	algo := fs.String("gossip", d.Gossip.Algorithm, "gossip: algorithm: adpsgd (pairwise averaging, also \"pairwise\") or sgp (push-sum, also \"pushsum\")")
+	every := fs.Int("gossip-every", d.Gossip.Every, "gossip: local steps between two exchanges")
+	period := fs.Duration("gossip-period", 0, "gossip: least time between two exchanges this peer starts (0: none)")
+	duration := fs.Duration("duration", 0, "async, gossip: stop training after this long (0: only --steps)")
+	return func() (peerrun.AsyncOptions, error) {
+		o := d
+		o.Async.Mode, o.Async.Policy, o.Async.Alpha, o.Async.BufferK = *strategy, *policy, *alpha, *bufferK
+		o.Async.ServerLR, o.Async.LocalSteps, o.Async.RoundTime = *serverLR, *publish, *roundTime
+		o.Gossip.Algorithm, o.Gossip.Every, o.Gossip.Period = *algo, *every, *period
+		o.Steps, o.EvalEvery, o.Duration = intFlag(fs, "steps"), intFlag(fs, "eval-every"), *duration
+		switch *algo {
+		case "pairwise":
+			o.Gossip.Algorithm = train.GossipPairwise
+		case "pushsum", "push-sum":
+			o.Gossip.Algorithm = train.GossipPushSum
+		}
+		return o, nil
+	}
+}
+
+func intFlag(fs *flag.FlagSet, name string) int {
+	return fs.Lookup(name).Value.(flag.Getter).Get().(int)
+}
+
 // checkModeFlags refuses flags that belong to another mode than --mode.
 func checkModeFlags(fs *flag.FlagSet) error {
 	mode := fs.Lookup("mode").Value.String()
 	var bad []string
 	fs.Visit(func(f *flag.Flag) {
-		if m, ok := modeOnlyFlags[f.Name]; ok && m != mode {
-			bad = append(bad, fmt.Sprintf("--%s applies to --mode %s", f.Name, m))
+		if ms, ok := modeOnlyFlags[f.Name]; ok && !slices.Contains(ms, mode) {
+			bad = append(bad, fmt.Sprintf("--%s applies to --mode %s", f.Name, strings.Join(ms, "|")))
 		}
 	})
 	if len(bad) > 0 {
@@ -182,8 +227,13 @@ func checkModeFlags(fs *flag.FlagSet) error {
 }
 
 // modeOnlyFlags names flags that only one mode reads.
-var modeOnlyFlags = map[string]string{
-	"strategy": "federated", "rounds": "federated", "fraction": "federated",
-	"local-epochs": "federated", "local-steps": "federated", "round-timeout": "federated",
-	"steps": "sync", "eval-every": "sync", "step-timeout": "sync", "join-lead": "sync",
+var modeOnlyFlags = map[string][]string{
+	"strategy": {"federated"}, "rounds": {"federated"}, "fraction": {"federated"},
+	"local-epochs": {"federated"}, "local-steps": {"federated"}, "round-timeout": {"federated"},
+	"steps": {"sync", "async", "gossip"}, "eval-every": {"sync", "async", "gossip"},
+	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async"},
+	"async": {"async"}, "policy": {"async"}, "alpha": {"async"}, "buffer-k": {"async"},
+	"server-lr": {"async"}, "publish-every": {"async"}, "round-time": {"async"},
+	"gossip": {"gossip"}, "gossip-every": {"gossip"}, "gossip-period": {"gossip"},
+	"duration": {"async", "gossip"},
 }

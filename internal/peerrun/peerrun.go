@@ -42,6 +42,8 @@ type Options struct {
 
 	Worker train.WorkerConfig
 	Fed    train.FedConfig
+	// Async holds the settings of --mode async and --mode gossip.
+	Async AsyncOptions
 
 	Checkpoint string // path of this peer's checkpoint file ("" for none)
 	Resume     bool   // continue from Checkpoint
@@ -154,6 +156,9 @@ func (o *Options) Validate() error {
 	if err := o.Worker.Validate(); err != nil {
 		return err
 	}
+	if err := o.validateAsync(); err != nil {
+		return err
+	}
 	return o.Swarm.Validate()
 }
 
@@ -228,8 +233,13 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	rec := &train.MemRecorder{MinGap: time.Second}
 	start := time.Now()
 	sum := &Summary{Peer: p.ID(), Mode: opts.Mode, Model: w.Model.Arch, ShardSize: shard.Len()}
-	if opts.Mode == "federated" {
+	switch opts.Mode {
+	case "federated":
 		sum.Strategy = opts.Fed.Strategy
+	case "async":
+		sum.Strategy = opts.Async.Async.Mode + " " + opts.Async.Async.Policy
+	case "gossip":
+		sum.Strategy = opts.Async.Gossip.Algorithm
 	}
 	var mu sync.Mutex
 	report := func(pr Progress) {

@@ -53,6 +53,10 @@ func runSync(ctx context.Context, env *Env) error {
 		return fmt.Errorf("%w: checkpoint is from strategy %q, this run is sync", train.ErrCheckpoint, ck.Strategy)
 	}
 	w := env.Worker
+	comp := env.Peer.Runner.Compression()
+	if err := train.PrepareCompression(comp, w.Model, env.Checkpoint); err != nil {
+		return err
+	}
 	total := o.Sync.Steps
 	var lastErr error
 	err := train.Sync(ctx, w, env.Peer.SyncNet(env.Opts.Worker.Batch), o.Sync, env.Recorder, func(si train.StepInfo) bool {
@@ -62,6 +66,7 @@ func runSync(ctx context.Context, env *Env) error {
 		}
 		ck := &train.Checkpoint{Strategy: "sync", Version: si.Step}
 		ck.Capture(w)
+		train.SaveCompression(ck, comp)
 		if err := env.Save(ck); err != nil {
 			lastErr = err
 			return true

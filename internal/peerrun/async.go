@@ -1,0 +1,260 @@
+package peerrun
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/train"
+)
+
+func init() {
+	RegisterMode("async", runAsync)
+	RegisterMode("gossip", runGossip)
+}
+
+// AsyncOptions are the settings --mode async and --mode gossip read.
+type AsyncOptions struct {
+	// Async configures --mode async (FedAsync or FedBuff, Async.Mode).
+	Async train.AsyncConfig
+	// Gossip configures --mode gossip (AD-PSGD pairwise or SGP push-sum).
+	Gossip train.GossipConfig
+	// Steps ends training after that many local steps; Duration after that
+	// much time. Either may be 0 (no limit), not both.
+	Steps    int
+	Duration time.Duration
+	// EvalEvery evaluates on the test set, reports progress and writes the
+	// checkpoint every that many local steps (checked at the strategy's
+	// snapshots, every 250 ms at most) and at the end.
+	EvalEvery int
+}
+
+// DefaultAsyncOptions returns train's defaults, 1000 steps, evaluating
+// every 100.
+func DefaultAsyncOptions() AsyncOptions {
+	return AsyncOptions{Async: train.DefaultAsyncConfig(), Gossip: train.DefaultGossipConfig(), Steps: 1000, EvalEvery: 100}
+}
+
+func (o AsyncOptions) validate() error {
+	switch {
+	case o.Steps < 0 || o.Duration < 0:
+		return fmt.Errorf("%w: --steps and --duration must not be negative", ErrUsage)
+	case o.Steps == 0 && o.Duration == 0:
+		return fmt.Errorf("%w: --steps 0 needs a --duration (training would never end)", ErrUsage)
+	case o.EvalEvery <= 0:
+		return fmt.Errorf("%w: --eval-every must be positive", ErrUsage)
+	}
+	return nil
+}
+
+// validateAsync checks the settings of --mode async and gossip before
+// anything starts.
+func (o *Options) validateAsync() error {
+	switch o.Mode {
+	case "async":
+		if err := o.Async.validate(); err != nil {
+			return err
+		}
+		cfg := o.Async.Async
+		cfg.Model = o.Swarm.Gossip.Model
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+	case "gossip":
+		if err := o.Async.validate(); err != nil {
+			return err
+		}
+		if err := o.Async.Gossip.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+	}
+	return nil
+}
+
+// gossipTransport starts the stream side of the asynchronous strategies on
+// the peer's node: announced vectors are pulled, and gossip exchanges
+// made, over node/ tensor streams.
+func gossipTransport(env *Env) (*gossip.NodeTransport, error) {
+	nc := gossip.DefaultNodeConfig()
+	nc.Model = env.Opts.Swarm.Gossip.Model
+	nc.ReplyTimeout = 10 * time.Second
+	nc.MaxServed = 16
+	nc.MaxFetchBytes = 4 * int64(len(env.Worker.Model.Params)+1024)
+	return gossip.NewNodeTransport(env.Peer.Node, nc)
+}
+
+// runAsync is --mode async: FedAsync (mix every fresh model in, weighted
+// by its staleness) or FedBuff (apply after K buffered deltas).
+func runAsync(ctx context.Context, env *Env) error {
+	o := env.Opts.Async
+	cfg := o.Async
+	cfg.Model = env.Opts.Swarm.Gossip.Model
+	cfg.MaxSteps = o.Steps
+	if err := o.validate(); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if err := checkResume(env, cfg.Mode); err != nil {
+		return err
+	}
+	t, err := gossipTransport(env)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	ctx, cancel := withDuration(ctx, o.Duration)
+	defer cancel()
+	ev := newEvaluator(env, cfg.Mode, o)
+	sum, err := train.RunAsync(ctx, env.Worker, &train.P2PNet{CP: env.Peer.Control, T: t}, cfg, ev)
+	if err != nil {
+		return err
+	}
+	note := fmt.Sprintf("merged %d", sum.Merged)
+	for _, r := range slices.Sorted(maps.Keys(sum.Drops)) {
+		note += fmt.Sprintf(", dropped %d %s", sum.Drops[r], r)
+	}
+	return ev.finish(note)
+}
+
+// runGossip is --mode gossip: continuous local SGD with gossip averaging
+// among the peers live when training starts.
+func runGossip(ctx context.Context, env *Env) error {
+	o := env.Opts.Async
+	cfg := o.Gossip
+	cfg.MaxSteps = o.Steps
+	if err := o.validate(); err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if err := checkResume(env, cfg.Algorithm); err != nil {
+		return err
+	}
+	t, err := gossipTransport(env)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	// The group is fixed at start, in the same (sorted) order on every
+	// peer: it decides AD-PSGD's roles and SGP's graph. A peer that dies
+	// is skipped (Alive); one that joins later is not gossiped with.
+	var group []peer.ID
+	for _, m := range env.Peer.Members() {
+		id, err := peer.Decode(m)
+		if err != nil {
+			return err
+		}
+		group = append(group, id)
+	}
+	slices.Sort(group)
+	ctx, cancel := withDuration(ctx, o.Duration)
+	defer cancel()
+	ev := newEvaluator(env, cfg.Algorithm, o)
+	sum, err := train.RunGossip(ctx, env.Worker, &train.P2PNet{CP: env.Peer.Control, T: t}, group, cfg, ev)
+	t.Close() // no exchange served from here on touches the final model
+	if err != nil {
+		return err
+	}
+	return ev.finish(fmt.Sprintf("%d exchanges, %d failed, %d skipped", sum.Exchanges, sum.Failed, sum.Skipped))
+}
+
+func checkResume(env *Env, strategy string) error {
+	if ck := env.Checkpoint; ck != nil && ck.Strategy != strategy {
+		return fmt.Errorf("%w: checkpoint is from strategy %q, this run is %s", train.ErrCheckpoint, ck.Strategy, strategy)
+	}
+	return nil
+}
+
+func withDuration(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d > 0 {
+		return context.WithTimeout(ctx, d)
+	}
+	return context.WithCancel(ctx)
+}
+
+// evaluator is the Recorder of the asynchronous modes: it passes
+// everything on to env.Recorder and, at the snapshot after every EvalEvery
+// local steps, evaluates the snapshot on the test set, reports progress
+// and writes the checkpoint. Snapshots come from the strategy's own
+// goroutine between steps, so the optimiser state is read there safely;
+// the parameters are the snapshot's copy.
+type evaluator struct {
+	train.Recorder
+	env      *Env
+	strategy string
+	o        AsyncOptions
+
+	mu       sync.Mutex
+	eval     *train.Worker // holds the snapshot being evaluated
+	next     int           // steps at which the next evaluation is due
+	last     []float32     // the latest snapshot
+	lastStep int
+	err      error
+}
+
+func newEvaluator(env *Env, strategy string, o AsyncOptions) *evaluator {
+	return &evaluator{Recorder: env.Recorder, env: env, strategy: strategy, o: o, next: env.Worker.Steps + o.EvalEvery}
+}
+
+// Snapshot implements train.Recorder.
+func (e *evaluator) Snapshot(p string, at time.Duration, updates int, params []float32) {
+	e.Recorder.Snapshot(p, at, updates, params)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.last, e.lastStep = append(e.last[:0], params...), updates
+	if updates >= e.next {
+		e.next = (updates/e.o.EvalEvery + 1) * e.o.EvalEvery
+		e.report("")
+	}
+}
+
+// report evaluates e.last and checkpoints it; e.mu is held.
+func (e *evaluator) report(note string) {
+	if e.eval == nil {
+		w, err := train.NewWorker(e.env.Worker.Config(), e.env.Test.Head(1))
+		if err != nil {
+			e.err = err
+			return
+		}
+		e.eval = w
+	}
+	copy(e.eval.Model.Params, e.last)
+	loss, acc := e.eval.Evaluate(e.env.Test)
+	// Not ck.Capture: exchanges served for other peers may be writing the
+	// worker's parameters; the optimiser state is this goroutine's.
+	w := e.env.Worker
+	ck := &train.Checkpoint{Strategy: e.strategy, Version: uint64(e.lastStep), Arch: w.Model.Arch,
+		Params: slices.Clone(e.last), Steps: e.lastStep, Opt: map[string][]float32{}}
+	var st map[string][]float32
+	ck.OptSteps, st = w.Opt.State()
+	for k, v := range st {
+		ck.Opt[k] = slices.Clone(v)
+	}
+	if err := e.env.Save(ck); err != nil && e.err == nil {
+		e.err = err
+	}
+	total := e.o.Steps
+	if total == 0 {
+		total = e.lastStep
+	}
+	e.env.Report(Progress{Round: e.lastStep, Rounds: total, Accuracy: acc, Loss: loss, Peers: len(e.env.Peer.Members()), Note: note})
+}
+
+// finish reports the final model (the worker's, now that training is
+// over) and returns the first checkpoint error.
+func (e *evaluator) finish(note string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.last, e.lastStep = append(e.last[:0], e.env.Worker.Model.Params...), e.env.Worker.Steps
+	e.report(note)
+	return e.err
+}
