@@ -5,6 +5,7 @@ package plot
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"sort"
 
 	"gonum.org/v1/plot"
@@ -47,14 +48,44 @@ func Lines(path, title, xlabel, ylabel string, series []Series) error {
 			return fmt.Errorf("plot: series %q: %w", s.Name, err)
 		}
 		l.Color = palette[i%len(palette)]
+		if k := i / len(palette); k > 0 { // past the palette: dashes tell the series apart
+			l.Dashes = []vg.Length{vg.Points(float64(2 + 2*k)), vg.Points(2)}
+		}
 		l.Width = vg.Points(1.5)
 		p.Add(l)
 		if s.Name != "" {
 			p.Legend.Add(s.Name, l)
 		}
 	}
-	p.Legend.Top = true
+	p.Legend.Top = !highOnRight(series)
 	return p.Save(6*vg.Inch, 4*vg.Inch, path)
+}
+
+// highOnRight reports whether the series' values on the right 40% of the
+// x range lie mostly in the upper half of the y range (rising accuracy
+// curves), where the legend, drawn on the right, would hide them.
+func highOnRight(series []Series) bool {
+	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
+	for _, s := range series {
+		for j := range s.X {
+			xmin, xmax = min(xmin, s.X[j]), max(xmax, s.X[j])
+			ymin, ymax = min(ymin, s.Y[j]), max(ymax, s.Y[j])
+		}
+	}
+	high, low := 0, 0
+	for _, s := range series {
+		for j := range s.X {
+			if s.X[j] < xmin+0.6*(xmax-xmin) {
+				continue
+			}
+			if s.Y[j] > (ymin+ymax)/2 {
+				high++
+			} else {
+				low++
+			}
+		}
+	}
+	return high > low
 }
 
 // Histogram writes a bar chart of counts per integer value (e.g. the

@@ -27,3 +27,13 @@ func TestWritesPNGs(t *testing.T) {
 		t.Fatal("mismatched series: want error")
 	}
 }
+
+func TestLegendAvoidsCurves(t *testing.T) {
+	x := []float64{0, 1, 2, 3, 4}
+	if !highOnRight([]Series{{"acc", x, []float64{0.1, 0.8, 0.9, 0.95, 0.97}}}) {
+		t.Error("rising curve: legend should go to the bottom")
+	}
+	if highOnRight([]Series{{"loss", x, []float64{2, 0.5, 0.3, 0.2, 0.1}}}) {
+		t.Error("falling curve: legend should stay on top")
+	}
+}
