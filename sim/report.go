@@ -426,9 +426,6 @@ func WriteComparison(dir string, results []*Result, baseline string) ([]Comparis
 			title += ", slow: " + strings.Join(parts, " ")
 		}
 	}
-	if err := plot.Lines(filepath.Join(dir, "compare.png"), title, "wall-clock (s)", "test accuracy", series); err != nil {
-		return nil, err
-	}
 	var byUpd []plot.Series
 	for i, r := range results {
 		s := plot.Series{Name: series[i].Name}
@@ -437,10 +434,76 @@ func WriteComparison(dir string, results []*Result, baseline string) ([]Comparis
 		}
 		byUpd = append(byUpd, s)
 	}
+	if len(seeds) > 1 {
+		// One curve per configuration, averaged over the seeds (each run
+		// seen as a step function); every run's own curve goes to
+		// compare_runs.png.
+		if err := plot.Lines(filepath.Join(dir, "compare_runs.png"), title, "wall-clock (s)", "test accuracy", series); err != nil {
+			return nil, err
+		}
+		labels := make([]string, len(results))
+		for i, r := range results {
+			labels[i] = r.Summary.Label
+		}
+		title += fmt.Sprintf(", mean of %d seeds", len(seeds))
+		series, byUpd = averageSeries(labels, series), averageSeries(labels, byUpd)
+	}
+	if err := plot.Lines(filepath.Join(dir, "compare.png"), title, "wall-clock (s)", "test accuracy", series); err != nil {
+		return nil, err
+	}
 	if err := plot.Lines(filepath.Join(dir, "compare_updates.png"), title, "local steps of all peers", "test accuracy", byUpd); err != nil {
 		return nil, err
 	}
 	return rows, plot.Lines(filepath.Join(dir, "compare_zoom.png"), title, "wall-clock (s)", "test accuracy", zoom(series, zoomFloor(series)))
+}
+
+// averageSeries merges the series that share a label (labels[i] is
+// series[i]'s) into their mean, in the order labels first appear. Each
+// series is read as a step function (its last value at or before x); the
+// mean is taken on 200 points up to the shortest series' end, so that
+// every point averages all of them.
+func averageSeries(labels []string, series []plot.Series) []plot.Series {
+	var order []string
+	groups := map[string][]plot.Series{}
+	for i, l := range labels {
+		if _, ok := groups[l]; !ok {
+			order = append(order, l)
+		}
+		groups[l] = append(groups[l], series[i])
+	}
+	out := make([]plot.Series, 0, len(order))
+	for _, l := range order {
+		g := groups[l]
+		lo, hi := math.Inf(1), math.Inf(1)
+		for _, s := range g {
+			if len(s.X) == 0 {
+				continue
+			}
+			lo, hi = min(lo, s.X[0]), min(hi, s.X[len(s.X)-1])
+		}
+		avg := plot.Series{Name: l}
+		if math.IsInf(hi, 0) || hi < lo {
+			out = append(out, avg)
+			continue
+		}
+		const points = 200
+		for k := range points + 1 {
+			x := lo + (hi-lo)*float64(k)/points
+			sum, n := 0.0, 0
+			for _, s := range g {
+				// The last point at or before x.
+				if j := sort.SearchFloat64s(s.X, x+1e-12) - 1; j >= 0 {
+					sum += s.Y[j]
+					n++
+				}
+			}
+			if n == len(g) {
+				avg.X, avg.Y = append(avg.X, x), append(avg.Y, sum/float64(n))
+			}
+		}
+		out = append(out, avg)
+	}
+	return out
 }
 
 // zoomFloor returns a lower accuracy bound that shows where runs differ:

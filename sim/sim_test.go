@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -250,5 +252,38 @@ func TestMeanCurve(t *testing.T) {
 	m := meanCurve(pts, 2)
 	if len(m) != 2 || m[0].Mean != 0.6 || m[0].Min != 0.5 || m[1].Mean != 0.8 || m[1].Min != 0.7 || m[1].Updates != 7 {
 		t.Fatalf("%+v", m)
+	}
+}
+
+func TestAverageSeries(t *testing.T) {
+	s := []plot.Series{
+		{Name: "a seed 1", X: []float64{0, 1, 2}, Y: []float64{0.1, 0.5, 0.9}},
+		{Name: "b seed 1", X: []float64{0, 2}, Y: []float64{0.2, 0.4}},
+		{Name: "a seed 2", X: []float64{0, 1, 3}, Y: []float64{0.3, 0.7, 1.0}},
+	}
+	out := averageSeries([]string{"a", "b", "a"}, s)
+	if len(out) != 2 || out[0].Name != "a" || out[1].Name != "b" {
+		t.Fatalf("groups %+v", out)
+	}
+	a := out[0]
+	// a runs to x = 2 (the shorter seed's end); at x = 1.5 both seeds are
+	// at their x = 1 values: (0.5 + 0.7) / 2.
+	if a.X[0] != 0 || a.X[len(a.X)-1] != 2 {
+		t.Fatalf("a spans %v..%v", a.X[0], a.X[len(a.X)-1])
+	}
+	for i, x := range a.X {
+		want := 0.2
+		switch {
+		case x >= 2:
+			want = (0.9 + 0.7) / 2
+		case x >= 1:
+			want = 0.6
+		}
+		if math.Abs(a.Y[i]-want) > 1e-12 {
+			t.Fatalf("a(%v) = %v, want %v", x, a.Y[i], want)
+		}
+	}
+	if b := out[1]; b.Y[0] != 0.2 || b.Y[len(b.Y)-1] != 0.4 {
+		t.Fatalf("b = %v", b.Y)
 	}
 }
