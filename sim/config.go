@@ -60,6 +60,12 @@ type Config struct {
 	// Kill maps a peer index to the time it dies (its training stops and
 	// its node and host close).
 	Kill map[int]time.Duration `json:"kill_ns,omitempty"`
+	// StallTimeout is how long the sync strategy's all-reduce waits for a
+	// silent peer before it goes on without it (0: 2 s, rather than
+	// aggregate's 10 s, so that a simulated death does not dominate a run).
+	// Recovery from a death mid-step takes a few of these: the data phase's
+	// stall, the vote window, the re-run without the dead peer.
+	StallTimeout time.Duration `json:"stall_timeout_ns,omitempty"`
 	// Worker, Async and Gossip configure the peers and the strategies.
 	Worker train.WorkerConfig `json:"worker"`
 	Async  train.AsyncConfig  `json:"async"`
@@ -101,6 +107,8 @@ func (c Config) Validate() error {
 		return bad("snapshot interval %v must be > 0", c.SnapshotEvery)
 	case c.TrainLimit < 0 || c.TestLimit < 0:
 		return bad("limits must be ≥ 0")
+	case c.StallTimeout < 0:
+		return bad("stall timeout %v must be ≥ 0", c.StallTimeout)
 	}
 	for i, f := range c.Slow {
 		if i < 0 || i >= c.Peers || !(f >= 1) || math.IsInf(f, 0) {

@@ -185,9 +185,10 @@ func syncStrategy(ctx context.Context, p *Peer) (any, error) {
 		tr = &delayTransport{Transport: tr, p: p}
 	}
 	acfg := aggregate.DefaultConfig()
-	// A dead peer costs one stall before the survivors re-run without it:
-	// 2 s rather than 10 keeps a simulated death from dominating a run.
-	acfg.StallTimeout = 2 * time.Second
+	acfg.StallTimeout = 2 * time.Second // see Config.StallTimeout
+	if p.Config.StallTimeout > 0 {
+		acfg.StallTimeout = p.Config.StallTimeout
+	}
 	r, err := aggregate.NewRunner(p2p.ID(p.ID), tr, acfg)
 	if err != nil {
 		return nil, err
