@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
 	"github.com/starling-ml/starling/node"
@@ -73,9 +74,13 @@ func TestNodePushSumConsensus(t *testing.T) {
 	for k := range uint64(3) {
 		var wg sync.WaitGroup
 		errs := make([]error, n)
+		// Exact consensus needs every peer to split its mass before any
+		// share of the round arrives; Push waits until all have.
+		var shared sync.WaitGroup
+		shared.Add(n)
 		for i := range n {
 			wg.Go(func() {
-				errs[i] = ps[i].Step(ctx, trs[i], trs[ExpGraphPeer(i, n, k)].Self(), k, 0)
+				errs[i] = ps[i].Step(ctx, barrierExchanger{trs[i], &shared}, trs[ExpGraphPeer(i, n, k)].Self(), k, 0)
 			})
 		}
 		wg.Wait()
@@ -384,4 +389,17 @@ func BenchmarkNodeFetch(b *testing.B) {
 			}
 		})
 	}
+}
+
+// barrierExchanger holds every Push until all peers of the round have
+// called Push (each has split its mass by then).
+type barrierExchanger struct {
+	Exchanger
+	shared *sync.WaitGroup
+}
+
+func (b barrierExchanger) Push(ctx context.Context, to peer.ID, s Share) error {
+	b.shared.Done()
+	b.shared.Wait()
+	return b.Exchanger.Push(ctx, to, s)
 }

@@ -237,6 +237,10 @@ func (g *gossipRun) pickPassive() int {
 	return -1
 }
 
+// minPushWeight is the push-sum weight below which a peer stops pushing
+// (the mean weight over the peers is 1).
+const minPushWeight = 1.0 / 64
+
 func (g *gossipRun) pushSum(ctx context.Context) error {
 	w := g.w
 	ps := gossip.NewPushSumPeer(slices.Clone(w.Model.Params))
@@ -258,6 +262,9 @@ func (g *gossipRun) pushSum(ctx context.Context) error {
 		ps.Estimate(w.Model.Params)
 		_, ns, err := w.Grad(ctx)
 		if err != nil {
+			if ctx.Err() == nil {
+				err = fmt.Errorf("%w (push-sum weight %g)", err, ps.Weight())
+			}
 			return err
 		}
 		prev = append(prev[:0], w.Model.Params...)
@@ -267,7 +274,16 @@ func (g *gossipRun) pushSum(ctx context.Context) error {
 				x[i] += float32(wt * float64(z-prev[i]))
 			}
 		})
-		if n > 1 && g.due() {
+		due := n > 1 && g.due()
+		if due && ps.Weight() < minPushWeight {
+			// Pushing would halve a weight that is already small: a peer
+			// that gets fewer shares than it sends (its in-neighbours died
+			// or are slower) would see it fall geometrically until X/W is
+			// lost to float32 underflow. It keeps its mass (the sum of
+			// weights is unchanged) and pushes again once shares have
+			// brought the weight back up.
+			g.sum.Skipped++
+		} else if due {
 			// The exponential graph's next live out-neighbour.
 			to := -1
 			for range gossip.ExpGraphOffsets(n) {

@@ -225,3 +225,41 @@ func TestGossipSkipsDeadPeers(t *testing.T) {
 		}
 	}
 }
+
+// sinkNet accepts every push-sum share and never sends one back: a peer
+// whose out-neighbours die after taking its shares, or are all faster
+// than its in-neighbours.
+type sinkNet struct{ self peer.ID }
+
+func (n sinkNet) Self() peer.ID                             { return n.self }
+func (n sinkNet) Alive(peer.ID) bool                        { return true }
+func (n sinkNet) Bind(gossip.Handler, int) gossip.Exchanger { return sinkExchanger{} }
+
+type sinkExchanger struct{}
+
+func (sinkExchanger) Push(context.Context, peer.ID, gossip.Share) error { return nil }
+func (sinkExchanger) Swap(context.Context, peer.ID, []float32, []float32) error {
+	return gossip.ErrNotDelivered
+}
+
+// TestPushSumWeightFloor: a push-sum peer that only gives mass away stops
+// pushing once its weight is small, instead of halving it every step until
+// X/W underflows (which made a survivor of a killed peer diverge with NaN
+// in sim's TestRunKilledPeer/sgp, weight 1.5e-63).
+func TestPushSumWeightFloor(t *testing.T) {
+	w := testWorker(t, shards(t, 2000, 1)[0], 1)
+	cfg := DefaultGossipConfig()
+	cfg.Algorithm, cfg.MaxSteps = GossipPushSum, 300
+	sum, err := RunGossip(context.Background(), w, sinkNet{"p0"}, []peer.ID{"p0", "p1"}, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Weight < minPushWeight/2 || sum.Skipped == 0 {
+		t.Fatalf("weight %g after %d steps, %d pushes skipped", sum.Weight, sum.Steps, sum.Skipped)
+	}
+	for i, v := range w.Model.Params {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			t.Fatalf("parameter %d is %v", i, v)
+		}
+	}
+}
