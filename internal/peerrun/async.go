@@ -56,25 +56,21 @@ func (o AsyncOptions) validate() error {
 // validateAsync checks the settings of --mode async and gossip before
 // anything starts.
 func (o *Options) validateAsync() error {
+	var err error
 	switch o.Mode {
 	case "async":
-		if err := o.Async.validate(); err != nil {
-			return err
-		}
 		cfg := o.Async.Async
 		cfg.Model = o.Swarm.Gossip.Model
-		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("%w: %w", ErrUsage, err)
-		}
+		err = cfg.Validate()
 	case "gossip":
-		if err := o.Async.validate(); err != nil {
-			return err
-		}
-		if err := o.Async.Gossip.Validate(); err != nil {
-			return fmt.Errorf("%w: %w", ErrUsage, err)
-		}
+		err = o.Async.Gossip.Validate()
+	default:
+		return nil
 	}
-	return nil
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	return o.Async.validate()
 }
 
 // gossipTransport starts the stream side of the asynchronous strategies on
@@ -92,58 +88,26 @@ func gossipTransport(env *Env) (*gossip.NodeTransport, error) {
 // runAsync is --mode async: FedAsync (mix every fresh model in, weighted
 // by its staleness) or FedBuff (apply after K buffered deltas).
 func runAsync(ctx context.Context, env *Env) error {
-	o := env.Opts.Async
-	cfg := o.Async
-	cfg.Model = env.Opts.Swarm.Gossip.Model
-	cfg.MaxSteps = o.Steps
-	if err := o.validate(); err != nil {
-		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrUsage, err)
-	}
-	if err := checkResume(env, cfg.Mode); err != nil {
-		return err
-	}
-	t, err := gossipTransport(env)
-	if err != nil {
-		return err
-	}
-	defer t.Close()
-	ctx, cancel := withDuration(ctx, o.Duration)
-	defer cancel()
-	ev := newEvaluator(env, cfg.Mode, o)
-	sum, err := train.RunAsync(ctx, env.Worker, &train.P2PNet{CP: env.Peer.Control, T: t}, cfg, ev)
-	if err != nil {
-		return err
-	}
-	note := fmt.Sprintf("merged %d", sum.Merged)
-	for _, r := range slices.Sorted(maps.Keys(sum.Drops)) {
-		note += fmt.Sprintf(", dropped %d %s", sum.Drops[r], r)
-	}
-	return ev.finish(note)
+	cfg := env.Opts.Async.Async
+	cfg.Model, cfg.MaxSteps = env.Opts.Swarm.Gossip.Model, env.Opts.Async.Steps
+	return runStreaming(ctx, env, cfg.Mode, func(ctx context.Context, net *train.P2PNet, ev *evaluator) (string, error) {
+		sum, err := train.RunAsync(ctx, env.Worker, net, cfg, ev)
+		if err != nil {
+			return "", err
+		}
+		note := fmt.Sprintf("merged %d", sum.Merged)
+		for _, r := range slices.Sorted(maps.Keys(sum.Drops)) {
+			note += fmt.Sprintf(", dropped %d %s", sum.Drops[r], r)
+		}
+		return note, nil
+	})
 }
 
 // runGossip is --mode gossip: continuous local SGD with gossip averaging
 // among the peers live when training starts.
 func runGossip(ctx context.Context, env *Env) error {
-	o := env.Opts.Async
-	cfg := o.Gossip
-	cfg.MaxSteps = o.Steps
-	if err := o.validate(); err != nil {
-		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrUsage, err)
-	}
-	if err := checkResume(env, cfg.Algorithm); err != nil {
-		return err
-	}
-	t, err := gossipTransport(env)
-	if err != nil {
-		return err
-	}
-	defer t.Close()
+	cfg := env.Opts.Async.Gossip
+	cfg.MaxSteps = env.Opts.Async.Steps
 	// The group is fixed at start, in the same (sorted) order on every
 	// peer: it decides AD-PSGD's roles and SGP's graph. A peer that dies
 	// is skipped (Alive); one that joins later is not gossiped with.
@@ -156,29 +120,42 @@ func runGossip(ctx context.Context, env *Env) error {
 		group = append(group, id)
 	}
 	slices.Sort(group)
-	ctx, cancel := withDuration(ctx, o.Duration)
-	defer cancel()
-	ev := newEvaluator(env, cfg.Algorithm, o)
-	sum, err := train.RunGossip(ctx, env.Worker, &train.P2PNet{CP: env.Peer.Control, T: t}, group, cfg, ev)
-	t.Close() // no exchange served from here on touches the final model
-	if err != nil {
-		return err
-	}
-	return ev.finish(fmt.Sprintf("%d exchanges, %d failed, %d skipped", sum.Exchanges, sum.Failed, sum.Skipped))
+	return runStreaming(ctx, env, cfg.Algorithm, func(ctx context.Context, net *train.P2PNet, ev *evaluator) (string, error) {
+		sum, err := train.RunGossip(ctx, env.Worker, net, group, cfg, ev)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%d exchanges, %d failed, %d skipped", sum.Exchanges, sum.Failed, sum.Skipped), nil
+	})
 }
 
-func checkResume(env *Env, strategy string) error {
+// runStreaming runs one of the strategies that pull models over node/
+// streams (their settings were checked by Options.Validate): it checks a
+// resumed checkpoint's strategy, starts the transport, bounds the run by
+// --duration, and reports the final model with run's note once the
+// transport is closed (no exchange served for another peer touches the
+// final model after that).
+func runStreaming(ctx context.Context, env *Env, strategy string, run func(context.Context, *train.P2PNet, *evaluator) (string, error)) error {
 	if ck := env.Checkpoint; ck != nil && ck.Strategy != strategy {
 		return fmt.Errorf("%w: checkpoint is from strategy %q, this run is %s", train.ErrCheckpoint, ck.Strategy, strategy)
 	}
-	return nil
-}
-
-func withDuration(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	if d > 0 {
-		return context.WithTimeout(ctx, d)
+	t, err := gossipTransport(env)
+	if err != nil {
+		return err
 	}
-	return context.WithCancel(ctx)
+	defer t.Close()
+	if d := env.Opts.Async.Duration; d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	ev := newEvaluator(env, strategy, env.Opts.Async)
+	note, err := run(ctx, &train.P2PNet{CP: env.Peer.Control, T: t}, ev)
+	t.Close()
+	if err != nil {
+		return err
+	}
+	return ev.finish(note)
 }
 
 // evaluator is the Recorder of the asynchronous modes: it passes
@@ -196,7 +173,7 @@ type evaluator struct {
 	mu       sync.Mutex
 	eval     *train.Worker // holds the snapshot being evaluated
 	next     int           // steps at which the next evaluation is due
-	last     []float32     // the latest snapshot
+	last     []float32     // the snapshot being reported
 	lastStep int
 	err      error
 }
@@ -210,11 +187,12 @@ func (e *evaluator) Snapshot(p string, at time.Duration, updates int, params []f
 	e.Recorder.Snapshot(p, at, updates, params)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.last, e.lastStep = append(e.last[:0], params...), updates
-	if updates >= e.next {
-		e.next = (updates/e.o.EvalEvery + 1) * e.o.EvalEvery
-		e.report("")
+	if updates < e.next {
+		return
 	}
+	e.next = (updates/e.o.EvalEvery + 1) * e.o.EvalEvery
+	e.last, e.lastStep = append(e.last[:0], params...), updates
+	e.report("")
 }
 
 // report evaluates e.last and checkpoints it; e.mu is held.
