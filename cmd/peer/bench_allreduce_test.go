@@ -122,24 +122,11 @@ func TestSyncKillAndResume(t *testing.T) {
 	// start, be left out of one step and join (300 were too few on a
 	// loaded CI machine).
 	const n, steps = 3, 900
-	ports := []int{freePort(t), freePort(t), freePort(t)}
-	keys, addrs := make([]string, n), make([]string, n)
-	for i := range keys {
-		keys[i], addrs[i] = identity(t, dir, i, ports[i])
-	}
+	sw := swarmFlags(t, dir, n)
 	args := func(i int) []string {
-		a := []string{"--mode", "sync", "--model", "mlp:784-32-10", "--limit", "6000", "--batch", "16", "--steps", fmt.Sprint(steps),
+		return append([]string{"--mode", "sync", "--model", "mlp:784-32-10", "--limit", "6000", "--batch", "16", "--steps", fmt.Sprint(steps),
 			"--eval-every", "20", "--stall-timeout", "2s", "--slowdown", "200", "--join-lead", "1s", "--wait", "30s",
-			"--optimizer", "momentum", "--lr", "0.05", "--linger", "5s",
-			"--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]), "--key", keys[i],
-			"--shard", fmt.Sprintf("%d/%d", i, n), "--min-peers", fmt.Sprint(n),
-			"--checkpoint", filepath.Join(dir, fmt.Sprintf("c%d", i))}
-		for j := range n {
-			if j != i {
-				a = append(a, "--connect", addrs[j])
-			}
-		}
-		return a
+			"--optimizer", "momentum", "--lr", "0.05", "--linger", "5s"}, sw(i)...)
 	}
 	procs := make([]*proc, n)
 	for i := range procs {

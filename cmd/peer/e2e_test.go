@@ -82,6 +82,29 @@ func identity(t *testing.T, dir string, i, port int) (key, addr string) {
 	return key, fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", port, id)
 }
 
+// swarmFlags makes n identities in dir on free loopback ports and returns
+// the flags of peer i in a swarm whose peers all start together: its
+// address and key, shard i/n, --min-peers n, checkpoint dir/c<i>, and
+// --connect to every other peer.
+func swarmFlags(t *testing.T, dir string, n int) func(i int) []string {
+	ports, keys, addrs := make([]int, n), make([]string, n), make([]string, n)
+	for i := range n {
+		ports[i] = freePort(t)
+		keys[i], addrs[i] = identity(t, dir, i, ports[i])
+	}
+	return func(i int) []string {
+		a := []string{"--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]), "--key", keys[i],
+			"--shard", fmt.Sprintf("%d/%d", i, n), "--min-peers", fmt.Sprint(n),
+			"--checkpoint", filepath.Join(dir, fmt.Sprintf("c%d", i))}
+		for j := range n {
+			if j != i {
+				a = append(a, "--connect", addrs[j])
+			}
+		}
+		return a
+	}
+}
+
 func start(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"run", "--progress-json", "--mdns=false", "--swarm", "e2e"}, args...)...)
@@ -159,21 +182,9 @@ func TestKillAndResume(t *testing.T) {
 	bin := binary(t)
 	dir := t.TempDir()
 	const n, rounds = 3, 40
-	ports := []int{freePort(t), freePort(t), freePort(t)}
-	keys, addrs := make([]string, n), make([]string, n)
-	for i := range keys {
-		keys[i], addrs[i] = identity(t, dir, i, ports[i])
-	}
+	sw := swarmFlags(t, dir, n)
 	args := func(i int) []string {
-		a := append(common(rounds), "--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]), "--key", keys[i],
-			"--shard", fmt.Sprintf("%d/%d", i, n), "--min-peers", fmt.Sprint(n),
-			"--checkpoint", filepath.Join(dir, fmt.Sprintf("c%d", i)), "--out", filepath.Join(dir, fmt.Sprintf("o%d", i)))
-		for j := range n {
-			if j != i {
-				a = append(a, "--connect", addrs[j])
-			}
-		}
-		return a
+		return append(append(common(rounds), sw(i)...), "--out", filepath.Join(dir, fmt.Sprintf("o%d", i)))
 	}
 	procs := make([]*proc, n)
 	for i := range procs {
@@ -353,17 +364,11 @@ func TestAsyncModes(t *testing.T) {
 	} {
 		t.Run(strings.Join(mode[1:], " "), func(t *testing.T) {
 			dir := t.TempDir()
-			ports := []int{freePort(t), freePort(t)}
-			keys, addrs := make([]string, 2), make([]string, 2)
-			for i := range keys {
-				keys[i], addrs[i] = identity(t, dir, i, ports[i])
-			}
+			sw := swarmFlags(t, dir, 2)
 			procs := make([]*proc, 2)
 			for i := range procs {
-				procs[i] = start(t, bin, append(slices.Clone(mode), "--model", "logreg", "--limit", "3000", "--optimizer", "sgd", "--lr", "0.1",
-					"--slowdown", "20", "--steps", "0", "--duration", "3s", "--eval-every", "20", "--wait", "30s", "--linger", "1s",
-					"--listen", fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", ports[i]), "--key", keys[i], "--shard", fmt.Sprintf("%d/2", i),
-					"--min-peers", "2", "--connect", addrs[1-i], "--checkpoint", filepath.Join(dir, fmt.Sprintf("c%d", i)))...)
+				procs[i] = start(t, bin, append(append(slices.Clone(mode), "--model", "logreg", "--limit", "3000", "--optimizer", "sgd", "--lr", "0.1",
+					"--slowdown", "20", "--steps", "0", "--duration", "3s", "--eval-every", "20", "--wait", "30s", "--linger", "1s"), sw(i)...)...)
 			}
 			var exchanged bool
 			for i, p := range procs {
