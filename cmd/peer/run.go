@@ -150,9 +150,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
-	if opts.Async, err = buildAsync(); err != nil {
-		return fmt.Errorf("run: %w", err)
-	}
+	opts.Async = buildAsync()
 	if *compress != "" {
 		opts.Swarm.Aggregate.Compress = *compress
 		opts.Async.Async.Codec = *compress
@@ -178,7 +176,7 @@ func syncFlags(fs *flag.FlagSet) func() peerrun.SyncOptions {
 
 // asyncFlags defines the flags of --mode async and --mode gossip on fs
 // (--steps and --eval-every are shared with sync and read from fs).
-func asyncFlags(fs *flag.FlagSet) func() (peerrun.AsyncOptions, error) {
+func asyncFlags(fs *flag.FlagSet) func() peerrun.AsyncOptions {
 	d := peerrun.DefaultAsyncOptions()
 	strategy := fs.String("async", d.Async.Mode, "async: fedasync (mix each fresh model in) or fedbuff (apply after K buffered deltas)")
 	policy := fs.String("policy", d.Async.Policy, "async: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S")
@@ -191,7 +189,7 @@ func asyncFlags(fs *flag.FlagSet) func() (peerrun.AsyncOptions, error) {
 	every := fs.Int("gossip-every", d.Gossip.Every, "gossip: local steps between two exchanges")
 	period := fs.Duration("gossip-period", 0, "gossip: least time between two exchanges this peer starts (0: none)")
 	duration := fs.Duration("duration", 0, "async, gossip: stop training after this long (0: only --steps)")
-	return func() (peerrun.AsyncOptions, error) {
+	return func() peerrun.AsyncOptions {
 		o := d
 		o.Async.Mode, o.Async.Policy, o.Async.Alpha, o.Async.BufferK = *strategy, *policy, *alpha, *bufferK
 		o.Async.ServerLR, o.Async.LocalSteps, o.Async.RoundTime = *serverLR, *publish, *roundTime
@@ -203,7 +201,7 @@ func asyncFlags(fs *flag.FlagSet) func() (peerrun.AsyncOptions, error) {
 		case "pushsum", "push-sum":
 			o.Gossip.Algorithm = train.GossipPushSum
 		}
-		return o, nil
+		return o
 	}
 }
 
