@@ -35,6 +35,17 @@ type Config struct {
 	// PSK is the 32-byte pre-shared key itself; it overrides PSKFile.
 	PSK []byte
 
+	// Insecure turns transport security off: connections use libp2p's
+	// plaintext handshake (/plaintext/2.0.0) instead of TLS 1.3 or Noise,
+	// so traffic is neither encrypted nor authenticated and a peer's ID is
+	// claimed, not proven. It is for a trusted cluster network, where it
+	// saves the cipher's CPU (as Gloo, MPI and NCCL do, which have no
+	// security at all); every member must set it, and a node with it
+	// cannot talk to one without. With it the node runs TCP only (QUIC
+	// always encrypts), and an Allowlist is refused (ErrInvalidConfig):
+	// it could not be enforced. A swarm key still works with it.
+	Insecure bool
+
 	// Allowlist, if not empty, is the set of peers this node will connect to
 	// or accept (enforced by a connection gater after the handshake proves
 	// the remote key). Empty means everyone (who passes the PSK, if set).
@@ -179,11 +190,17 @@ func (c *Config) Validate() error {
 		if psk && isQUIC(a) {
 			return fmt.Errorf("%w: listen address %s", ErrQUICWithPSK, s)
 		}
+		if c.Insecure && isQUIC(a) {
+			return bad("listen address %s: QUIC cannot run Insecure (it always encrypts); use TCP", s)
+		}
 	}
 	for _, s := range c.Bootstrap {
 		if _, err := peer.AddrInfoFromString(s); err != nil {
 			return bad("bootstrap address %q (want /…/p2p/ID): %v", s, err)
 		}
+	}
+	if c.Insecure && len(c.Allowlist) > 0 {
+		return bad("an Allowlist cannot be enforced with Insecure: peer IDs are not authenticated")
 	}
 	for _, p := range c.Allowlist {
 		if err := p.Validate(); err != nil {
@@ -221,7 +238,7 @@ func (c *Config) listenAddrs() []string {
 		return c.ListenAddrs
 	}
 	addrs := []string{"/ip4/0.0.0.0/tcp/4001", "/ip6/::/tcp/4001"}
-	if c.PSK == nil && c.PSKFile == "" {
+	if c.PSK == nil && c.PSKFile == "" && !c.Insecure {
 		addrs = append(addrs, "/ip4/0.0.0.0/udp/4001/quic-v1", "/ip6/::/udp/4001/quic-v1")
 	}
 	return addrs

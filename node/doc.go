@@ -9,7 +9,9 @@
 //   - identity: an Ed25519 key persisted in Config.KeyFile (created 0600;
 //     refused with ErrKeyPermissions if its group or others have access);
 //   - transports: TCP and QUIC (TCP only with a swarm key), secured by TLS
-//     1.3 or Noise, multiplexed by yamux;
+//     1.3 or Noise — or, with Config.Insecure on a trusted network, by
+//     nothing (libp2p's plaintext handshake, TCP only) — multiplexed by
+//     yamux;
 //   - a resource manager and yamux sized together for 1–500 MB tensors
 //     (limits.go explains the numbers: a yamux window grows only when the
 //     resource manager grants its memory, and libp2p's default 32 MiB per

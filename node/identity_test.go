@@ -128,11 +128,31 @@ func TestConfigValidate(t *testing.T) {
 			t.Fatalf("PSK default listens on %s", a)
 		}
 	}
+	_, pub, err := crypto.GenerateEd25519Key(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	someone, err := peer.IDFromPublicKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	insecure := DefaultConfig()
+	insecure.Insecure = true
+	if err := insecure.Validate(); err != nil {
+		t.Fatalf("default addresses with Insecure: %v", err)
+	}
+	for _, a := range insecure.listenAddrs() {
+		if strings.Contains(a, "quic") {
+			t.Fatalf("Insecure default listens on %s", a)
+		}
+	}
 	cases := []struct {
 		name string
 		mut  func(c *Config)
 		want error
 	}{
+		{"quic insecure", func(c *Config) { c.Insecure = true; c.ListenAddrs = []string{"/ip4/127.0.0.1/udp/0/quic-v1"} }, ErrInvalidConfig},
+		{"allowlist insecure", func(c *Config) { c.Insecure = true; c.Allowlist = []peer.ID{someone} }, ErrInvalidConfig},
 		{"quic with psk", func(c *Config) { c.PSK = psk; c.ListenAddrs = []string{"/ip4/127.0.0.1/udp/0/quic-v1"} }, ErrQUICWithPSK},
 		{"short psk", func(c *Config) { c.PSK = psk[:16] }, ErrInvalidConfig},
 		{"bad listen", func(c *Config) { c.ListenAddrs = []string{"tcp://x"} }, ErrInvalidConfig},

@@ -142,8 +142,6 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	lopts := []libp2p.Option{
 		libp2p.Identity(sk),
 		libp2p.ListenAddrStrings(cfg.listenAddrs()...),
-		libp2p.Security(libp2ptls.ID, libp2ptls.New),
-		libp2p.Security(noise.ID, noise.New),
 		libp2p.Muxer(yamux.ID, yamuxTransport(&cfg)),
 		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.ResourceManager(rm),
@@ -152,7 +150,12 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		libp2p.BandwidthReporter(m.bw),
 		libp2p.UserAgent("starling"),
 	}
-	if psk == nil {
+	if cfg.Insecure {
+		lopts = append(lopts, libp2p.NoSecurity)
+	} else {
+		lopts = append(lopts, libp2p.Security(libp2ptls.ID, libp2ptls.New), libp2p.Security(noise.ID, noise.New))
+	}
+	if psk == nil && !cfg.Insecure {
 		lopts = append(lopts, libp2p.Transport(quic.NewTransport))
 	} else {
 		lopts = append(lopts, libp2p.PrivateNetwork(psk))

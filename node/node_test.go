@@ -522,3 +522,34 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestInsecure: Insecure nodes talk to each other in plaintext and to no
+// node that runs TLS or Noise, either way round.
+func TestInsecure(t *testing.T) {
+	a := newTestNode(t, func(c *Config) { c.Insecure = true })
+	b := newTestNode(t, func(c *Config) { c.Insecure = true })
+	secure := newTestNode(t, nil)
+	for _, pair := range [][2]*Node{{a, secure}, {secure, a}} {
+		ctx := ctxT(t, 5*time.Second)
+		if err := pair[0].Connect(ctx, pair[1].AddrInfo()); err == nil {
+			t.Fatalf("%s connected to %s across security settings", pair[0].ID(), pair[1].ID())
+		}
+	}
+	if len(secure.Peers()) != 0 || len(a.Peers()) != 0 {
+		t.Fatalf("connections across security settings: %v %v", secure.Peers(), a.Peers())
+	}
+	connect(t, a, b)
+	want := rawTensor(5, 1<<20, 9)
+	go a.Send(ctxT(t, 10*time.Second), b.ID(), want)
+	got, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 5, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Payload, want.Payload) || got.From != a.ID() {
+		t.Fatalf("plaintext transfer differs")
+	}
+	c := b.host.Network().ConnsToPeer(a.ID())
+	if len(c) == 0 || c[0].ConnState().Security != "/plaintext/2.0.0" {
+		t.Fatalf("connection security %v, want plaintext", c)
+	}
+}

@@ -8,6 +8,8 @@
 # for the Gloo baseline and ../shared/bench (BENCH overrides the folder).
 # Each configuration runs Starling and Gloo alternately REPEAT times (3)
 # and prints every result line, then the medians and their ratio.
+# FLAGS adds flags to every `peer bench allreduce` (for example --insecure,
+# which compares plaintext with plaintext: Gloo has no transport security).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd ../shared/bench && pwd)}
@@ -50,10 +52,10 @@ starling() {
   local list; list=$(IFS=,; echo "${peers[*]}")
   for k in $(seq 0 $((n-1))); do
     onhost "$k" timeout 600 "$bin" bench allreduce --key "$tmp/k$k" --listen "/ip4/$(addr "$k")/tcp/$((port+k))" \
-      --peers "$list" --size-mb "$mb" --iters "$iters" --algo "$ALGO" > "$tmp/s$k" 2>&1 &
+      --peers "$list" --size-mb "$mb" --iters "$iters" --algo "$ALGO" ${FLAGS:-} > "$tmp/s$k" 2>&1 &
   done
   wait
-  cat "$tmp/s0"
+  grep -v '^warning: --insecure' "$tmp/s0" || true
 }
 gloo() {
   local port=$((29000 + RANDOM % 1000)) iface=()

@@ -48,6 +48,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	world := fs.Int("world", 0, "number of processes (default: the length of --peers)")
 	key := fs.String("key", "", "identity key file, created if missing (default: a fresh identity; --peers needs stable ones: peer keygen --key F prints the ID)")
 	psk := fs.String("psk", "", "swarm key file (all processes)")
+	insecure := fs.Bool("insecure", false, insecureUsage)
 	sizeMB := fs.Float64("size-mb", 64, "vector size in MB (10^6 bytes, as gloo_allreduce.py)")
 	iters := fs.Int("iters", 5, "timed all-reduces")
 	warmup := fs.Int("warmup", 1, "untimed all-reduces first")
@@ -102,6 +103,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	n := &b.cfg.Node
 	n.ListenAddrs = []string{*listen}
 	n.KeyFile, n.PSKFile = *key, *psk
+	n.Insecure = warnInsecure(*insecure, stderr)
 	n.MDNS, n.NATPortMap, n.HolePunching, n.NATService = false, false, false, false
 	n.Bootstrap = bootstrap
 	n.DHT = len(bootstrap) > 0 || (len(connect) == 0 && len(b.peers) == 0)

@@ -44,8 +44,16 @@ func TestBenchAllReduceFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.master || b.world != 3 || b.bytes != 1500000 || b.cfg.Aggregate.Algorithm.String() != "tree" {
+	if b.master || b.world != 3 || b.bytes != 1500000 || b.cfg.Aggregate.Algorithm.String() != "tree" || b.cfg.Node.Insecure {
 		t.Fatalf("%+v", b)
+	}
+	stderr.Reset()
+	b, err = parseAllReduceBench([]string{"--world", "2", "--insecure"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.cfg.Node.Insecure || !strings.Contains(stderr.String(), "neither encrypted nor authenticated") {
+		t.Fatalf("--insecure: Insecure %v, stderr %q", b.cfg.Node.Insecure, stderr.String())
 	}
 }
 
@@ -92,6 +100,14 @@ func TestBenchAllReduceProcesses(t *testing.T) {
 	t.Run("peers", func(t *testing.T) {
 		outs := run(t, func(i int) []string {
 			return []string{"--key", keys[i], "--peers", strings.Join(addrs, ","), "--algo", "butterfly"}
+		})
+		if !line.MatchString(outs[0]) || outs[1] != "" || outs[2] != "" {
+			t.Fatalf("outputs %q", outs)
+		}
+	})
+	t.Run("insecure", func(t *testing.T) {
+		outs := run(t, func(i int) []string {
+			return []string{"--key", keys[i], "--peers", strings.Join(addrs, ","), "--insecure"}
 		})
 		if !line.MatchString(outs[0]) || outs[1] != "" || outs[2] != "" {
 			t.Fatalf("outputs %q", outs)

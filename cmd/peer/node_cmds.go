@@ -129,6 +129,7 @@ func runBenchTransfer(ctx context.Context, args []string, stdout, stderr io.Writ
 	count := fset.Int("count", 4, "client: transfers of each kind")
 	stripes := fset.Int("stripes", node.DefaultConfig().Stripes, "streams per tensor")
 	pskFile := fset.String("psk", "", "swarm key file (both sides)")
+	insecure := fset.Bool("insecure", false, insecureUsage)
 	key := fset.String("key", "", "identity key file (default: a fresh identity)")
 	metrics := fset.String("metrics-addr", "", "serve Prometheus metrics on this address")
 	if err := fset.Parse(args); err != nil {
@@ -138,6 +139,7 @@ func runBenchTransfer(ctx context.Context, args []string, stdout, stderr io.Writ
 	cfg.MDNS, cfg.DHT, cfg.NATPortMap, cfg.HolePunching, cfg.NATService = false, false, false, false, false
 	cfg.Stripes = *stripes
 	cfg.PSKFile = *pskFile
+	cfg.Insecure = warnInsecure(*insecure, stderr)
 	cfg.KeyFile = *key
 	cfg.MetricsAddr = *metrics
 	size := *sizeMiB << 20
@@ -262,8 +264,11 @@ func benchClient(ctx context.Context, cfg node.Config, connect, tlsAddr string, 
 		}
 	}
 	mode := "tls+yamux"
+	if cfg.Insecure {
+		mode = "plain+yamux"
+	}
 	if cfg.PSKFile != "" {
-		mode = "psk+tls+yamux"
+		mode = "psk+" + mode
 	}
 	// Median and best of the transfers: on a shared machine the best is
 	// the least disturbed one.
@@ -293,4 +298,16 @@ func hostOf(a ma.Multiaddr) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no host in %s", a)
+}
+
+// insecureUsage documents --insecure wherever a command has it.
+const insecureUsage = "no transport security (libp2p plaintext): saves the cipher's CPU on a trusted cluster network; traffic is neither encrypted nor authenticated, every process must set it, and --allow is refused"
+
+// warnInsecure says on stderr what --insecure gives up, once it is set,
+// and returns it.
+func warnInsecure(on bool, stderr io.Writer) bool {
+	if on {
+		fmt.Fprintln(stderr, "warning: --insecure: connections are neither encrypted nor authenticated; use only on a trusted network")
+	}
+	return on
 }

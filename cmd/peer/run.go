@@ -40,6 +40,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	mdns := fs.Bool("mdns", true, "discover peers on the LAN by mDNS")
 	dht := fs.Bool("dht", false, "run the private DHT rendezvous (on by itself with --bootstrap)")
 	psk := fs.String("psk", "", "swarm key file (from peer keygen --psk): a private swarm over TCP")
+	insecure := fs.Bool("insecure", false, insecureUsage)
 	key := fs.String("key", "", "identity key file, created if missing (default: a new identity each run)")
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9090")
 	minPeers := fs.Int("min-peers", 2, "wait for this many live peers, this one included, before training")
@@ -89,6 +90,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		}
 		n := &o.Swarm.Node
 		n.SwarmName, n.KeyFile, n.PSKFile, n.MetricsAddr, n.MDNS = *swarmName, *key, *psk, *metrics, *mdns
+		n.Insecure = warnInsecure(*insecure, stderr)
 		if len(listen) > 0 {
 			n.ListenAddrs = listen
 		}
