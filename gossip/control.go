@@ -200,9 +200,10 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 		cancel()
 		return nil, err
 	}
-	c.wg.Add(2)
+	c.wg.Add(3)
 	go c.readHeartbeats(ctx)
 	go c.readAnnouncements(ctx)
+	go c.repairLoop(ctx)
 	if cfg.HeartbeatInterval > 0 {
 		c.wg.Add(1)
 		go c.heartbeatLoop(ctx)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -104,14 +106,43 @@ func startPlanes(t *testing.T, hosts []host.Host, cfg Config, clock Clock) []*Co
 // that what is published next reaches everyone.
 func waitTopicPeers(t *testing.T, cps []*ControlPlane, want int) {
 	t.Helper()
-	eventually(t, 20*time.Second, "topic peers", func() bool {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok := true
 		for _, cp := range cps {
 			if len(cp.hbTopic.ListPeers()) < want || len(cp.annTopic.ListPeers()) < want {
-				return false
+				ok = false
 			}
 		}
-		return true
-	})
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			for i, cp := range cps {
+				hb := cp.hbTopic.ListPeers()
+				if len(hb) >= want && len(cp.annTopic.ListPeers()) >= want {
+					continue
+				}
+				t.Logf("plane %d: hb %d ann %d repairs %d conns %d", i, len(hb), len(cp.annTopic.ListPeers()), cp.Stats().Repairs, len(cp.h.Network().Peers()))
+				for j, o := range cps {
+					if i == j || slices.Contains(hb, o.h.ID()) {
+						continue
+					}
+					conns := cp.h.Network().ConnsToPeer(o.h.ID())
+					var desc []string
+					for _, cn := range conns {
+						for _, s := range cn.GetStreams() {
+							desc = append(desc, fmt.Sprintf("%v:%s", s.Stat().Direction, s.Protocol()))
+						}
+					}
+					protos, _ := cp.h.Peerstore().SupportsProtocols(o.h.ID(), pubsub.GossipSubDefaultProtocols...)
+					t.Logf("  missing %d: conns %d streams %v protos %v; other side lists us: %v", j, len(conns), desc, protos, slices.Contains(o.hbTopic.ListPeers(), cp.h.ID()))
+				}
+			}
+			t.Fatal("timed out waiting for topic peers")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func TestMembershipOn16Hosts(t *testing.T) {

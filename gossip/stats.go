@@ -52,7 +52,10 @@ func reasonOf(err error) DropReason {
 type Stats struct {
 	Heartbeats    uint64 // heartbeats from other peers delivered
 	Announcements uint64 // announcements from other peers delivered
-	Drops         [numDropReasons]uint64
+	// Repairs counts peers handed back to GossipSub because it had no
+	// outbound stream to them while connected (see repairLoop).
+	Repairs uint64
+	Drops   [numDropReasons]uint64
 }
 
 // Drop returns the count for one reason.
@@ -75,6 +78,9 @@ func (s Stats) Dropped() uint64 {
 func (s Stats) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "heartbeats=%d announcements=%d", s.Heartbeats, s.Announcements)
+	if s.Repairs > 0 {
+		fmt.Fprintf(&b, " repairs=%d", s.Repairs)
+	}
 	for r, c := range s.Drops {
 		if c > 0 {
 			fmt.Fprintf(&b, " %s=%d", DropReason(r), c)
@@ -85,14 +91,14 @@ func (s Stats) String() string {
 
 // counters is the live, concurrently updated form of Stats.
 type counters struct {
-	heartbeats, announcements atomic.Uint64
-	drops                     [numDropReasons]atomic.Uint64
+	heartbeats, announcements, repairs atomic.Uint64
+	drops                              [numDropReasons]atomic.Uint64
 }
 
 func (c *counters) drop(r DropReason) { c.drops[r].Add(1) }
 
 func (c *counters) snapshot() Stats {
-	s := Stats{Heartbeats: c.heartbeats.Load(), Announcements: c.announcements.Load()}
+	s := Stats{Heartbeats: c.heartbeats.Load(), Announcements: c.announcements.Load(), Repairs: c.repairs.Load()}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()
 	}
