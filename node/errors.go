@@ -24,6 +24,10 @@ var (
 	// with a pre-shared swarm key: libp2p's private networks work over TCP
 	// only (the PSK wraps the raw byte stream; QUIC has none).
 	ErrQUICWithPSK = errors.New("node: QUIC cannot be used with a swarm key (PSK); use TCP")
+	// ErrSecurityMismatch means the peer speaks none of our transport
+	// security protocols: one side runs Insecure (plaintext) and the other
+	// TLS/Noise. Retrying does not help.
+	ErrSecurityMismatch = errors.New("node: the peer speaks none of our transport security protocols (Insecure, --insecure, must be the same on every peer)")
 	// ErrInvalidConfig wraps every Config.Validate failure.
 	ErrInvalidConfig = errors.New("node: invalid config")
 

@@ -16,15 +16,18 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/security/insecure"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
+	mss "github.com/multiformats/go-multistream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -268,7 +271,26 @@ func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
 	if err := n.live(); err != nil {
 		return err
 	}
-	return n.host.Connect(ctx, p)
+	err := n.host.Connect(ctx, p)
+	if err != nil && securityMismatch(err) {
+		return fmt.Errorf("%w: %w", ErrSecurityMismatch, err)
+	}
+	return err
+}
+
+// securityMismatch reports whether a dial failed because the peer refused
+// every security protocol we offered (libp2p's plaintext, or TLS and Noise).
+func securityMismatch(err error) bool {
+	var ns mss.ErrNotSupported[protocol.ID]
+	if !errors.As(err, &ns) {
+		return false
+	}
+	for _, p := range ns.Protos {
+		if p == insecure.ID || p == libp2ptls.ID || p == noise.ID {
+			return true
+		}
+	}
+	return false
 }
 
 // Peers returns the peers this node is connected to.

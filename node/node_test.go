@@ -531,8 +531,8 @@ func TestInsecure(t *testing.T) {
 	secure := newTestNode(t, nil)
 	for _, pair := range [][2]*Node{{a, secure}, {secure, a}} {
 		ctx := ctxT(t, 5*time.Second)
-		if err := pair[0].Connect(ctx, pair[1].AddrInfo()); err == nil {
-			t.Fatalf("%s connected to %s across security settings", pair[0].ID(), pair[1].ID())
+		if err := pair[0].Connect(ctx, pair[1].AddrInfo()); !errors.Is(err, ErrSecurityMismatch) {
+			t.Fatalf("%s to %s across security settings: %v, want ErrSecurityMismatch", pair[0].ID(), pair[1].ID(), err)
 		}
 	}
 	if len(secure.Peers()) != 0 || len(a.Peers()) != 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/internal/cli"
+	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
@@ -237,6 +238,9 @@ func (b *allReduceBench) join(ctx context.Context, p *swarm.Peer) ([]string, int
 			err := p.Node.Connect(wctx, ai)
 			if err == nil {
 				return nil
+			}
+			if errors.Is(err, node.ErrSecurityMismatch) {
+				return fmt.Errorf("bench allreduce: connecting to %s: %w", ai.ID, err)
 			}
 			select {
 			case <-wctx.Done():

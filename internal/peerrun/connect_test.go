@@ -1,0 +1,64 @@
+package peerrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/swarm"
+)
+
+func startPeer(t *testing.T, insecure bool) *swarm.Peer {
+	t.Helper()
+	c := swarm.DefaultConfig()
+	c.Node = node.TestConfig()
+	c.Node.Insecure = insecure
+	c.Gossip.Namespace = "connect-test"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := swarm.Start(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// TestConnectReportsCause: the retries after a refused dial fail with
+// libp2p's "dial backoff"; connect reports the refusal itself.
+func TestConnectReportsCause(t *testing.T) {
+	a, b := startPeer(t, false), startPeer(t, false)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close() // nothing listens there now
+	addr := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", port, b.ID())
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	err = connect(ctx, a, addr)
+	if err == nil || !strings.Contains(err.Error(), "refused") || strings.Contains(err.Error(), "backoff") {
+		t.Fatalf("connect to a closed port: %v, want the refusal", err)
+	}
+}
+
+// TestConnectSecurityMismatch: a peer with other transport security fails
+// at once with node.ErrSecurityMismatch instead of being retried.
+func TestConnectSecurityMismatch(t *testing.T) {
+	a, b := startPeer(t, true), startPeer(t, false)
+	addr := fmt.Sprintf("%s/p2p/%s", b.Node.Addrs()[0], b.ID())
+	start := time.Now()
+	err := connect(context.Background(), a, addr)
+	if !errors.Is(err, node.ErrSecurityMismatch) {
+		t.Fatalf("insecure to TLS: %v, want ErrSecurityMismatch", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("gave up after %v, want at once", d)
+	}
+}
