@@ -158,10 +158,11 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	} else {
 		lopts = append(lopts, libp2p.Security(libp2ptls.ID, libp2ptls.New), libp2p.Security(noise.ID, noise.New))
 	}
-	if psk == nil && !cfg.Insecure {
-		lopts = append(lopts, libp2p.Transport(quic.NewTransport))
-	} else {
+	switch {
+	case psk != nil:
 		lopts = append(lopts, libp2p.PrivateNetwork(psk))
+	case !cfg.Insecure: // QUIC always encrypts
+		lopts = append(lopts, libp2p.Transport(quic.NewTransport))
 	}
 	if len(cfg.Allowlist) > 0 {
 		lopts = append(lopts, libp2p.ConnectionGater(newAllowlist(self, cfg.Allowlist)))
