@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -41,15 +40,23 @@ func (c *fakeClock) Advance(d time.Duration) {
 // it waits for happen on mocknet goroutines, outside the test's control.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !waitUntil(d, cond) {
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+// waitUntil polls cond every 5 ms for up to d and reports whether it held.
+func waitUntil(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
+			return false
 		}
 		<-tick.C
 	}
+	return true
 }
 
 // mesh returns n mocknet hosts, linked but not yet connected: start the
@@ -106,43 +113,31 @@ func startPlanes(t *testing.T, hosts []host.Host, cfg Config, clock Clock) []*Co
 // that what is published next reaches everyone.
 func waitTopicPeers(t *testing.T, cps []*ControlPlane, want int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok := true
-		for _, cp := range cps {
-			if len(cp.hbTopic.ListPeers()) < want || len(cp.annTopic.ListPeers()) < want {
-				ok = false
-			}
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			for i, cp := range cps {
-				hb := cp.hbTopic.ListPeers()
-				if len(hb) >= want && len(cp.annTopic.ListPeers()) >= want {
-					continue
-				}
-				t.Logf("plane %d: hb %d ann %d repairs %d conns %d", i, len(hb), len(cp.annTopic.ListPeers()), cp.Stats().Repairs, len(cp.h.Network().Peers()))
-				for j, o := range cps {
-					if i == j || slices.Contains(hb, o.h.ID()) {
-						continue
-					}
-					conns := cp.h.Network().ConnsToPeer(o.h.ID())
-					var desc []string
-					for _, cn := range conns {
-						for _, s := range cn.GetStreams() {
-							desc = append(desc, fmt.Sprintf("%v:%s", s.Stat().Direction, s.Protocol()))
-						}
-					}
-					protos, _ := cp.h.Peerstore().SupportsProtocols(o.h.ID(), pubsub.GossipSubDefaultProtocols...)
-					t.Logf("  missing %d: conns %d streams %v protos %v; other side lists us: %v", j, len(conns), desc, protos, slices.Contains(o.hbTopic.ListPeers(), cp.h.ID()))
-				}
-			}
-			t.Fatal("timed out waiting for topic peers")
-		}
-		time.Sleep(5 * time.Millisecond)
+	enough := func(cp *ControlPlane) bool {
+		return len(cp.hbTopic.ListPeers()) >= want && len(cp.annTopic.ListPeers()) >= want
 	}
+	if waitUntil(20*time.Second, func() bool { return !slices.ContainsFunc(cps, func(cp *ControlPlane) bool { return !enough(cp) }) }) {
+		return
+	}
+	// Say which pairs miss each other, and what their connections carry.
+	for i, cp := range cps {
+		if enough(cp) {
+			continue
+		}
+		hb := cp.hbTopic.ListPeers()
+		t.Logf("plane %d: hb %d ann %d repairs %d conns %d", i, len(hb), len(cp.annTopic.ListPeers()), cp.Stats().Repairs, len(cp.h.Network().Peers()))
+		for j, o := range cps {
+			if i == j || slices.Contains(hb, o.h.ID()) {
+				continue
+			}
+			conns := cp.h.Network().ConnsToPeer(o.h.ID())
+			outbound, inbound := pubsubStreams(conns)
+			protos, _ := cp.h.Peerstore().SupportsProtocols(o.h.ID(), pubsub.GossipSubDefaultProtocols...)
+			t.Logf("  missing %d: conns %d outbound pubsub stream %v inbound %v protos %v; other side lists us: %v",
+				j, len(conns), outbound, inbound, protos, slices.Contains(o.hbTopic.ListPeers(), cp.h.ID()))
+		}
+	}
+	t.Fatal("timed out waiting for topic peers")
 }
 
 func TestMembershipOn16Hosts(t *testing.T) {

@@ -118,14 +118,21 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("TestConfig invalid: %v", err)
 	}
 	psk, _ := GeneratePSK()
-	withPSK := DefaultConfig()
-	withPSK.PSK = psk
-	if err := withPSK.Validate(); err != nil {
-		t.Fatalf("default addresses with a PSK: %v", err)
-	}
-	for _, a := range withPSK.listenAddrs() {
-		if strings.Contains(a, "quic") {
-			t.Fatalf("PSK default listens on %s", a)
+	// Private networks and plaintext cannot run over QUIC: their default
+	// addresses are TCP only.
+	for name, mut := range map[string]func(*Config){
+		"a PSK":    func(c *Config) { c.PSK = psk },
+		"Insecure": func(c *Config) { c.Insecure = true },
+	} {
+		c := DefaultConfig()
+		mut(&c)
+		if err := c.Validate(); err != nil {
+			t.Fatalf("default addresses with %s: %v", name, err)
+		}
+		for _, a := range c.listenAddrs() {
+			if strings.Contains(a, "quic") {
+				t.Fatalf("default with %s listens on %s", name, a)
+			}
 		}
 	}
 	_, pub, err := crypto.GenerateEd25519Key(nil)
@@ -135,16 +142,6 @@ func TestConfigValidate(t *testing.T) {
 	someone, err := peer.IDFromPublicKey(pub)
 	if err != nil {
 		t.Fatal(err)
-	}
-	insecure := DefaultConfig()
-	insecure.Insecure = true
-	if err := insecure.Validate(); err != nil {
-		t.Fatalf("default addresses with Insecure: %v", err)
-	}
-	for _, a := range insecure.listenAddrs() {
-		if strings.Contains(a, "quic") {
-			t.Fatalf("Insecure default listens on %s", a)
-		}
 	}
 	cases := []struct {
 		name string

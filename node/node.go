@@ -21,6 +21,7 @@ import (
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	lswarm "github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/libp2p/go-libp2p/p2p/security/insecure"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
@@ -277,6 +278,30 @@ func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
 		return fmt.Errorf("%w: %w", ErrSecurityMismatch, err)
 	}
 	return err
+}
+
+// ConnectRetry dials p every 200 ms until it answers or ctx ends: a peer
+// started at the same moment may not listen yet. A peer with other
+// transport security (ErrSecurityMismatch) is not retried. A failed dial
+// puts the address in libp2p's dial backoff and the retries then fail
+// with "dial backoff" alone, so on failure ConnectRetry returns the last
+// error that was not a backoff.
+func (n *Node) ConnectRetry(ctx context.Context, p peer.AddrInfo) error {
+	var cause error
+	for {
+		err := n.Connect(ctx, p)
+		if err == nil || errors.Is(err, ErrSecurityMismatch) || errors.Is(err, ErrClosed) {
+			return err
+		}
+		if cause == nil || !errors.Is(err, lswarm.ErrDialBackoff) {
+			cause = err
+		}
+		select {
+		case <-ctx.Done():
+			return cause
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // securityMismatch reports whether a dial failed because the peer refused

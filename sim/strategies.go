@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -185,10 +186,7 @@ func syncStrategy(ctx context.Context, p *Peer) (any, error) {
 		tr = &delayTransport{Transport: tr, p: p}
 	}
 	acfg := aggregate.DefaultConfig()
-	acfg.StallTimeout = 2 * time.Second // see Config.StallTimeout
-	if p.Config.StallTimeout > 0 {
-		acfg.StallTimeout = p.Config.StallTimeout
-	}
+	acfg.StallTimeout = cmp.Or(p.Config.StallTimeout, 2*time.Second) // see Config.StallTimeout
 	r, err := aggregate.NewRunner(p2p.ID(p.ID), tr, acfg)
 	if err != nil {
 		return nil, err

@@ -13,7 +13,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/internal/cli"
-	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
@@ -234,20 +233,10 @@ func (b *allReduceBench) join(ctx context.Context, p *swarm.Peer) ([]string, int
 	wctx, cancel := context.WithTimeout(ctx, b.wait)
 	defer cancel()
 	dial := func(ai peer.AddrInfo) error {
-		for {
-			err := p.Node.Connect(wctx, ai)
-			if err == nil {
-				return nil
-			}
-			if errors.Is(err, node.ErrSecurityMismatch) {
-				return fmt.Errorf("bench allreduce: connecting to %s: %w", ai.ID, err)
-			}
-			select {
-			case <-wctx.Done():
-				return fmt.Errorf("bench allreduce: connecting to %s: %w", ai.ID, err)
-			case <-time.After(200 * time.Millisecond):
-			}
+		if err := p.Node.ConnectRetry(wctx, ai); err != nil {
+			return fmt.Errorf("bench allreduce: connecting to %s: %w", ai.ID, err)
 		}
+		return nil
 	}
 	if len(b.peers) > 0 {
 		ids := make([]string, len(b.peers))
