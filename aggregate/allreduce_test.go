@@ -118,9 +118,9 @@ func TestAllReduceMatchesReduce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	rules := []aggregate.Rule{aggregate.Sum{}, aggregate.Mean{}, aggregate.Median{}, aggregate.Trimmed{Beta: 0.25},
 		aggregate.Krum{F: 1, M: 2}, aggregate.CClip{Tau: 1, Iters: 2}}
-	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly} {
+	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
 		for _, rule := range rules {
-			if algo == aggregate.Tree && !rule.Linear() {
+			if algo != aggregate.Butterfly && !rule.Linear() {
 				continue
 			}
 			for _, n := range []int{1, 2, 3, 4, 5, 7, 8} {
@@ -167,31 +167,44 @@ func TestAllReduceMatchesReduce(t *testing.T) {
 }
 
 // TestAllReduceTraffic checks the bytes each peer puts on its link: the
-// butterfly sends 2(n−1)/n of the vector plus headers and votes.
+// butterfly and the ring send 2(n−1)/n of the vector plus headers and votes.
 func TestAllReduceTraffic(t *testing.T) {
 	const d = 10000
-	for _, n := range []int{2, 3, 4, 7} {
-		cfg := aggregate.DefaultConfig()
-		cfg.Algorithm = aggregate.Butterfly
-		cfg.ChunkElems = 512
-		s := newSwarm(t, n, aggtest.Config{}, cfg)
-		srcs, w := randVecs(rand.New(rand.NewPCG(1, uint64(n))), n, d)
-		outs := aggtest.RunRound(t.Context(), s.runners, s.group(t, 1), srcs, w)
-		for i, o := range outs {
-			if o.Err != nil {
-				t.Fatal(o.Err)
-			}
-			bytes, _ := s.net.Sent(s.ids[i])
-			// Data: all shards but our own, out and back. Control: a header
-			// per scatter lane, a vote per peer.
-			_, own := shardSize(d, n, s.runners[i], outs[i].Result.Group, s.ids[i])
-			data := 4 * ((d - own) + (n-1)*own)
-			ctl := 4 * (n - 1) * (8 + 8 + n)
-			if int(bytes) != data+ctl {
-				t.Errorf("n=%d peer %d sent %d bytes, want %d data + %d control", n, i, bytes, data, ctl)
-			}
-			if ideal := 4 * 2 * float64(d) * float64(n-1) / float64(n); math.Abs(float64(data)-ideal) > 8*float64(n) {
-				t.Errorf("n=%d: data bytes %d, 2(n−1)/n·4d = %v", n, data, ideal)
+	for _, algo := range []aggregate.Algorithm{aggregate.Butterfly, aggregate.Ring} {
+		for _, n := range []int{2, 3, 4, 7} {
+			cfg := aggregate.DefaultConfig()
+			cfg.Algorithm = algo
+			cfg.ChunkElems = 512
+			s := newSwarm(t, n, aggtest.Config{}, cfg)
+			srcs, w := randVecs(rand.New(rand.NewPCG(1, uint64(n))), n, d)
+			outs := aggtest.RunRound(t.Context(), s.runners, s.group(t, 1), srcs, w)
+			for i, o := range outs {
+				if o.Err != nil {
+					t.Fatal(o.Err)
+				}
+				bytes, _ := s.net.Sent(s.ids[i])
+				g := outs[i].Result.Group
+				r := g.Rank(s.ids[i])
+				seg := func(k int) int { return d*(k+1)/n - d*k/n } // size of segment k
+				var data int
+				switch algo {
+				case aggregate.Butterfly:
+					// All shards but our own, out and back.
+					_, own := shardSize(d, n, s.runners[i], g, s.ids[i])
+					data = 4 * ((d - own) + (n-1)*own)
+				case aggregate.Ring:
+					// Every segment twice, but for the one we finish (r+1)
+					// and the one we receive last (r+2).
+					data = 4 * (2*d - seg((r+1)%n) - seg((r+2)%n))
+				}
+				// Control: a header to every other peer, a vote per peer.
+				ctl := 4 * (n - 1) * (8 + 8 + n)
+				if int(bytes) != data+ctl {
+					t.Errorf("%v n=%d peer %d sent %d bytes, want %d data + %d control", algo, n, i, bytes, data, ctl)
+				}
+				if ideal := 4 * 2 * float64(d) * float64(n-1) / float64(n); math.Abs(float64(data)-ideal) > 8*float64(n) {
+					t.Errorf("%v n=%d: data bytes %d, 2(n−1)/n·4d = %v", algo, n, data, ideal)
+				}
 			}
 		}
 	}
@@ -213,7 +226,7 @@ func TestAutoPicksBySize(t *testing.T) {
 		want aggregate.Algorithm
 	}{
 		{aggregate.Mean{}, 100, aggregate.Tree},
-		{aggregate.Mean{}, 101, aggregate.Butterfly},
+		{aggregate.Mean{}, 101, aggregate.Ring},
 		{aggregate.Sum{}, 3, aggregate.Tree},
 		{aggregate.Median{}, 3, aggregate.Butterfly},
 	} {
@@ -228,7 +241,7 @@ func TestAutoPicksBySize(t *testing.T) {
 }
 
 func TestConsecutiveRoundsAndInPlace(t *testing.T) {
-	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly} {
+	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
 		cfg := aggregate.DefaultConfig()
 		cfg.Algorithm, cfg.ChunkElems = algo, 16
 		s := newSwarm(t, 5, aggtest.Config{}, cfg)
@@ -265,7 +278,7 @@ func TestConsecutiveRoundsAndInPlace(t *testing.T) {
 }
 
 func TestGroupWideFaults(t *testing.T) {
-	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly} {
+	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
 		cfg := aggregate.DefaultConfig()
 		cfg.Algorithm = algo
 		// Zero total weight.
@@ -325,6 +338,8 @@ func TestConfigValidate(t *testing.T) {
 	mods := map[string]func(*aggregate.Config){
 		"nil rule":       func(c *aggregate.Config) { c.Rule = nil },
 		"tree median":    func(c *aggregate.Config) { c.Algorithm, c.Rule = aggregate.Tree, aggregate.Median{} },
+		"ring krum":      func(c *aggregate.Config) { c.Algorithm, c.Rule = aggregate.Ring, aggregate.Krum{F: 1, M: 1} },
+		"ring fp16":      func(c *aggregate.Config) { c.Algorithm, c.Compress = aggregate.Ring, "fp16" },
 		"algo":           func(c *aggregate.Config) { c.Algorithm = 9 },
 		"chunk":          func(c *aggregate.Config) { c.ChunkElems = 0 },
 		"stall":          func(c *aggregate.Config) { c.StallTimeout = 0 },
@@ -344,10 +359,10 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%s: Validate changed the config", name)
 		}
 	}
-	if _, err := aggregate.ParseAlgorithm("ring"); err == nil {
-		t.Error("ParseAlgorithm(ring) succeeded")
+	if _, err := aggregate.ParseAlgorithm("hypercube"); err == nil {
+		t.Error("ParseAlgorithm(hypercube) succeeded")
 	}
-	for _, a := range []aggregate.Algorithm{aggregate.Auto, aggregate.Tree, aggregate.Butterfly} {
+	for _, a := range []aggregate.Algorithm{aggregate.Auto, aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
 		if got, err := aggregate.ParseAlgorithm(a.String()); err != nil || got != a {
 			t.Errorf("ParseAlgorithm(%q) = %v, %v", a, got, err)
 		}
@@ -373,13 +388,16 @@ func TestPipelinedThroughput(t *testing.T) {
 	cases := []tcase{
 		{aggregate.Butterfly, 4, 2, 0.93},
 		{aggregate.Butterfly, 8, 2, 0.85},
+		{aggregate.Ring, 4, 2, 0.93},
+		{aggregate.Ring, 8, 2, 0.93},
 		// A tree's inner node receives two vectors and sends three: algbw
 		// cannot pass link/2, busbw link·(n−1)/n.
 		{aggregate.Tree, 4, 1, 0.5},
 	}
 	if *largeThroughput {
-		cases = append(cases, tcase{aggregate.Butterfly, 4, 64, 0.98}, tcase{aggregate.Butterfly, 5, 64, 0.98},
-			tcase{aggregate.Butterfly, 8, 64, 0.98}, tcase{aggregate.Tree, 4, 64, 0.6})
+		cases = append(cases, tcase{aggregate.Butterfly, 4, 64, 0.96}, tcase{aggregate.Butterfly, 5, 64, 0.96},
+			tcase{aggregate.Butterfly, 8, 64, 0.94}, tcase{aggregate.Ring, 4, 64, 0.98}, tcase{aggregate.Ring, 5, 64, 0.98},
+			tcase{aggregate.Ring, 8, 64, 0.98}, tcase{aggregate.Tree, 4, 64, 0.6})
 	}
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%v/n=%d/%dMB", tc.algo, tc.n, tc.mb), func(t *testing.T) {

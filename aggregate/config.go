@@ -14,7 +14,8 @@ type Algorithm uint8
 
 const (
 	// Auto picks Tree for linear rules on vectors of at most
-	// Config.TreeMaxBytes, and Butterfly otherwise.
+	// Config.TreeMaxBytes, Ring for longer ones (Butterfly when
+	// compressed), and Butterfly for the robust rules.
 	Auto Algorithm = iota
 	// Tree reduces up a binary tree and broadcasts down it: 2·⌈log₂ n⌉
 	// hops, each peer sending at most three copies of the vector. Linear
@@ -26,6 +27,11 @@ const (
 	// receives 2(n−1)/n of the vector. Every rule runs on it; owners apply
 	// robust rules to the n contributions of their shard.
 	Butterfly
+	// Ring is a pipelined reduce-scatter then all-gather around the ring
+	// of ranks: 2(n−1) hops, each peer sending 2(n−1)/n of the vector,
+	// all of it to one neighbour, and receiving as much from the other.
+	// Linear rules only.
+	Ring
 )
 
 func (a Algorithm) String() string {
@@ -36,11 +42,14 @@ func (a Algorithm) String() string {
 		return "tree"
 	case Butterfly:
 		return "butterfly"
+	case Ring:
+		return "ring"
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm parses "auto", "tree" or "butterfly" (a --algo flag).
+// ParseAlgorithm parses "auto", "tree", "butterfly" or "ring" (a --algo
+// flag).
 func ParseAlgorithm(s string) (Algorithm, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "auto", "":
@@ -49,8 +58,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 		return Tree, nil
 	case "butterfly":
 		return Butterfly, nil
+	case "ring":
+		return Ring, nil
 	}
-	return Auto, fmt.Errorf("%w: unknown algorithm %q (want auto, tree or butterfly)", ErrInvalidConfig, s)
+	return Auto, fmt.Errorf("%w: unknown algorithm %q (want auto, tree, butterfly or ring)", ErrInvalidConfig, s)
 }
 
 // Config holds the knobs of a Runner. Every member of a round must use the
@@ -66,7 +77,8 @@ type Config struct {
 
 	// TreeMaxBytes is the largest vector (4 bytes per value) for which Auto
 	// picks the tree. Default 64 KiB: up to about one short chunk the cost is
-	// per-hop latency, above it the butterfly's 2(n−1)/n traffic wins.
+	// per-hop latency, above it the 2(n−1)/n traffic of the ring and the
+	// butterfly wins.
 	TreeMaxBytes int
 
 	// ChunkElems is the largest number of float32 values per chunk, the
@@ -125,10 +137,12 @@ func (c Config) Validate() error {
 	switch {
 	case c.Rule == nil:
 		return bad("Rule is nil")
-	case c.Algorithm > Butterfly:
+	case c.Algorithm > Ring:
 		return bad("unknown Algorithm %d", c.Algorithm)
-	case c.Algorithm == Tree && !c.Rule.Linear():
-		return fmt.Errorf("%w: %w: the tree runs sum and mean, not %s", ErrInvalidConfig, ErrUnsupported, c.Rule)
+	case (c.Algorithm == Tree || c.Algorithm == Ring) && !c.Rule.Linear():
+		return fmt.Errorf("%w: %w: the %s runs sum and mean, not %s", ErrInvalidConfig, ErrUnsupported, c.Algorithm, c.Rule)
+	case c.Algorithm == Ring && c.Compress != "":
+		return fmt.Errorf("%w: %w: the ring runs uncompressed (compressed rounds run on the tree or the butterfly)", ErrInvalidConfig, ErrUnsupported)
 	case c.TreeMaxBytes < 0:
 		return bad("TreeMaxBytes %d < 0", c.TreeMaxBytes)
 	case c.ChunkElems < 1 || c.ChunkElems > 1<<26:
@@ -170,7 +184,7 @@ const (
 // chunks of that length. It depends only on settings every member shares.
 func (c Config) chunkElems(d, n int, algo Algorithm) int {
 	span := d
-	if algo == Butterfly {
+	if algo == Butterfly || algo == Ring {
 		span = (d + n - 1) / max(n, 1)
 	}
 	return min(c.ChunkElems, max(minChunkElems, (span+pipelineDepth-1)/pipelineDepth))
@@ -181,8 +195,13 @@ func (c Config) resolve(d int) Algorithm {
 	if c.Algorithm != Auto {
 		return c.Algorithm
 	}
-	if c.Rule.Linear() && 4*d <= c.TreeMaxBytes {
+	switch {
+	case !c.Rule.Linear():
+		return Butterfly
+	case 4*d <= c.TreeMaxBytes:
 		return Tree
+	case c.Compress != "":
+		return Butterfly
 	}
-	return Butterfly
+	return Ring
 }

@@ -39,7 +39,7 @@ type failCase struct {
 }
 
 func failCases() []failCase {
-	B, T := aggregate.Butterfly, aggregate.Tree
+	B, T, R := aggregate.Butterfly, aggregate.Tree, aggregate.Ring
 	krum := aggregate.Krum{F: 1, M: 2}
 	at := func(s aggregate.Step, nth int, act aggtest.Action) func(aggregate.PeerID) aggtest.Hook {
 		return func(v aggregate.PeerID) aggtest.Hook { return aggtest.At(v, s, nth, act) }
@@ -54,6 +54,9 @@ func failCases() []failCase {
 	// Butterfly, n=5, d=1000, chunks of 64: shards of 200 values, 4 chunks;
 	// a peer sends 4×(1+4) = 20 scatter chunks and 4×4 = 16 gather chunks.
 	// Tree, n=7: 0→{1,2}, 1→{3,4}, 2→{5,6}; 16 chunks of the vector.
+	// Ring, n=5: segments of 200 values, 4 chunks; a peer sends 32 ring
+	// chunks to its right neighbour, 0–3 its own segment, 4–15 partial
+	// sums, 16–31 final values.
 	return []failCase{
 		{name: "butterfly/kill/before-sending", algo: B, n: 5, victim: 2, hook: at(aggregate.StepScatter, 1, K), want: aggregate.ErrStall},
 		{name: "butterfly/kill/mid-send", algo: B, n: 5, victim: 0, hook: at(aggregate.StepScatter, 10, K), want: aggregate.ErrStall},
@@ -78,10 +81,37 @@ func failCases() []failCase {
 		{name: "tree/stall/root-before-broadcast", algo: T, n: 7, victim: 0, hook: at(aggregate.StepDown, 1, S), want: aggregate.ErrStall},
 		{name: "tree/kill/voting", algo: T, n: 7, victim: 4, hook: at(aggregate.StepVote, 1, K), kept: true},
 
+		{name: "ring/kill/before-sending", algo: R, n: 5, victim: 2, hook: at(aggregate.StepRing, 1, K), want: aggregate.ErrStall},
+		{name: "ring/kill/mid-reduce", algo: R, n: 5, victim: 0, hook: at(aggregate.StepRing, 10, K), want: aggregate.ErrStall},
+		{name: "ring/kill/owner-done", algo: R, n: 5, victim: 4, hook: at(aggregate.StepRing, 17, K), want: aggregate.ErrStall},
+		{name: "ring/kill/mid-gather", algo: R, n: 5, victim: 1, hook: at(aggregate.StepRing, 27, K), want: aggregate.ErrStall},
+		{name: "ring/kill/voting", algo: R, n: 5, victim: 3, hook: at(aggregate.StepVote, 2, K), kept: true},
+		{name: "ring/stall/before-sending", algo: R, n: 5, victim: 3, hook: at(aggregate.StepRing, 1, S), want: aggregate.ErrStall},
+		{name: "ring/stall/mid-reduce", algo: R, n: 5, victim: 1, hook: at(aggregate.StepRing, 7, S), want: aggregate.ErrStall},
+		{name: "ring/stall/mid-gather", algo: R, n: 5, victim: 2, hook: at(aggregate.StepRing, 22, S), want: aggregate.ErrStall},
+		{name: "ring/stall/header", algo: R, n: 5, victim: 0, hook: at(aggregate.StepScatter, 3, S), want: aggregate.ErrStall},
+
 		{name: "butterfly/bad/NaN", algo: B, n: 5, victim: 3, hook: corrupt(aggregate.StepScatter, 2, nan), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
 		{name: "butterfly/bad/Inf-gather", algo: B, n: 5, victim: 3, hook: corrupt(aggregate.StepGather, 1, float32(math.Inf(1))), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
 		{name: "tree/bad/NaN-up", algo: T, n: 7, victim: 3, hook: corrupt(aggregate.StepUp, 3, nan), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
 		{name: "tree/bad/Inf-down", algo: T, n: 7, victim: 2, hook: corrupt(aggregate.StepDown, 3, float32(math.Inf(-1))), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
+		{name: "ring/bad/NaN-partial", algo: R, n: 5, victim: 3, hook: corrupt(aggregate.StepRing, 6, nan), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
+		{name: "ring/bad/Inf-own", algo: R, n: 5, victim: 1, hook: corrupt(aggregate.StepRing, 0, float32(math.Inf(1))), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
+		{name: "ring/bad/Inf-gather", algo: R, n: 5, victim: 4, hook: corrupt(aggregate.StepRing, 25, float32(math.Inf(-1))), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
+		{name: "ring/bad/own-NaN", algo: R, n: 5, victim: 0, want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,
+			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v][500] = nan }},
+		{name: "ring/bad/length", algo: R, n: 5, victim: 2, want: aggregate.ErrBadLength, victimErr: aggregate.ErrBadLength,
+			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v] = append(srcs[v], 1, 2) }},
+		{name: "ring/bad/algorithm", algo: R, n: 5, victim: 3, want: aggregate.ErrConfigMismatch, victimErr: aggregate.ErrConfigMismatch,
+			setup: func(s *swarm, v int, _ [][]float32, _ *aggregate.Group) {
+				cfg := s.runners[v].Config()
+				cfg.Algorithm = aggregate.Butterfly
+				s.runners[v], _ = aggregate.NewRunner(s.ids[v], s.net.Join(s.ids[v]), cfg)
+			}},
+		{name: "ring/bad/group-view", algo: R, n: 5, victim: 4, want: aggregate.ErrGroupMismatch, victimErr: aggregate.ErrGroupMismatch,
+			setup: func(s *swarm, v int, _ [][]float32, g *aggregate.Group) {
+				*g, _ = aggregate.Form(g.Round(), append(g.Members(), "ghost"))
+			}},
 		{name: "butterfly/bad/own-NaN", algo: B, n: 5, victim: 2, want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,
 			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v][7] = nan }},
 		{name: "tree/bad/own-Inf", algo: T, n: 7, victim: 1, want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,

@@ -557,6 +557,8 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 			a.compressed()
 		case a.algo == Tree:
 			a.tree()
+		case a.algo == Ring:
+			a.ring()
 		default:
 			a.butterfly()
 		}

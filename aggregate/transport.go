@@ -31,7 +31,8 @@ type Step uint16
 // Steps of the all-reduce protocol.
 const (
 	// StepScatter carries a contribution's shard to the shard's owner
-	// (butterfly): chunk 0 is a header, chunk c+1 is data chunk c.
+	// (butterfly): chunk 0 is a header, chunk c+1 is data chunk c. The
+	// ring sends chunk 0 alone, its header, to every member.
 	StepScatter Step = 1
 	// StepGather carries an owner's reduced shard to every peer
 	// (butterfly): chunk c is data chunk c.
@@ -48,6 +49,10 @@ const (
 	// StepVote carries a peer's verdict on the attempt to every other
 	// member.
 	StepVote Step = 6
+	// StepRing carries the ring's chunks to the right neighbour: chunk i
+	// is the sender's i-th chunk (see ringPlan). Headers go to every
+	// member as StepScatter chunk 0.
+	StepRing Step = 7
 )
 
 func (s Step) String() string {
@@ -64,6 +69,8 @@ func (s Step) String() string {
 		return "down"
 	case StepVote:
 		return "vote"
+	case StepRing:
+		return "ring"
 	}
 	return fmt.Sprintf("step(%d)", uint16(s))
 }

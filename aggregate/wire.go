@@ -29,7 +29,8 @@ func getU64(w []float32) uint64 {
 func putF64(w []float32, f float64) { putU64(w, math.Float64bits(f)) }
 func getF64(w []float32) float64    { return math.Float64frombits(getU64(w)) }
 
-// header opens every data lane (StepScatter, StepUp, StepDown): the sender's
+// header opens every data lane (StepScatter, StepUp, StepDown; the ring
+// sends it to every member): the sender's
 // settings hash, its vector length and its weight (a contributor's sample
 // count, a subtree's total, or the group's total going down).
 type header struct {

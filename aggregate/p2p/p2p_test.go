@@ -135,6 +135,8 @@ func TestAllReduceOnMocknet(t *testing.T) {
 		{aggregate.Butterfly, aggregate.Mean{}},
 		{aggregate.Butterfly, aggregate.Median{}},
 		{aggregate.Butterfly, aggregate.Krum{F: 1, M: 2}},
+		{aggregate.Ring, aggregate.Mean{}},
+		{aggregate.Ring, aggregate.Sum{}},
 	} {
 		t.Run(fmt.Sprintf("%v/%v", tc.algo, tc.rule), func(t *testing.T) {
 			cfg := aggregate.DefaultConfig()
@@ -182,6 +184,17 @@ func TestFailuresOnMocknet(t *testing.T) {
 		{name: "butterfly/bad/NaN", algo: aggregate.Butterfly, victim: 4,
 			hook: func(v aggregate.PeerID) aggtest.Hook {
 				return aggtest.Corrupt(v, aggregate.StepScatter, 1, func(x []float32) { x[0] = float32(math.NaN()) })
+			}, want: aggregate.ErrBadValue},
+		// Ring, 20,000 values in chunks of 4096: 4,000-value segments, one
+		// chunk each; a peer sends 8 ring chunks, 0 its own segment, 1–3
+		// partial sums, 4–7 final values.
+		{name: "ring/kill/mid-reduce", algo: aggregate.Ring, victim: 1,
+			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepRing, 3) }, want: aggregate.ErrStall},
+		{name: "ring/stall/mid-gather", algo: aggregate.Ring, victim: 3,
+			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepRing, 6) }, want: aggregate.ErrStall},
+		{name: "ring/bad/Inf", algo: aggregate.Ring, victim: 0,
+			hook: func(v aggregate.PeerID) aggtest.Hook {
+				return aggtest.Corrupt(v, aggregate.StepRing, 2, func(x []float32) { x[9] = float32(math.Inf(1)) })
 			}, want: aggregate.ErrBadValue},
 		{name: "butterfly/bad/length", algo: aggregate.Butterfly, victim: 2,
 			bad: func(srcs [][]float32, v int) { srcs[v] = srcs[v][:len(srcs[v])-1] }, want: aggregate.ErrBadLength},

@@ -40,6 +40,7 @@ func TestKillRealProcess(t *testing.T) {
 	}{
 		{"butterfly/while-reducing", aggregate.Butterfly, 0, aggregate.StepGather, 1},
 		{"tree/inner-while-reducing", aggregate.Tree, 1, aggregate.StepUp, 2},
+		{"ring/mid-reduce", aggregate.Ring, 2, aggregate.StepRing, 6},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { killChild(t, tc.algo, tc.rank, tc.step, tc.nth) })

@@ -52,7 +52,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	sizeMB := fs.Float64("size-mb", 64, "vector size in MB (10^6 bytes, as gloo_allreduce.py)")
 	iters := fs.Int("iters", 5, "timed all-reduces")
 	warmup := fs.Int("warmup", 1, "untimed all-reduces first")
-	algo := fs.String("algo", "auto", "all-reduce algorithm: tree, butterfly or auto")
+	algo := fs.String("algo", "auto", "all-reduce algorithm: tree, butterfly, ring or auto")
 	chunkKB := fs.Int("chunk-kb", 0, "values per pipelined chunk, in KiB of float32 (default: aggregate's)")
 	stripes := fs.Int("stripes", 0, "streams per tensor (default: node's)")
 	stall := fs.Duration("stall-timeout", 30*time.Second, "how long a silent peer is waited for")

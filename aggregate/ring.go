@@ -1,0 +1,236 @@
+package aggregate
+
+import (
+	"sync"
+)
+
+// ringItem is one chunk of the ring's send or receive sequence: the
+// coordinates [lo, hi) of the vector it carries; whether it is a partial
+// sum still to be combined with our own contribution (reduce-scatter)
+// rather than a final value (all-gather); and, for a received partial sum,
+// whether combining it completes the sum (our own segment, last step).
+type ringItem struct {
+	lo, hi        int
+	reduce, final bool
+}
+
+// ringPlan lists, in order, the chunks rank me of n sends to its right
+// neighbour and receives from its left one, for a vector of d values in
+// chunks of c. Segment s is shardRange(d, n, s). In step t of the
+// reduce-scatter (0 ≤ t < n−1) a rank sends its partial sum of segment
+// me−t and receives its left neighbour's of segment me−t−1, adds its own
+// contribution and sends that on in step t+1; after step n−2 it holds the
+// full sum of segment me+1. In step u of the all-gather (0 ≤ u < n−1) it
+// sends final segment me+1−u and receives final segment me−u, which it
+// sends on in the next step. So received item k is sent item k+m₀, where
+// m₀ is the number of chunks of our own segment (step 0); and a sender's
+// item i is its right neighbour's received item i, which is the chunk
+// number both use in the tag.
+func ringPlan(d, n, me, c int) (send, recv []ringItem) {
+	mod := func(x int) int { return ((x % n) + n) % n }
+	add := func(items []ringItem, s int, reduce, final bool) []ringItem {
+		off, size := shardRange(d, n, mod(s))
+		for k := range numChunks(size, c) {
+			lo, hi := chunkRange(off, size, c, k)
+			items = append(items, ringItem{lo, hi, reduce, final})
+		}
+		return items
+	}
+	for t := range n - 1 {
+		send = add(send, me-t, true, false)
+		recv = add(recv, me-t-1, true, t == n-2)
+	}
+	for u := range n - 1 {
+		send = add(send, me+1-u, false, false)
+		recv = add(recv, me-u, false, false)
+	}
+	return send, recv
+}
+
+// ring runs the data phase of the ring all-reduce (linear rules): a
+// pipelined reduce-scatter around the ring of ranks, then an all-gather
+// around it (see ringPlan). Each rank sends 2(n−1)/n of the vector, all of
+// it to one neighbour on one stream, and receives as much from the other;
+// chunks flow on as soon as they are combined, so every link is busy from
+// the first chunk to the last.
+//
+// Goroutines: hdrTo(j) sends our header (weight, settings) to every other
+// rank, hdrFrom(j) receives theirs (the owner of a segment needs the total
+// weight to finish a mean); lane A receives the left neighbour's header and
+// its step-0 chunks, which depend on no one else (a silence there is a
+// stall); lane B receives the rest, which depends on the whole ring (a
+// silence there is a timeout); the sender combines each received partial
+// sum with our contribution and sends every chunk on in order.
+//
+// Blame: a rank checks what it receives (non-finite values blame the left
+// neighbour) and what it creates (an overflow is a group fault), so a bad
+// value is pinned on the rank that sent it. A silent rank starves the
+// whole ring, but in order: a rank sends only what it received, so its
+// right neighbour last heard of it after it last heard of its left one,
+// and the rank next to the silence times out first (a timeout, blaming a
+// member that then blames no one unless it is itself waiting; see decide);
+// its FAIL vote stops the others before their own waits run out. Only a
+// timer late by more than a chunk's hop could let the next rank time out
+// first, and then both the silent rank and its starved neighbour are left
+// out of the re-run.
+func (a *attempt) ring() {
+	n, me, d := a.n, a.rank, len(a.src)
+	if n == 1 {
+		a.butterfly() // a group of one: the butterfly's lone owner does it
+		return
+	}
+	left, right := (me+n-1)%n, (me+1)%n
+	send, recv := ringPlan(d, n, me, a.chunk)
+	_, mean := a.r.cfg.Rule.(Mean)
+	coef := float32(1)
+	if mean {
+		coef = float32(a.weight)
+	}
+	// Step 0 sends our weighted contribution to our own segment; own[i]
+	// is its value at coordinate ownOff+i.
+	ownOff, size := shardRange(d, n, me)
+	own := a.src[ownOff : ownOff+size]
+	if coef != 1 {
+		own = a.r.buf("ring0", size)
+		copy(own, a.src[ownOff:ownOff+size])
+		a.r.be.Scale(coef, own)
+	}
+	m0 := numChunks(size, a.chunk)
+	_, sizeA := shardRange(d, n, left) // our step-0 receipt is the left's own segment
+	mA := numChunks(sizeA, a.chunk)
+
+	weights := make([]float64, n)
+	weights[me] = a.weight
+	hdrs := make(chan struct{}, n-1)    // a token per checked header
+	leftOK := make(chan struct{})       // closed once the left's header checks out
+	arrivedA := make(chan struct{}, mA) // a token per received item k < mA, in order
+	arrivedB := make(chan struct{}, max(len(recv)-mA, 0))
+
+	var wg sync.WaitGroup
+	a.lanes.Store(int64(2*(n-1) + 2))
+	var hw [headerLen]float32
+	header{cfg: a.cfg, d: uint64(d), weight: a.weight}.encode(hw[:])
+	for j := range n {
+		if j == me {
+			continue
+		}
+		wg.Go(func() {
+			if a.send(j, StepScatter, 0, hw[:], 1) {
+				a.laneDone()
+			}
+		})
+		if j == left {
+			continue
+		}
+		wg.Go(func() {
+			var w [headerLen]float32
+			if !a.recv(j, StepScatter, 0, w[:], 1, kindStall) {
+				return
+			}
+			if h, ok := a.checkHeader(j, w[:]); ok {
+				weights[j] = h.weight
+				hdrs <- struct{}{}
+				a.laneDone()
+			}
+		})
+	}
+	item := func(k int) []float32 { return a.dst[recv[k].lo:recv[k].hi] }
+	wg.Go(func() { // lane A
+		var w [headerLen]float32
+		if !a.recv(left, StepScatter, 0, w[:], 1, kindStall) {
+			return
+		}
+		h, ok := a.checkHeader(left, w[:])
+		if !ok {
+			return
+		}
+		weights[left] = h.weight
+		hdrs <- struct{}{}
+		close(leftOK)
+		if a.recvLane(left, StepRing, 0, mA, item, 1, kindStall, true, func(int) { arrivedA <- struct{}{} }) {
+			a.laneDone()
+		}
+	})
+	wg.Go(func() { // lane B
+		if !a.wait(leftOK) {
+			return
+		}
+		rest := func(k int) []float32 { return item(mA + k) }
+		if a.recvLane(left, StepRing, uint32(mA), len(recv)-mA, rest, 2, kindTimeout, true, func(int) { arrivedB <- struct{}{} }) {
+			a.laneDone()
+		}
+	})
+	wg.Go(func() {
+		a.ringSend(right, send, recv, m0, mA, own, ownOff, coef, mean, weights, hdrs, arrivedA, arrivedB)
+	})
+	wg.Wait()
+}
+
+// ringSend is the ring's sender: item i < m0 is our own segment (own, our
+// weighted contribution, from coordinate ownOff); item i ≥ m0 is received
+// item i−m0, combined with our contribution first if it is a partial sum.
+// Completed sums are our segment of the result: for a mean they are
+// divided by the total weight, which needs every member's header. Every
+// rank learns the total, even one whose segment is empty.
+func (a *attempt) ringSend(right int, send, recv []ringItem, m0, mA int, own []float32, ownOff int, coef float32, mean bool, weights []float64, hdrs, arrivedA, arrivedB <-chan struct{}) {
+	be := a.r.be
+	haveTotal := false
+	total := func() bool {
+		if haveTotal {
+			return true
+		}
+		for range len(weights) - 1 {
+			if !a.wait(hdrs) {
+				return false
+			}
+		}
+		var t float64
+		for _, w := range weights {
+			t += w
+		}
+		a.total, haveTotal = t, true
+		if mean && !(t > 0 && isFinite(t)) {
+			a.setFault(faultZeroWeight)
+			return false
+		}
+		return true
+	}
+	for i, it := range send {
+		if i < m0 {
+			if !a.send(right, StepRing, uint32(i), own[it.lo-ownOff:it.hi-ownOff], 2) {
+				return
+			}
+			continue
+		}
+		k := i - m0
+		ch := arrivedB
+		if k < mA {
+			ch = arrivedA
+		}
+		if !a.wait(ch) {
+			return
+		}
+		out := a.dst[it.lo:it.hi]
+		if recv[k].reduce {
+			be.Axpy(coef, a.src[it.lo:it.hi], out)
+			if recv[k].final && mean {
+				if !total() {
+					return
+				}
+				for i, v := range out {
+					out[i] = float32(float64(v) / a.total)
+				}
+			}
+			if firstNonFinite(out) >= 0 {
+				a.setFault(faultOverflow)
+				return
+			}
+		}
+		if !a.send(right, StepRing, uint32(i), out, 2) {
+			return
+		}
+	}
+	if total() {
+		a.laneDone()
+	}
+}
