@@ -26,9 +26,10 @@ func naiveFirstNonFinite(x []float32) int {
 	return -1
 }
 
-// TestFirstNonFinite checks the blocked bit test against a plain scan for
-// every length up to three blocks, every position of a bad value, and
-// values next to the bad ones (the largest finite values, subnormals).
+// TestFirstNonFinite checks device.AllFinite and the search behind it
+// against math.IsNaN/IsInf for every length up to three 64-value steps,
+// every position of a bad value, and values next to the bad ones (the
+// largest finite values, subnormals).
 func TestFirstNonFinite(t *testing.T) {
 	bad := []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), math.Float32frombits(0x7fc00001), math.Float32frombits(0xff800001)}
 	good := []float32{0, -0, 1, -1, math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32, math.Float32frombits(0x7f7fffff), math.Float32frombits(0x00800000)}

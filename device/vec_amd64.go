@@ -49,3 +49,6 @@ func col2imPixelAVX512(dx, row *float32, origin int, offs *int32, mask uint32, k
 
 //go:noescape
 func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, offs *int32, kk, c int)
+
+//go:noescape
+func nonFiniteAVX512(x *float32, n int) bool

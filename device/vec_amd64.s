@@ -789,3 +789,57 @@ sm_done:
 	VMOVSS X20, sum+36(FP)
 	VZEROUPPER
 	RET
+
+// func nonFiniteAVX512(x *float32, n int) bool
+// reports whether some x[i] is NaN or ±Inf: its exponent bits all ones.
+TEXT ·nonFiniteAVX512(SB), NOSPLIT, $0-17
+	MOVL         $0x7f800000, AX
+	VPBROADCASTD AX, Z31
+	MOVQ         x+0(FP), SI
+	MOVQ         n+8(FP), CX
+	KXORW        K2, K2, K2
+	CMPQ         CX, $64
+	JL           fin_16
+
+fin_64:
+	VPANDD   (SI), Z31, Z0
+	VPANDD   64(SI), Z31, Z1
+	VPANDD   128(SI), Z31, Z2
+	VPANDD   192(SI), Z31, Z3
+	VPCMPEQD Z31, Z0, K3
+	VPCMPEQD Z31, Z1, K4
+	VPCMPEQD Z31, Z2, K5
+	VPCMPEQD Z31, Z3, K6
+	KORW     K3, K4, K3
+	KORW     K5, K6, K5
+	KORW     K3, K5, K3
+	KORW     K2, K3, K2
+	ADDQ     $256, SI
+	SUBQ     $64, CX
+	CMPQ     CX, $64
+	JGE      fin_64
+
+fin_16:
+	CMPQ     CX, $16
+	JL       fin_tail
+	VPANDD   (SI), Z31, Z0
+	VPCMPEQD Z31, Z0, K3
+	KORW     K2, K3, K2
+	ADDQ     $64, SI
+	SUBQ     $16, CX
+	JMP      fin_16
+
+fin_tail:
+	TESTQ       CX, CX
+	JE          fin_done
+	TAIL
+	VMOVDQU32.Z (SI), K1, Z0
+	VPANDD      Z0, Z31, Z0
+	VPCMPEQD    Z31, Z0, K3
+	KORW        K2, K3, K2
+
+fin_done:
+	KORTESTW K2, K2
+	SETNE    ret+16(FP)
+	VZEROUPPER
+	RET

@@ -33,3 +33,5 @@ func col2imPixelAVX512(dx, row *float32, origin int, offs *int32, mask uint32, k
 func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, offs *int32, kk, c int) {
 	panic(errNoAsm)
 }
+
+func nonFiniteAVX512(x *float32, n int) bool { panic(errNoAsm) }
