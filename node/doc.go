@@ -65,8 +65,12 @@
 // Protocol /starling/tensor/1.0.0. A stream carries frames back to back;
 // each frame is a header (magic, wire version, codec id from compression,
 // dtype, shape, tag, model version, step, total payload length, stripe
-// index and count, CRC-32C of the header), one stripe of the payload, and a
-// CRC-32C trailer of that stripe (frame.go has the byte layout). A tensor
+// index and count, flags, CRC-32C of the header), one stripe of the
+// payload, and a CRC-32C trailer of that stripe (frame.go has the byte
+// layout). On a connection whose transport authenticates every byte (TLS,
+// Noise, QUIC) the sender leaves the trailer at zero and says so in the
+// flags: a corrupted byte fails the transport's AEAD first. A receiver takes
+// such a frame only on such a connection. A tensor
 // larger than 2*MinStripeBytes is split into up to Config.Stripes stripes
 // sent on parallel streams; the receiver derives each stripe's offset from
 // the header, so stripes can neither overlap nor leave holes.

@@ -85,7 +85,9 @@ const MaxDims = 8
 //	7    1     ndim (0..8)
 //	8    2     stripe index
 //	10   2     stripe count (>= 1)
-//	12   4     reserved, must be 0
+//	12   4     flags: bit 0 = the payload has no checksum (its trailer is 0),
+//	           sent only on a connection whose transport authenticates
+//	           every byte (TLS, Noise, QUIC); other bits reserved, 0
 //	16   8     tag
 //	24   8     model version
 //	32   8     step
@@ -107,6 +109,8 @@ const (
 	fixedHeaderLen = 48
 	maxHeaderLen   = fixedHeaderLen + 8*MaxDims + 4
 	trailerLen     = 4
+	// flagNoChecksum marks a frame whose payload trailer is 0, unchecked.
+	flagNoChecksum = 1
 	// maxStripes bounds the stripe count a receiver accepts.
 	maxStripes = 64
 )
@@ -115,6 +119,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // header is the decoded fixed part of a frame.
 type header struct {
+	flags   uint32
 	codec   compression.ID
 	dtype   DType
 	ndim    uint8
@@ -157,7 +162,7 @@ func appendHeader(dst []byte, h *header) []byte {
 	dst = append(dst, frameVersion, byte(h.codec), byte(h.dtype), h.ndim)
 	dst = binary.LittleEndian.AppendUint16(dst, h.stripe)
 	dst = binary.LittleEndian.AppendUint16(dst, h.stripes)
-	dst = binary.LittleEndian.AppendUint32(dst, 0)
+	dst = binary.LittleEndian.AppendUint32(dst, h.flags)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.tag))
 	dst = binary.LittleEndian.AppendUint64(dst, h.version)
 	dst = binary.LittleEndian.AppendUint64(dst, h.step)
@@ -167,6 +172,10 @@ func appendHeader(dst []byte, h *header) []byte {
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
+
+// errUnchecked refuses a frame without a payload checksum on a connection
+// that does not authenticate its bytes.
+var errUnchecked = fmt.Errorf("%w: payload without a checksum on an unauthenticated connection", ErrBadHeader)
 
 // errNoFrame wraps a read error (deadline, reset) that came before the
 // first byte of a frame: an idle stream ending, not a bad frame.
@@ -204,6 +213,7 @@ func readHeader(r io.Reader, buf *[maxHeaderLen]byte, maxBytes uint64, h *header
 		return fmt.Errorf("%w: header checksum", ErrBadHeader)
 	}
 	*h = header{
+		flags:   binary.LittleEndian.Uint32(b[12:]),
 		codec:   compression.ID(b[5]),
 		dtype:   DType(b[6]),
 		ndim:    ndim,
@@ -217,7 +227,7 @@ func readHeader(r io.Reader, buf *[maxHeaderLen]byte, maxBytes uint64, h *header
 	for i := range int(ndim) {
 		h.shape[i] = binary.LittleEndian.Uint64(buf[fixedHeaderLen+8*i:])
 	}
-	if binary.LittleEndian.Uint32(b[12:]) != 0 {
+	if h.flags&^flagNoChecksum != 0 {
 		return fmt.Errorf("%w: reserved bits set", ErrBadHeader)
 	}
 	return h.validate(maxBytes)
@@ -316,13 +326,17 @@ func truncated(err error) error {
 
 // decodeFrame decodes one complete single-stripe frame held in b, as a
 // receiver would, into a buffer obtained from alloc (called with the
-// validated payload length only). It is the pure decoder behind the stream
-// handler, used by the fuzz test.
+// validated payload length only), as on a connection that does not
+// authenticate its bytes. It is the pure decoder behind the stream handler,
+// used by the fuzz test.
 func decodeFrame(r io.Reader, maxBytes uint64, alloc func(n int) []byte) (header, []byte, error) {
 	var buf [maxHeaderLen]byte
 	var h header
 	if err := readHeader(r, &buf, maxBytes, &h); err != nil {
 		return h, nil, err
+	}
+	if h.flags&flagNoChecksum != 0 {
+		return h, nil, errUnchecked // r is no authenticated connection
 	}
 	n := stripeLen(h.length, h.stripes, h.stripe)
 	dst := alloc(int(n))

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -551,5 +553,64 @@ func TestInsecure(t *testing.T) {
 	c := b.host.Network().ConnsToPeer(a.ID())
 	if len(c) == 0 || c[0].ConnState().Security != "/plaintext/2.0.0" {
 		t.Fatalf("connection security %v, want plaintext", c)
+	}
+}
+
+// TestUncheckedFrames: on a TLS connection the payload checksum is left to
+// TLS (frames say so, and the receiver takes them); on a plaintext one
+// frames carry it, and one that says it has none is refused.
+func TestUncheckedFrames(t *testing.T) {
+	unchecked := func(tag Tag) []byte {
+		h := rawHeader(tag, 256)
+		h.flags = flagNoChecksum
+		b := appendHeader(nil, &h)
+		b = append(b, randBytes(int(h.length), 1)...)
+		return append(b, 0, 0, 0, 0) // no trailer checksum
+	}
+	for _, insecure := range []bool{false, true} {
+		t.Run(fmt.Sprintf("insecure=%v", insecure), func(t *testing.T) {
+			var flags atomic.Uint32
+			hooks := &testHooks{recvFlags: func(f uint32) { flags.Or(f | 1<<31) }}
+			a := newTestNode(t, func(c *Config) { c.Insecure = insecure })
+			b := newTestNode(t, func(c *Config) { c.Insecure = insecure }, withTestHooks(hooks))
+			connect(t, a, b)
+			conns := a.host.Network().ConnsToPeer(b.ID())
+			if len(conns) == 0 || authenticated(conns[0]) == insecure {
+				t.Fatalf("authenticated(%v) = %v with Insecure %v", conns, !insecure, insecure)
+			}
+			// Send picks the frame kind itself; either way the tensor arrives.
+			want := rawTensor(1, 1<<16, 3)
+			go a.Send(ctxT(t, 10*time.Second), b.ID(), want)
+			got, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 1, nil)
+			if err != nil || !bytes.Equal(got.Payload, want.Payload) {
+				t.Fatalf("Send/Recv: %v", err)
+			}
+			if f := flags.Load(); f == 0 || (f&flagNoChecksum != 0) == insecure {
+				t.Fatalf("received frames had flags %#x; want the payload checksum left out only over TLS", f)
+			}
+			before := counterValue(b.m.rejected.WithLabelValues("bad_header"))
+			s, err := a.host.NewStream(ctxT(t, 5*time.Second), b.ID(), ProtocolID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := s.Write(unchecked(2)); err != nil {
+				t.Fatal(err)
+			}
+			if !insecure {
+				got, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 2, nil)
+				if err != nil || len(got.Payload) != 4*256 {
+					t.Fatalf("unchecked frame over TLS: %v", err)
+				}
+				s.Close()
+				return
+			}
+			if n, err := s.Read(make([]byte, 1)); n != 0 || err == nil || errors.Is(err, io.EOF) {
+				t.Fatalf("read %d, %v: want a reset", n, err)
+			}
+			if after := counterValue(b.m.rejected.WithLabelValues("bad_header")); after != before+1 {
+				t.Fatalf("rejected{bad_header} went %v -> %v", before, after)
+			}
+		})
 	}
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	"github.com/starling-ml/starling/compression"
 )
 
@@ -148,6 +150,8 @@ type tensors struct {
 type testHooks struct {
 	// recvProgress is called after each chunk read into a tensor buffer.
 	recvProgress func(from peer.ID, n int)
+	// recvFlags is called with the flags of each stripe header received.
+	recvFlags func(flags uint32)
 }
 
 func newTensors(h host.Host, cfg *Config, m *nodeMetrics, hooks *testHooks) *tensors {
@@ -254,6 +258,13 @@ var errAbandoned = errors.New("node: tensor abandoned")
 
 // receiveStripe places one stripe whose header was just read.
 func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) error {
+	if ts.hooks.recvFlags != nil {
+		ts.hooks.recvFlags(h.flags)
+	}
+	sum := h.flags&flagNoChecksum == 0
+	if !sum && !authenticated(s.Conn()) {
+		return errUnchecked
+	}
 	key := mkey{from, h.tag}
 	off, n := stripeOffset(h.length, h.stripes, h.stripe), stripeLen(h.length, h.stripes, h.stripe)
 	deadline := time.Now().Add(ts.cfg.IOTimeout)
@@ -267,7 +278,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 		for _, a := range admit {
 			if err := a.f(from, &t); err != nil {
 				ts.m.reject(fmt.Errorf("%w: %w", ErrRefused, err))
-				return ts.drainStripe(s, from, int(n))
+				return ts.drainStripe(s, from, int(n), sum)
 			}
 		}
 	}
@@ -337,7 +348,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	ts.mu.Unlock()
 
 	ts.protect(from)
-	err := ts.readStripe(s, from, a, dst, int(n))
+	err := ts.readStripe(s, from, a, dst, int(n), sum)
 	ts.unprotect(from)
 
 	ts.mu.Lock()
@@ -373,7 +384,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 }
 
 // readStripe reads a stripe's payload and trailer and checks the
-// checksum. The payload goes through a small staging buffer and is copied
+// checksum (if sum: see flagNoChecksum). The payload goes through a small staging buffer and is copied
 // into dst (if not nil) for as long as a's buffer is not given back to its
 // caller (gone): a Recv that gives up must neither wait for a stalled
 // sender nor have its buffer written after it returned, and the stream
@@ -381,7 +392,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 // one). Reading straight into dst would save the copy but leave a blocked
 // Read holding dst; cutting that Read short with a deadline makes yamux
 // drop a window update now and then, which stalls the stream for good.
-func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int) error {
+func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum bool) error {
 	sp := scratchPool.Get().(*[]byte)
 	defer scratchPool.Put(sp)
 	scratch := *sp
@@ -391,7 +402,9 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 			return err
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
-		crc = crc32.Update(crc, castagnoli, scratch[:k])
+		if sum {
+			crc = crc32.Update(crc, castagnoli, scratch[:k])
+		}
 		if k > 0 && dst != nil {
 			a.dstMu.RLock()
 			if !a.gone {
@@ -416,6 +429,18 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 		return ErrChecksum
 	}
 	return nil
+}
+
+// authenticated reports whether c's transport authenticates every byte
+// (TLS, Noise, QUIC), so that a frame on it needs no payload checksum.
+// Plaintext (Config.Insecure), mocknet and unknown transports do not.
+func authenticated(c network.Conn) bool {
+	st := c.ConnState()
+	switch st.Security {
+	case libp2ptls.ID, noise.ID:
+		return true
+	}
+	return st.Security == "" && (st.Transport == "quic-v1" || st.Transport == "quic")
 }
 
 // scratchPool holds the staging buffers of readStripe.
@@ -445,8 +470,8 @@ func (ts *tensors) dropLocked(a *assembly) {
 }
 
 // drainStripe reads a refused stripe (payload and trailer) to its end.
-func (ts *tensors) drainStripe(s network.Stream, from peer.ID, n int) error {
-	return ts.readStripe(s, from, nil, nil, n)
+func (ts *tensors) drainStripe(s network.Stream, from peer.ID, n int, sum bool) error {
+	return ts.readStripe(s, from, nil, nil, n, sum)
 }
 
 func (ts *tensors) newAssemblyLocked(key mkey, h *header, buf []byte, parked bool) *assembly {
@@ -719,8 +744,13 @@ func (ts *tensors) sendStripe(ctx context.Context, pool *streamPool, h header, d
 // writeFrame writes header, payload and trailer with a deadline per chunk.
 // wrote reports whether any write succeeded.
 func (ts *tensors) writeFrame(s network.Stream, h *header, data []byte) (wrote bool, err error) {
+	hf := *h
+	sum := !authenticated(s.Conn())
+	if !sum {
+		hf.flags |= flagNoChecksum
+	}
 	var hb [maxHeaderLen]byte
-	hdr := appendHeader(hb[:0], h)
+	hdr := appendHeader(hb[:0], &hf)
 	deadline := func() { s.SetWriteDeadline(time.Now().Add(ts.cfg.IOTimeout)) }
 	deadline()
 	if _, err := s.Write(hdr); err != nil {
@@ -729,7 +759,9 @@ func (ts *tensors) writeFrame(s network.Stream, h *header, data []byte) (wrote b
 	var crc uint32
 	for off := 0; off < len(data); off += ioChunk {
 		chunk := data[off:min(off+ioChunk, len(data))]
-		crc = crc32.Update(crc, castagnoli, chunk)
+		if sum {
+			crc = crc32.Update(crc, castagnoli, chunk)
+		}
 		deadline()
 		if _, err := s.Write(chunk); err != nil {
 			return true, err
