@@ -30,10 +30,10 @@ func TestBenchAllReduceFlags(t *testing.T) {
 	for _, bad := range [][]string{
 		{"--world", "0"},
 		{"--peers", "/ip4/127.0.0.1/tcp/1"}, // no /p2p/ID
-		{"--peers", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWQaVtHLbhobY1PdCvP16JMLN4YCWgCUfYrAKH7KLTJPVA"}, // no --key
-		{"--world", "2", "--algo", "hypercube"}, // unknown algorithm
-		{"--world", "2", "--size-mb", "0"}, // empty vector
-		{"--world", "2", "--iters", "0"},   // nothing to time
+		{"--peers", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWQaVtHLbhobY1PdCvP16JMLN4YCWgCUfYrAKH7KLTJPVA"},         // no --key
+		{"--world", "2", "--algo", "hypercube"},                                                              // unknown algorithm
+		{"--world", "2", "--size-mb", "0"},                                                                   // empty vector
+		{"--world", "2", "--iters", "0"},                                                                     // nothing to time
 		{"--world", "2", "--connect", "/ip4/127.0.0.1/tcp/1/p2p/x", "--peers", "/ip4/127.0.0.1/tcp/1/p2p/y"}, // both
 	} {
 		if _, err := parseAllReduceBench(bad, &stderr); err == nil {
