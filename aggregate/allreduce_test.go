@@ -300,6 +300,20 @@ func TestGroupWideFaults(t *testing.T) {
 				t.Errorf("%v overflow: peer %d: %v", algo, i, o.Err)
 			}
 		}
+		if algo == aggregate.Butterfly {
+			continue // it weighs by w/Σw: no product can overflow
+		}
+		// A weight so large that w·x overflows where the tree and the ring
+		// weigh contributions: a group fault, not the heavy peer's.
+		cfg.Rule = aggregate.Mean{}
+		s = newSwarm(t, 4, aggtest.Config{}, cfg)
+		srcs, _ = randVecs(rand.New(rand.NewPCG(3, 4)), 4, 1000)
+		srcs[2][500] = 1e3
+		for i, o := range aggtest.RunRound(t.Context(), s.runners, s.group(t, 1), srcs, []float64{1, 1, 1e38, 1}) {
+			if !errors.Is(o.Err, aggregate.ErrOverflow) {
+				t.Errorf("%v overflowing weight: peer %d: %v", algo, i, o.Err)
+			}
+		}
 	}
 }
 

@@ -94,6 +94,10 @@ func (a *attempt) ring() {
 		own = a.r.buf("ring0", size)
 		copy(own, a.src[ownOff:ownOff+size])
 		a.r.be.Scale(coef, own)
+		if firstNonFinite(own) >= 0 { // a huge weight: the same fault for all
+			a.setFault(faultOverflow)
+			return
+		}
 	}
 	m0 := numChunks(size, a.chunk)
 	_, sizeA := shardRange(d, n, left) // our step-0 receipt is the left's own segment
