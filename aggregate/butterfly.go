@@ -96,11 +96,7 @@ func (a *attempt) scatterTo(j int) {
 }
 
 func (a *attempt) scatterFrom(j int, row []float32, w *float64, arrived chan<- struct{}) {
-	var hw [headerLen]float32
-	if !a.recv(j, StepScatter, 0, hw[:], 1, kindStall) {
-		return
-	}
-	h, ok := a.checkHeader(j, hw[:])
+	h, ok := a.recvHeader(j, StepScatter, 1, kindStall)
 	if !ok {
 		return
 	}

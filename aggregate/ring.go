@@ -54,8 +54,8 @@ func ringPlan(d, n, me, c int) (send, recv []ringItem) {
 // chunks flow on as soon as they are combined, so every link is busy from
 // the first chunk to the last.
 //
-// Goroutines: hdrTo(j) sends our header (weight, settings) to every other
-// rank, hdrFrom(j) receives theirs (the owner of a segment needs the total
+// Goroutines: one per other rank sends it our header (weight, settings),
+// hdrFrom(j) receives theirs (the owner of a segment needs the total
 // weight to finish a mean); lane A receives the left neighbour's header and
 // its step-0 chunks, which depend on no one else (a silence there is a
 // stall); lane B receives the rest, which depends on the whole ring (a
@@ -108,7 +108,17 @@ func (a *attempt) ring() {
 	hdrs := make(chan struct{}, n-1)    // a token per checked header
 	leftOK := make(chan struct{})       // closed once the left's header checks out
 	arrivedA := make(chan struct{}, mA) // a token per received item k < mA, in order
-	arrivedB := make(chan struct{}, max(len(recv)-mA, 0))
+	arrivedB := make(chan struct{}, len(recv)-mA)
+
+	// hdrFrom receives and records rank j's header.
+	hdrFrom := func(j int) bool {
+		h, ok := a.recvHeader(j, StepScatter, 1, kindStall)
+		if ok {
+			weights[j] = h.weight
+			hdrs <- struct{}{}
+		}
+		return ok
+	}
 
 	var wg sync.WaitGroup
 	a.lanes.Store(int64(2*(n-1) + 2))
@@ -123,33 +133,19 @@ func (a *attempt) ring() {
 				a.laneDone()
 			}
 		})
-		if j == left {
-			continue
+		if j != left {
+			wg.Go(func() {
+				if hdrFrom(j) {
+					a.laneDone()
+				}
+			})
 		}
-		wg.Go(func() {
-			var w [headerLen]float32
-			if !a.recv(j, StepScatter, 0, w[:], 1, kindStall) {
-				return
-			}
-			if h, ok := a.checkHeader(j, w[:]); ok {
-				weights[j] = h.weight
-				hdrs <- struct{}{}
-				a.laneDone()
-			}
-		})
 	}
 	item := func(k int) []float32 { return a.dst[recv[k].lo:recv[k].hi] }
 	wg.Go(func() { // lane A
-		var w [headerLen]float32
-		if !a.recv(left, StepScatter, 0, w[:], 1, kindStall) {
+		if !hdrFrom(left) {
 			return
 		}
-		h, ok := a.checkHeader(left, w[:])
-		if !ok {
-			return
-		}
-		weights[left] = h.weight
-		hdrs <- struct{}{}
 		close(leftOK)
 		if a.recvLane(left, StepRing, 0, mA, item, 1, kindStall, true, func(int) { arrivedA <- struct{}{} }) {
 			a.laneDone()

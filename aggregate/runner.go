@@ -482,9 +482,15 @@ func (a *attempt) wait(ch <-chan struct{}) bool {
 	}
 }
 
-// checkHeader validates a lane's header from rank j.
-func (a *attempt) checkHeader(j int, w []float32) (header, bool) {
-	h, err := decodeHeader(w)
+// recvHeader waits for the header that opens a lane from rank j (chunk 0
+// of step s, on a watchdog of mult stall timeouts blaming k) and validates
+// it. It returns false when the data phase is over for any reason.
+func (a *attempt) recvHeader(j int, s Step, mult int, k kind) (header, bool) {
+	var w [headerLen]float32
+	if !a.recv(j, s, 0, w[:], mult, k) {
+		return header{}, false
+	}
+	h, err := decodeHeader(w[:])
 	switch {
 	case err != nil:
 		a.accuse(j, kindBadValue)

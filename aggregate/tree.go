@@ -85,11 +85,7 @@ func (a *attempt) upFrom(c int, buf []float32, w *float64, arrived chan<- struct
 	if h == 0 {
 		k = kindStall // a leaf's sums depend on no one
 	}
-	var hw [headerLen]float32
-	if !a.recv(c, StepUp, 0, hw[:], mult, k) {
-		return
-	}
-	hd, ok := a.checkHeader(c, hw[:])
+	hd, ok := a.recvHeader(c, StepUp, mult, k)
 	if !ok {
 		return
 	}
@@ -179,11 +175,7 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 
 func (a *attempt) downFrom(parent, chunks int, publish func()) {
 	mult := a.downMult(a.rank)
-	var hw [headerLen]float32
-	if !a.recv(parent, StepDown, 0, hw[:], mult, kindTimeout) {
-		return
-	}
-	h, ok := a.checkHeader(parent, hw[:])
+	h, ok := a.recvHeader(parent, StepDown, mult, kindTimeout)
 	if !ok {
 		return
 	}

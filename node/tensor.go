@@ -384,12 +384,12 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 }
 
 // readStripe reads a stripe's payload and trailer and checks the
-// checksum (if sum: see flagNoChecksum). The payload goes through a small staging buffer and is copied
-// into dst (if not nil) for as long as a's buffer is not given back to its
-// caller (gone): a Recv that gives up must neither wait for a stalled
-// sender nor have its buffer written after it returned, and the stream
-// must stay in step (a reset would lose the frames queued behind this
-// one). Reading straight into dst would save the copy but leave a blocked
+// checksum (if sum: see flagNoChecksum). The payload goes through a small
+// staging buffer and is copied into dst (if not nil) for as long as a's
+// buffer is not given back to its caller (gone): a Recv that gives up must
+// neither wait for a stalled sender nor have its buffer written after it
+// returned, and the stream must stay in step (a reset would lose the
+// frames queued behind this one). Reading straight into dst would save the copy but leave a blocked
 // Read holding dst; cutting that Read short with a deadline makes yamux
 // drop a window update now and then, which stalls the stream for good.
 func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum bool) error {
