@@ -79,6 +79,14 @@ func failCases() []failCase {
 		{name: "tree/stall/leaf-mid-send", algo: T, n: 7, victim: 6, hook: at(aggregate.StepUp, 6, S), want: aggregate.ErrStall},
 		{name: "tree/stall/inner-while-reducing", algo: T, n: 7, victim: 2, hook: at(aggregate.StepUp, 3, S), want: aggregate.ErrStall},
 		{name: "tree/stall/root-before-broadcast", algo: T, n: 7, victim: 0, hook: at(aggregate.StepDown, 1, S), want: aggregate.ErrStall},
+		{name: "tree/stall/late-timer", algo: T, n: 7, victim: 1, hook: at(aggregate.StepUp, 3, S), want: aggregate.ErrStall,
+			setup: func(s *swarm, v int, _ [][]float32, g *aggregate.Group) {
+				aggregate.DelayTimers(s.runners[slices.Index(s.ids, g.Member(0))], stall/2)
+			}},
+		{name: "butterfly/stall/late-timer", algo: B, n: 5, victim: 1, hook: at(aggregate.StepGather, 2, S), want: aggregate.ErrStall,
+			setup: func(s *swarm, v int, _ [][]float32, g *aggregate.Group) {
+				aggregate.DelayTimers(s.runners[slices.Index(s.ids, g.Member(2))], stall/2)
+			}},
 		{name: "tree/kill/voting", algo: T, n: 7, victim: 4, hook: at(aggregate.StepVote, 1, K), kept: true},
 
 		{name: "ring/kill/before-sending", algo: R, n: 5, victim: 2, hook: at(aggregate.StepRing, 1, K), want: aggregate.ErrStall},
@@ -90,6 +98,13 @@ func failCases() []failCase {
 		{name: "ring/stall/mid-reduce", algo: R, n: 5, victim: 1, hook: at(aggregate.StepRing, 7, S), want: aggregate.ErrStall},
 		{name: "ring/stall/mid-gather", algo: R, n: 5, victim: 2, hook: at(aggregate.StepRing, 22, S), want: aggregate.ErrStall},
 		{name: "ring/stall/header", algo: R, n: 5, victim: 0, hook: at(aggregate.StepScatter, 3, S), want: aggregate.ErrStall},
+		// The victim's right neighbour starves first, but its timers run
+		// late (a busy machine): the next rank times out first and blames it.
+		{name: "ring/stall/late-timer", algo: R, n: 5, victim: 2, hook: at(aggregate.StepRing, 7, S), want: aggregate.ErrStall,
+			setup: func(s *swarm, v int, _ [][]float32, g *aggregate.Group) {
+				right := g.Member((g.Rank(s.ids[v]) + 1) % g.Size())
+				aggregate.DelayTimers(s.runners[slices.Index(s.ids, right)], stall/2)
+			}},
 
 		{name: "butterfly/bad/NaN", algo: B, n: 5, victim: 3, hook: corrupt(aggregate.StepScatter, 2, nan), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
 		{name: "butterfly/bad/Inf-gather", algo: B, n: 5, victim: 3, hook: corrupt(aggregate.StepGather, 1, float32(math.Inf(1))), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},

@@ -69,10 +69,10 @@ func ringPlan(d, n, me, c int) (send, recv []ringItem) {
 // right neighbour last heard of it after it last heard of its left one,
 // and the rank next to the silence times out first (a timeout, blaming a
 // member that then blames no one unless it is itself waiting; see decide);
-// its FAIL vote stops the others before their own waits run out. Only a
-// timer late by more than a chunk's hop could let the next rank time out
-// first, and then both the silent rank and its starved neighbour are left
-// out of the re-run.
+// its FAIL vote stops the others before their own waits run out. Should
+// its timer run late (a busy machine) and the next rank time out first and
+// blame it, its wait is overdue when that vote stops it, and it blames the
+// silent rank as if the timer had fired (see overdue), which clears it.
 func (a *attempt) ring() {
 	n, me, d := a.n, a.rank, len(a.src)
 	if n == 1 {

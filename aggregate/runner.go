@@ -52,6 +52,8 @@ type Runner struct {
 	mu        sync.Mutex // held for a whole round
 	bufs      map[string][]float32
 	voteSends sync.WaitGroup // vote sends of the current round
+
+	late time.Duration // tests: how late every watchdog fires (a busy machine)
 }
 
 // Option is an extra for NewRunner.
@@ -335,7 +337,7 @@ func (a *attempt) watch(j, mult int) (context.Context, func()) {
 		if done {
 			return
 		}
-		due := max(a.base, a.lastHeard[j].Load()) + span
+		due := max(a.base, a.lastHeard[j].Load()) + span + int64(a.r.late)
 		if left := due - time.Now().UnixNano(); left > 0 {
 			timer.Reset(time.Duration(left))
 			return
@@ -344,7 +346,7 @@ func (a *attempt) watch(j, mult int) (context.Context, func()) {
 		cancel(errSilent)
 	}
 	mu.Lock()
-	timer = time.AfterFunc(time.Duration(max(a.base, time.Now().UnixNano())+span-time.Now().UnixNano()), check)
+	timer = time.AfterFunc(time.Duration(max(a.base, time.Now().UnixNano())+span+int64(a.r.late)-time.Now().UnixNano()), check)
 	mu.Unlock()
 	return ctx, func() {
 		mu.Lock()
@@ -355,16 +357,19 @@ func (a *attempt) watch(j, mult int) (context.Context, func()) {
 	}
 }
 
-// recvOne waits for chunk (s, c) from rank j into dst on a watched context;
-// k is the blame if the watchdog fires. It returns false when the data
-// phase is over for any reason.
-func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []float32, k kind) bool {
+// recvOne waits for chunk (s, c) from rank j into dst on a watched context
+// of mult stall timeouts; k is the blame if the watchdog fires. It returns
+// false when the data phase is over for any reason.
+func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []float32, mult int, k kind) bool {
 	err := a.r.t.Recv(ctx, a.g.members[j], a.tag(s, c), dst)
 	switch {
 	case err == nil:
 		a.heard(j)
 		return true
 	case a.dataCtx.Err() != nil:
+		if a.overdue(j, mult) {
+			a.accuse(j, k) // what the watchdog would have said, had it fired on time
+		}
 		return false
 	case context.Cause(ctx) == errSilent:
 		a.accuse(j, k)
@@ -374,11 +379,21 @@ func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []fl
 	return false
 }
 
+// overdue reports whether rank j has been silent for mult stall timeouts
+// (counted like watch). When the data phase stops (another member's FAIL
+// vote, say) while a wait on j is overdue, its watchdog was late, as timers
+// are on a busy machine, and the wait counts as timed out: the member that
+// fired first may be downstream of the silence and blame this one for
+// starving it, and only this blame shows that this one was starved too.
+func (a *attempt) overdue(j, mult int) bool {
+	return time.Now().UnixNano() >= max(a.base, a.lastHeard[j].Load())+int64(mult)*int64(a.stall)
+}
+
 // recv is recvOne on a watchdog of its own.
 func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind) bool {
 	ctx, stop := a.watch(j, mult)
 	defer stop()
-	return a.recvOne(ctx, j, s, c, dst, k)
+	return a.recvOne(ctx, j, s, c, dst, mult, k)
 }
 
 // recvWindow is how many Recvs a lane keeps posted: posted ahead, a chunk
@@ -409,7 +424,7 @@ func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k in
 		wg.Go(func() {
 			for c := i; c < count; c += w {
 				dst := buf(c)
-				if failed.Load() || !a.recvOne(ctx, j, s, first+uint32(c), dst, k) || (check && !a.checkFinite(j, dst)) {
+				if failed.Load() || !a.recvOne(ctx, j, s, first+uint32(c), dst, mult, k) || (check && !a.checkFinite(j, dst)) {
 					failed.Store(true)
 					return
 				}
@@ -449,13 +464,17 @@ func (a *attempt) send(j int, s Step, c uint32, data []float32, mult int) bool {
 	// give it mult stall timeouts, counted from the attempt's base at the
 	// earliest, like a wait.
 	start := max(time.Now().UnixNano(), a.base)
-	ctx, cancel := context.WithDeadline(a.dataCtx, time.Unix(0, start+int64(mult)*int64(a.stall)))
+	deadline := time.Unix(0, start+int64(mult)*int64(a.stall))
+	ctx, cancel := context.WithDeadline(a.dataCtx, deadline.Add(a.r.late))
 	err := a.r.t.Send(ctx, a.g.members[j], a.tag(s, c), data)
 	cancel()
 	if err == nil {
 		return true
 	}
 	if a.dataCtx.Err() != nil {
+		if !time.Now().Before(deadline) {
+			a.accuse(j, kindTimeout) // the deadline was late (see overdue)
+		}
 		return false
 	}
 	a.r.log.Debug("aggregate: send failed", "self", a.r.self, "peer", a.g.members[j], "err", err)

@@ -55,6 +55,14 @@ type peerSet struct {
 	runners []*aggregate.Runner
 }
 
+// debugOpts logs every runner's decisions to stderr when AGGDEBUG is set.
+func debugOpts() []aggregate.Option {
+	if os.Getenv("AGGDEBUG") == "" {
+		return nil
+	}
+	return []aggregate.Option{aggregate.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))}
+}
+
 func newPeers(t testing.TB, nodes []*node.Node, cfg aggregate.Config, hook aggtest.Hook) *peerSet {
 	t.Helper()
 	ps := &peerSet{nodes: nodes}
@@ -63,11 +71,7 @@ func newPeers(t testing.TB, nodes []*node.Node, cfg aggregate.Config, hook aggte
 		tr := p2p.New(n)
 		t.Cleanup(func() { tr.Close() })
 		f := aggtest.NewFaulty(tr, id, hook, func() { tr.Close(); n.Close() })
-		var opts []aggregate.Option
-		if os.Getenv("AGGDEBUG") != "" {
-			opts = append(opts, aggregate.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))))
-		}
-		r, err := aggregate.NewRunner(id, f, cfg, opts...)
+		r, err := aggregate.NewRunner(id, f, cfg, debugOpts()...)
 		if err != nil {
 			t.Fatal(err)
 		}

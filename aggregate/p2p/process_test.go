@@ -122,7 +122,7 @@ func killChild(t *testing.T, algo aggregate.Algorithm, rank int, step aggregate.
 	for i, n := range nodes {
 		tr := p2p.New(n)
 		defer tr.Close()
-		runners[i], err = aggregate.NewRunner(ids[i+1], tr, childConfig(algo))
+		runners[i], err = aggregate.NewRunner(ids[i+1], tr, childConfig(algo), debugOpts()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,7 +219,7 @@ func runChild(t *testing.T) {
 		return a
 	}
 	tr := aggtest.NewFaulty(p2p.New(n), p2p.ID(n.ID()), announce, nil)
-	r, err := aggregate.NewRunner(p2p.ID(n.ID()), tr, childConfig(aggregate.Algorithm(atoi("AGG_CHILD_ALGO"))))
+	r, err := aggregate.NewRunner(p2p.ID(n.ID()), tr, childConfig(aggregate.Algorithm(atoi("AGG_CHILD_ALGO"))), debugOpts()...)
 	if err != nil {
 		t.Fatal(err)
 	}
