@@ -13,7 +13,7 @@ import (
 
 var kindNames = map[string]kind{
 	"stall": kindStall, "timeout": kindTimeout, "unreachable": kindUnreachable, "length": kindBadLength,
-	"value": kindBadValue, "mismatch": kindMismatch, "config": kindConfig,
+	"value": kindBadValue, "mismatch": kindMismatch, "config": kindConfig, "starved": kindStarved,
 }
 
 var sentinels = map[string]error{

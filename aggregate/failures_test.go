@@ -79,6 +79,17 @@ func failCases() []failCase {
 		{name: "tree/stall/leaf-mid-send", algo: T, n: 7, victim: 6, hook: at(aggregate.StepUp, 6, S), want: aggregate.ErrStall},
 		{name: "tree/stall/inner-while-reducing", algo: T, n: 7, victim: 2, hook: at(aggregate.StepUp, 3, S), want: aggregate.ErrStall},
 		{name: "tree/stall/root-before-broadcast", algo: T, n: 7, victim: 0, hook: at(aggregate.StepDown, 1, S), want: aggregate.ErrStall},
+		// As above, and the victim's left neighbour hears of the failure
+		// late: it times out on its own left, which was stopped moments
+		// before its own wait ran out, but starved.
+		{name: "ring/stall/late-vote", algo: R, n: 5, victim: 2, hook: at(aggregate.StepRing, 7, S), want: aggregate.ErrStall,
+			setup: func(s *swarm, v int, _ [][]float32, g *aggregate.Group) {
+				rank := g.Rank(s.ids[v])
+				right := slices.Index(s.ids, g.Member((rank+1)%g.Size()))
+				left := slices.Index(s.ids, g.Member((rank+g.Size()-1)%g.Size()))
+				aggregate.DelayTimers(s.runners[right], stall/2)
+				s.runners[left], _ = aggregate.NewRunner(s.ids[left], lateVotes{s.net.Join(s.ids[left]), stall / 10}, s.runners[left].Config())
+			}},
 		{name: "tree/stall/late-timer", algo: T, n: 7, victim: 1, hook: at(aggregate.StepUp, 3, S), want: aggregate.ErrStall,
 			setup: func(s *swarm, v int, _ [][]float32, g *aggregate.Group) {
 				aggregate.DelayTimers(s.runners[slices.Index(s.ids, g.Member(0))], stall/2)
@@ -262,6 +273,25 @@ func runFailCase(t *testing.T, tc failCase) {
 		}
 	}
 	t.Logf("survivors done within %v (bound %v); victim: %v after %v", slowest, bound, vo.Err, vo.Elapsed)
+}
+
+// lateVotes hands its member every vote late, so that its data phase
+// stops after the others'.
+type lateVotes struct {
+	*aggtest.Endpoint
+	delay time.Duration
+}
+
+func (l lateVotes) Recv(ctx context.Context, from aggregate.PeerID, tag aggregate.Tag, dst []float32) error {
+	err := l.Endpoint.Recv(ctx, from, tag, dst)
+	if err == nil && tag.Step == aggregate.StepVote {
+		select {
+		case <-time.After(l.delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return err
 }
 
 func treeHeight(n int) int {

@@ -208,6 +208,7 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, m0, mA int, own []f
 			ch = arrivedA
 		}
 		if !a.wait(ch) {
+			a.starvedBy((a.rank + a.n - 1) % a.n)
 			return
 		}
 		out := a.dst[it.lo:it.hi]

@@ -277,16 +277,32 @@ func (a *attempt) tag(s Step, chunk uint32) Tag {
 }
 
 // accuse records that rank j failed this peer in way k and stops the data
-// phase. A hard kind replaces a soft one; otherwise the first stands.
+// phase. A hard kind replaces a soft one; otherwise the first stands (an
+// accusation replaces kindStarved).
 func (a *attempt) accuse(j int, k kind) {
 	a.r.log.Debug("aggregate: blame", "self", a.r.self, "group", a.g.String(), "peer", a.g.members[j], "kind", k.err(), "hard", k.hard())
 	a.mu.Lock()
-	if old := a.blame[j]; old == kindNone || (!old.hard() && k.hard()) {
+	if old := a.blame[j]; old == kindNone || old == kindStarved || (!old.hard() && k.hard()) {
 		a.blame[j] = k
 	}
 	a.mu.Unlock()
 	a.bad.Store(true)
 	a.stopData()
+}
+
+// starvedBy records, once the data phase has stopped, that this peer was
+// then waiting on rank j for input with nothing left to send. In a
+// pipeline (the ring) silence spreads from a stalled member to all others
+// within moments, so several time out together, in an order that timer and
+// scheduling noise decide; this mark tells decide that this member is not
+// where the silence began, whoever timed out on it. Only the data phase's
+// end sets it, so an OK vote never carries it.
+func (a *attempt) starvedBy(j int) {
+	a.mu.Lock()
+	if a.blame[j] == kindNone {
+		a.blame[j] = kindStarved
+	}
+	a.mu.Unlock()
 }
 
 func (a *attempt) setFault(f groupFault) {

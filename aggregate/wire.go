@@ -73,12 +73,15 @@ const (
 	kindBadValue         // NaN/±Inf or a malformed control message
 	kindMismatch         // it formed a different group
 	kindConfig           // it runs another rule, algorithm or chunk size
+	kindStarved          // not an accusation: we waited on it with nothing left to send when the data phase stopped
 	kindMax
 )
 
 // hard kinds exclude the accused on one accusation; soft ones only when the
-// accused cannot blame anyone itself (see decide).
-func (k kind) hard() bool { return k != kindNone && k != kindTimeout && k != kindUnreachable }
+// accused cannot blame anyone itself (see decide); kindStarved never does.
+func (k kind) hard() bool {
+	return k != kindNone && k != kindTimeout && k != kindUnreachable && k != kindStarved
+}
 
 // silences reports whether blame of kind k lets a member stop waiting for
 // the accused's vote: a hard kind that is not a disagreement, which the
@@ -89,7 +92,7 @@ func (k kind) silences() bool {
 
 func (k kind) err() error {
 	switch k {
-	case kindStall, kindTimeout:
+	case kindStall, kindTimeout, kindStarved:
 		return ErrStall
 	case kindUnreachable:
 		return ErrUnreachable

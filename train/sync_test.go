@@ -498,3 +498,44 @@ func TestSyncOverSwarm(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncBothLeftOut: in a group of two, a stall leaves both peers out of
+// the same step (the survivor alone is below the quorum); they must find
+// each other again and end together.
+func TestSyncBothLeftOut(t *testing.T) {
+	job := newMemJob(300 * time.Millisecond)
+	workers, nets := memPeers(t, job, 2, 256, 0)
+	cfg := train.DefaultSyncConfig()
+	cfg.Steps = 400
+	cfg.JoinLead = 100 * time.Millisecond
+	cfg.JoinTimeout = 20 * time.Second
+	var mu sync.Mutex
+	failed := map[int]bool{}
+	stalled := false
+	errs := runMem(t, workers, nets, cfg, time.Millisecond, func(k int, si train.StepInfo) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if k == 1 && si.Step == 15 && !stalled {
+			stalled = true
+			job.netw.Stall(aggregate.PeerID(nets[k].ID))
+			time.AfterFunc(time.Second, func() { job.netw.Resume(aggregate.PeerID(nets[k].ID)) })
+		}
+		if si.Failed {
+			failed[k] = true
+		}
+		return false
+	})
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", k, err)
+		}
+	}
+	if !failed[0] || !failed[1] {
+		t.Fatalf("left out: %v, want both", failed)
+	}
+	for k, w := range workers {
+		if !slices.Equal(w.Model.Params, workers[0].Model.Params) || w.Steps != cfg.Steps {
+			t.Fatalf("peer %d: step %d, same parameters %v", k, w.Steps, slices.Equal(w.Model.Params, workers[0].Model.Params))
+		}
+	}
+}

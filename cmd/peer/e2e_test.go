@@ -57,9 +57,30 @@ func binary(t *testing.T) string {
 }
 
 type proc struct {
-	cmd   *exec.Cmd
-	lines chan peerrun.Progress
-	done  chan error
+	cmd    *exec.Cmd
+	lines  chan peerrun.Progress
+	done   chan error
+	stderr *syncBuffer
+}
+
+// syncBuffer is a strings.Builder safe to read while a process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// tail returns the last n bytes written.
+func (s *syncBuffer) tail(n int) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	str := s.b.String()
+	return str[max(0, len(str)-n):]
 }
 
 func freePort(t *testing.T) int {
@@ -109,13 +130,13 @@ func start(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"run", "--progress-json", "--mdns=false", "--swarm", "e2e"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, lines: make(chan peerrun.Progress, 1000), done: make(chan error, 1)}
+	p := &proc{cmd: cmd, lines: make(chan peerrun.Progress, 1000), done: make(chan error, 1), stderr: stderr}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -126,7 +147,7 @@ func start(t *testing.T, bin string, args ...string) *proc {
 		}
 		err := cmd.Wait()
 		if err != nil {
-			err = fmt.Errorf("%v: %s", err, stderr.String())
+			err = fmt.Errorf("%v: %s", err, stderr.tail(1<<20))
 		}
 		close(p.lines)
 		p.done <- err
@@ -149,7 +170,7 @@ func (p *proc) waitRound(t *testing.T, r int, timeout time.Duration) peerrun.Pro
 				return pr
 			}
 		case <-deadline:
-			t.Fatalf("no round %d within %v", r, timeout)
+			t.Fatalf("no round %d within %v; the peer's log ends:\n%s", r, timeout, p.stderr.tail(4000))
 		}
 	}
 }
@@ -169,7 +190,7 @@ func (p *proc) wait(t *testing.T, timeout time.Duration) {
 			t.Fatal(err)
 		}
 	case <-time.After(timeout):
-		t.Fatalf("peer did not finish within %v", timeout)
+		t.Fatalf("peer did not finish within %v; its log ends:\n%s", timeout, p.stderr.tail(4000))
 	}
 }
 
