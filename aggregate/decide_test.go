@@ -13,7 +13,7 @@ import (
 
 var kindNames = map[string]kind{
 	"stall": kindStall, "timeout": kindTimeout, "unreachable": kindUnreachable, "length": kindBadLength,
-	"value": kindBadValue, "mismatch": kindMismatch, "config": kindConfig, "starved": kindStarved,
+	"value": kindBadValue, "mismatch": kindMismatch, "config": kindConfig, "starved": kindStarved, "gone": kindGone,
 }
 
 var sentinels = map[string]error{

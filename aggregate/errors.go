@@ -46,6 +46,10 @@ var (
 	ErrStall = errors.New("aggregate: peer stalled")
 	// ErrUnreachable means sending to a peer failed.
 	ErrUnreachable = errors.New("aggregate: peer unreachable")
+	// ErrDisconnected (which wraps ErrUnreachable) means the transport
+	// saw every connection to a peer close while waiting on it: the peer
+	// died or the network between us failed.
+	ErrDisconnected = fmt.Errorf("%w: its connection closed", ErrUnreachable)
 
 	// ErrOverflow means the sum or mean of finite contributions overflows
 	// float32. Every member fails the round with it; nobody re-runs.

@@ -469,6 +469,8 @@ func (a *attempt) recvFailed(j int, err error) {
 		a.accuse(j, kindBadLength)
 	case errors.Is(err, ErrBadValue):
 		a.accuse(j, kindBadValue)
+	case errors.Is(err, ErrDisconnected):
+		a.accuse(j, kindGone)
 	default:
 		a.accuse(j, kindUnreachable)
 	}
@@ -744,8 +746,8 @@ func (a *attempt) recvVote(ctx context.Context, j int, buf []float32) {
 		pv.state, pv.digest = voteOther, me.Got
 		pv.known = decodeVote(buf, a.n, &pv.v) == nil
 		a.stopData()
-	case ctx.Err() != nil:
-		// missing
+	case ctx.Err() != nil, errors.Is(err, ErrDisconnected):
+		// missing (a dead peer's vote will not come)
 	case errors.Is(err, ErrClosed):
 		a.setFatal(err)
 	default:

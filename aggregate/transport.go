@@ -92,8 +92,10 @@ type Transport interface {
 	// into dst, which must have exactly the chunk's length (else a
 	// *PeerError wrapping ErrBadLength). A digest that differs from
 	// tag.Digest gives a *MismatchError. Recv returns ctx's error when ctx
-	// ends first, and ErrClosed after Close. At most one Recv may wait for
-	// a given (from, tag).
+	// ends first, and ErrClosed after Close. A transport that learns that
+	// from's connection closed (from died) fails the Recv with a *PeerError
+	// wrapping ErrDisconnected rather than wait out ctx. At most one Recv
+	// may wait for a given (from, tag).
 	Recv(ctx context.Context, from PeerID, tag Tag, dst []float32) error
 }
 

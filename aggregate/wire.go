@@ -74,20 +74,23 @@ const (
 	kindMismatch         // it formed a different group
 	kindConfig           // it runs another rule, algorithm or chunk size
 	kindStarved          // not an accusation: we waited on it with nothing left to send when the data phase stopped
+	kindGone             // its connection closed while we waited on it
 	kindMax
 )
 
 // hard kinds exclude the accused on one accusation; soft ones only when the
 // accused cannot blame anyone itself (see decide); kindStarved never does.
 func (k kind) hard() bool {
-	return k != kindNone && k != kindTimeout && k != kindUnreachable && k != kindStarved
+	return k != kindNone && k != kindTimeout && k != kindUnreachable && k != kindStarved && k != kindGone
 }
 
 // silences reports whether blame of kind k lets a member stop waiting for
 // the accused's vote: a hard kind that is not a disagreement, which the
 // accused sees from its own side and votes on.
+// A closed connection (kindGone) is soft, as the accused may be alive and
+// vote, but silences: a dead peer's vote will not come.
 func (k kind) silences() bool {
-	return k.hard() && k != kindMismatch && k != kindConfig && k != kindBadLength
+	return k == kindGone || (k.hard() && k != kindMismatch && k != kindConfig && k != kindBadLength)
 }
 
 func (k kind) err() error {
@@ -96,6 +99,8 @@ func (k kind) err() error {
 		return ErrStall
 	case kindUnreachable:
 		return ErrUnreachable
+	case kindGone:
+		return ErrDisconnected
 	case kindBadLength:
 		return ErrBadLength
 	case kindBadValue:

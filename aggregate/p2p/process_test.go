@@ -164,7 +164,13 @@ func killChild(t *testing.T, algo aggregate.Algorithm, rank int, step aggregate.
 		}
 	}
 	checkSame(t, outs, all, expected(t, aggregate.Mean{}, outs[0].Result.Group, ids[1:], srcs, w))
-	t.Logf("survivors done in %v (stall timeout %v)", slices.MaxFunc(outs, func(a, b aggtest.Outcome) int { return int(a.Elapsed - b.Elapsed) }).Elapsed, childStall)
+	slowest := slices.MaxFunc(outs, func(a, b aggtest.Outcome) int { return int(a.Elapsed - b.Elapsed) }).Elapsed
+	t.Logf("survivors done in %v (stall timeout %v)", slowest, childStall)
+	// The child's connections closed with it: the survivors know at once
+	// (a wait that timed out takes two stall timeouts, then a vote window).
+	if slowest >= childStall {
+		t.Errorf("survivors took %v: the killed peer's closed connections went unnoticed", slowest)
+	}
 }
 
 func peerStrings(ids []aggregate.PeerID) []string {

@@ -22,6 +22,12 @@
 // arrive (never parked), and the outsiders are reported in
 // Result.Rejected. Tensors that are not all-reduce chunks (another dtype,
 // codec or step) pass untouched.
+//
+// A Recv from a peer whose last connection closes while it waits (or had
+// closed and not come back when it started) fails at once with
+// aggregate.ErrDisconnected instead of waiting out the driver's stall
+// timeout: a killed process is known to be gone within moments. A tensor
+// that had fully arrived is still delivered.
 package p2p
 
 import (
@@ -33,6 +39,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/compression"
@@ -52,7 +59,18 @@ type Transport struct {
 	mu     sync.Mutex
 	closed bool
 	links  map[peer.ID]*node.Link
+	life   map[peer.ID]*peerLife
+	notify *network.NotifyBundle
 }
+
+// peerLife ends, with cause errGone, when the last connection to a peer
+// closes; a new connection starts a new one.
+type peerLife struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+var errGone = errors.New("p2p: the peer's last connection closed")
 
 var (
 	_ aggregate.Transport = (*Transport)(nil)
@@ -62,17 +80,66 @@ var (
 // New returns a Transport over n. The node stays the caller's to close;
 // Close the Transport first.
 func New(n *node.Node) *Transport {
-	t := &Transport{n: n, links: map[peer.ID]*node.Link{}, scope: aggregate.NewMailbox(0)}
+	t := &Transport{n: n, links: map[peer.ID]*node.Link{}, life: map[peer.ID]*peerLife{}, scope: aggregate.NewMailbox(0)}
 	t.unhook = n.AddAdmit(t.admit)
+	t.notify = &network.NotifyBundle{
+		ConnectedF: func(_ network.Network, c network.Conn) { t.connected(c.RemotePeer()) },
+		DisconnectedF: func(nw network.Network, c network.Conn) {
+			if p := c.RemotePeer(); nw.Connectedness(p) != network.Connected {
+				t.disconnected(p)
+			}
+		},
+	}
+	nw := n.Host().Network()
+	nw.Notify(t.notify)
+	for _, p := range nw.Peers() { // connected before New
+		t.connected(p)
+	}
 	return t
+}
+
+// connected starts a new life for p unless one is running.
+func (t *Transport) connected(p peer.ID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l := t.life[p]; t.life == nil || (l != nil && l.ctx.Err() == nil) {
+		return
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	t.life[p] = &peerLife{ctx, cancel}
+}
+
+// disconnected ends p's life.
+func (t *Transport) disconnected(p peer.ID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l := t.life[p]; l != nil {
+		l.cancel(errGone)
+	}
+}
+
+// lifeOf returns the context of p's current life, or nil if p was not
+// seen connected since New.
+func (t *Transport) lifeOf(p peer.ID) context.Context {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l := t.life[p]; l != nil {
+		return l.ctx
+	}
+	return nil
 }
 
 // Close closes the control links and removes the admission hook. Later
 // Sends fail with ErrClosed.
 func (t *Transport) Close() error {
+	t.n.Host().Network().StopNotify(t.notify)
 	t.mu.Lock()
 	links := t.links
 	t.links, t.closed = nil, true
+	for _, l := range t.life {
+		l.cancel(context.Canceled)
+	}
+	t.life = nil
 	t.mu.Unlock()
 	for _, l := range links {
 		l.Close()
@@ -206,8 +273,18 @@ func (t *Transport) Recv(ctx context.Context, from aggregate.PeerID, tag aggrega
 	if err != nil {
 		return err
 	}
+	if life := t.lifeOf(pid); life != nil {
+		rctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		defer context.AfterFunc(life, func() { cancel(errGone) })()
+		ctx = rctx
+	}
 	buf, release := asBytes(dst, false)
 	tn, err := t.n.Recv(ctx, pid, nodeTag(tag), buf)
+	if err != nil && context.Cause(ctx) == errGone {
+		release()
+		return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v", aggregate.ErrDisconnected, tag)}
+	}
 	if err == nil && !littleEndian {
 		fromLE(dst, tn.Payload)
 	}

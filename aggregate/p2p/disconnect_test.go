@@ -1,0 +1,77 @@
+package p2p_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/p2p"
+	"github.com/starling-ml/starling/node"
+)
+
+// TestRecvDisconnected: a Recv waiting on a peer fails with ErrDisconnected
+// (naming the peer) as soon as the peer's connection closes, and so does
+// one posted after it closed; a chunk that arrived before is still
+// delivered. A peer that was never connected is waited for as usual.
+func TestRecvDisconnected(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var nodes [3]*node.Node
+	for i := range nodes {
+		n, err := node.New(ctx, node.TestConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		nodes[i] = n
+	}
+	if err := nodes[0].Connect(ctx, nodes[1].AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	a, b := p2p.New(nodes[0]), p2p.New(nodes[1])
+	defer a.Close()
+	idB := p2p.ID(nodes[1].ID())
+	tag := func(c uint32) aggregate.Tag {
+		return aggregate.Tag{Round: 1, Digest: 9, Step: aggregate.StepRing, Chunk: c}
+	}
+	sent := []float32{1, 2, 3}
+	if err := b.Send(ctx, p2p.ID(nodes[0].ID()), tag(1), sent); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, 3)
+	if err := a.Recv(ctx, idB, tag(1), got); err != nil || !slices.Equal(got, sent) {
+		t.Fatalf("chunk 1: %v %v", got, err)
+	}
+
+	waiting := make(chan error, 1)
+	start := time.Now()
+	go func() { waiting <- a.Recv(ctx, idB, tag(2), got) }()
+	time.Sleep(50 * time.Millisecond) // posted
+	b.Close()
+	nodes[1].Close()
+	isGone := func(what string, err error) {
+		t.Helper()
+		var pe *aggregate.PeerError
+		if !errors.Is(err, aggregate.ErrDisconnected) || !errors.Is(err, aggregate.ErrUnreachable) || !errors.As(err, &pe) || pe.Peer != idB {
+			t.Fatalf("%s: %v, want ErrDisconnected from %s", what, err, idB)
+		}
+	}
+	select {
+	case err := <-waiting:
+		isGone("waiting Recv", err)
+		t.Logf("a waiting Recv failed %v after the peer closed", time.Since(start)-50*time.Millisecond)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a waiting Recv did not notice the closed connection")
+	}
+	isGone("Recv after the close", a.Recv(ctx, idB, tag(3), got))
+
+	// Never connected: only the caller's deadline ends the wait.
+	short, stop := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer stop()
+	if err := a.Recv(short, p2p.ID(nodes[2].ID()), tag(4), got); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Recv from a peer never connected: %v, want the deadline", err)
+	}
+}
