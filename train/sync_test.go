@@ -539,3 +539,46 @@ func TestSyncBothLeftOut(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncBothLeftOutAtOnce: a group of two fails one step on both sides
+// at the same moment (one sent a NaN: it is excluded, and the other is
+// below the quorum); each then sees the other at its own step. They must
+// run on together, not as two jobs.
+func TestSyncBothLeftOutAtOnce(t *testing.T) {
+	job := newMemJob(300 * time.Millisecond)
+	workers, nets := memPeers(t, job, 2, 256, 0)
+	var once sync.Once
+	job.netw.SetHook(func(from, _ aggregate.PeerID, tag aggregate.Tag, data []float32) aggtest.Action {
+		if from == aggregate.PeerID(nets[1].ID) && tag.Round == 16 && len(data) > 0 {
+			once.Do(func() { data[0] = float32(math.NaN()) })
+		}
+		return aggtest.Deliver
+	})
+	cfg := train.DefaultSyncConfig()
+	cfg.Steps = 400
+	cfg.JoinLead = 100 * time.Millisecond
+	cfg.JoinTimeout = 20 * time.Second
+	var mu sync.Mutex
+	failed := map[int]bool{}
+	errs := runMem(t, workers, nets, cfg, time.Millisecond, func(k int, si train.StepInfo) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if si.Failed {
+			failed[k] = true
+		}
+		return false
+	})
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", k, err)
+		}
+	}
+	if !failed[0] || !failed[1] {
+		t.Fatalf("left out: %v, want both", failed)
+	}
+	for k, w := range workers {
+		if !slices.Equal(w.Model.Params, workers[0].Model.Params) || w.Steps != cfg.Steps {
+			t.Fatalf("peer %d: step %d, same parameters %v", k, w.Steps, slices.Equal(w.Model.Params, workers[0].Model.Params))
+		}
+	}
+}
