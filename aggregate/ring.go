@@ -72,7 +72,10 @@ func ringPlan(d, n, me, c int) (send, recv []ringItem) {
 // its FAIL vote stops the others before their own waits run out. Should
 // its timer run late (a busy machine) and the next rank time out first and
 // blame it, its wait is overdue when that vote stops it, and it blames the
-// silent rank as if the timer had fired (see overdue), which clears it.
+// silent rank as if the timer had fired (see overdue), which clears it. And
+// a rank whose sender was waiting for input when the data phase stopped
+// says so in its vote (starvedBy), so that a timeout on it, however the
+// timers fell, does not exclude it.
 func (a *attempt) ring() {
 	n, me, d := a.n, a.rank, len(a.src)
 	if n == 1 {
