@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,27 +25,42 @@ import (
 
 // TestKillRealProcess runs a round between peers in this process and one
 // in a child process, over libp2p on loopback TCP, and SIGKILLs the child
-// at a chosen point of the protocol: the survivors must finish without it.
+// at a chosen point of the protocol: the survivors must finish without it,
+// at once (its connections close). A child frozen with SIGSTOP instead
+// keeps its connections: the watchdogs find it.
 func TestKillRealProcess(t *testing.T) {
 	if os.Getenv("AGG_CHILD") != "" {
 		runChild(t)
 		return
 	}
 	t.Parallel()
-	cases := []struct {
-		name string
-		algo aggregate.Algorithm
-		rank int // the child's rank in the group
-		step aggregate.Step
-		nth  int
-	}{
-		{"butterfly/while-reducing", aggregate.Butterfly, 0, aggregate.StepGather, 1},
-		{"tree/inner-while-reducing", aggregate.Tree, 1, aggregate.StepUp, 2},
-		{"ring/mid-reduce", aggregate.Ring, 2, aggregate.StepRing, 6},
+	cases := []childCase{
+		// 5 peers, 50,000 values in chunks of 4,096: shards and ring
+		// segments of 3 chunks; tree 0→{1,2}, 1→{3,4}.
+		{"butterfly/before-sending", aggregate.Butterfly, 3, aggregate.StepScatter, 1, false},
+		{"butterfly/mid-send", aggregate.Butterfly, 1, aggregate.StepScatter, 7, false},
+		{"butterfly/while-reducing", aggregate.Butterfly, 0, aggregate.StepGather, 1, false},
+		{"tree/leaf-before-sending", aggregate.Tree, 4, aggregate.StepUp, 1, false},
+		{"tree/inner-while-reducing", aggregate.Tree, 1, aggregate.StepUp, 2, false},
+		{"tree/root-mid-broadcast", aggregate.Tree, 0, aggregate.StepDown, 4, false},
+		{"ring/before-sending", aggregate.Ring, 4, aggregate.StepRing, 1, false},
+		{"ring/mid-reduce", aggregate.Ring, 2, aggregate.StepRing, 6, false},
+		{"ring/mid-gather", aggregate.Ring, 3, aggregate.StepRing, 18, false},
+		{"ring/frozen-mid-reduce", aggregate.Ring, 1, aggregate.StepRing, 6, true},
+		{"butterfly/frozen-mid-send", aggregate.Butterfly, 2, aggregate.StepScatter, 7, true},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) { killChild(t, tc.algo, tc.rank, tc.step, tc.nth) })
+		t.Run(tc.name, func(t *testing.T) { killChild(t, tc) })
 	}
+}
+
+type childCase struct {
+	name   string
+	algo   aggregate.Algorithm
+	rank   int // the child's rank in the group
+	step   aggregate.Step
+	nth    int
+	freeze bool // SIGSTOP instead of SIGKILL
 }
 
 const (
@@ -59,7 +75,8 @@ func childConfig(algo aggregate.Algorithm) aggregate.Config {
 	return cfg
 }
 
-func killChild(t *testing.T, algo aggregate.Algorithm, rank int, step aggregate.Step, nth int) {
+func killChild(t *testing.T, tc childCase) {
+	algo, rank, step, nth := tc.algo, tc.rank, tc.step, tc.nth
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestKillRealProcess$")
@@ -129,11 +146,15 @@ func killChild(t *testing.T, algo aggregate.Algorithm, rank int, step aggregate.
 	}
 	srcs, w := randVecs(3, childPeers, childDim)
 
-	// Kill the child with SIGKILL as soon as it reports the protocol point.
+	// Kill (or freeze) the child as soon as it reports the protocol point.
 	killed := make(chan struct{})
 	go func() {
 		readChild(t, lines, "AT")
-		cmd.Process.Kill()
+		if tc.freeze {
+			cmd.Process.Signal(syscall.SIGSTOP) // killed by the deferred Kill
+		} else {
+			cmd.Process.Kill()
+		}
 		close(killed)
 		io.Copy(io.Discard, stdout)
 	}()
@@ -148,6 +169,9 @@ func killChild(t *testing.T, algo aggregate.Algorithm, rank int, step aggregate.
 		})
 	}
 	wg.Wait()
+	if tc.freeze {
+		cmd.Process.Kill() // before the nodes close their connections to it
+	}
 	select {
 	case <-killed:
 	default:
@@ -166,10 +190,15 @@ func killChild(t *testing.T, algo aggregate.Algorithm, rank int, step aggregate.
 	checkSame(t, outs, all, expected(t, aggregate.Mean{}, outs[0].Result.Group, ids[1:], srcs, w))
 	slowest := slices.MaxFunc(outs, func(a, b aggtest.Outcome) int { return int(a.Elapsed - b.Elapsed) }).Elapsed
 	t.Logf("survivors done in %v (stall timeout %v)", slowest, childStall)
-	// The child's connections closed with it: the survivors know at once
-	// (a wait that timed out takes two stall timeouts, then a vote window).
-	if slowest >= childStall {
+	switch {
+	case !tc.freeze && slowest >= childStall:
+		// The child's connections closed with it: the survivors know at
+		// once (a wait that timed out takes two stall timeouts, then a
+		// vote window).
 		t.Errorf("survivors took %v: the killed peer's closed connections went unnoticed", slowest)
+	case tc.freeze && slowest > 7*childStall:
+		// Detection after the longest wait, a vote window, a re-run.
+		t.Errorf("survivors took %v, more than 7 stall timeouts", slowest)
 	}
 }
 
