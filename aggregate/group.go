@@ -126,6 +126,13 @@ func (g Group) Without(drop ...PeerID) Group {
 	return ng
 }
 
+// at returns g at attempt a (same round and members, a new digest).
+func (g Group) at(a uint16) Group {
+	g.attempt = a
+	g.digest = g.computeDigest()
+	return g
+}
+
 func (g Group) String() string {
 	return fmt.Sprintf("round %d attempt %d (%d peers, digest %016x)", g.round, g.attempt, len(g.members), g.digest)
 }

@@ -22,6 +22,7 @@ type Mailbox struct {
 	round    uint64
 	attempt  uint16
 	members  map[PeerID]struct{}
+	ahead    uint16                // the latest attempt of round a member sent chunks for, if later than attempt
 	rejected map[PeerID]*PeerError // for round
 	pending  int                   // elements held in slots
 	limit    int                   // elements
@@ -121,7 +122,21 @@ func (m *Mailbox) admitLocked(from PeerID, tag Tag) error {
 			return m.rejectLocked(from, tag)
 		}
 	}
+	if _, ok := m.members[from]; ok && tag.Round == m.round && tag.Attempt > m.attempt {
+		m.ahead = max(m.ahead, tag.Attempt)
+	}
 	return nil
+}
+
+// LatestAttempt returns the latest attempt of round that a member of the
+// scoped group sent chunks for, if it is later than the scope's attempt.
+func (m *Mailbox) LatestAttempt(round uint64) (uint16, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.scoped || round != m.round || m.ahead <= m.attempt {
+		return 0, false
+	}
+	return m.ahead, true
 }
 
 func (m *Mailbox) rejectLocked(from PeerID, tag Tag) error {
@@ -232,6 +247,7 @@ func (m *Mailbox) Scope(g Group) {
 	defer m.mu.Unlock()
 	if !m.scoped || g.round != m.round {
 		clear(m.rejected)
+		m.ahead = 0
 	}
 	m.scoped, m.round, m.attempt = true, g.round, g.attempt
 	m.members = make(map[PeerID]struct{}, len(g.members))

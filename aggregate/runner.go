@@ -54,6 +54,12 @@ type Runner struct {
 	voteSends sync.WaitGroup // vote sends of the current round
 
 	late time.Duration // tests: how late every watchdog fires (a busy machine)
+
+	// The round of the last call if it failed after running attempts,
+	// and the attempt after its last one (see AllReduce).
+	failed      bool
+	failedRound uint64
+	failedNext  uint16
 }
 
 // Option is an extra for NewRunner.
@@ -120,6 +126,16 @@ func (r *Runner) buf(name string, n int) []float32 {
 // name this peer), ErrExcluded (with a *PeerError naming this peer),
 // ErrTooFewPeers, ErrRoundFailed, ErrOverflow, ErrZeroWeight,
 // ErrTooFewInputs, ErrClosed, or ctx's error.
+//
+// Calling AllReduce again for the round of a call that failed (a retry of
+// a training step) runs it from the attempt after that call's last one, not
+// from g's: chunks of the failed call may still be in flight or parked
+// under its tags. The members that failed together ended in the same
+// attempt and so agree on the next. A member that tried the round more
+// often (alone, while this peer was stuck) sent chunks of a later attempt
+// that the transport saw (LatestAttempt): the retry joins it there. (If
+// that member has moved on again by then, the two miss each other and try
+// again.)
 func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, weight float64) (res Result, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -157,6 +173,23 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 			r.log.Info("aggregate: round completed without some peers", "self", r.self, "group", res.Group.String(),
 				"excluded", fmt.Sprint(res.Excluded), "rejected", fmt.Sprint(res.Rejected))
 		}
+	}()
+	if r.failed && g.round == r.failedRound {
+		// A retry of a round that failed: its chunks may still be in
+		// flight or parked under the failed call's tags.
+		next := r.failedNext
+		if as, ok := r.t.(attemptSeer); ok {
+			if a, ok := as.LatestAttempt(g.round); ok && a > next {
+				next = a // a member went on to attempt a: join it there
+			}
+		}
+		if g.attempt < next {
+			g = g.at(next)
+		}
+	}
+	defer func() {
+		r.failed = err != nil && res.Attempts > 0
+		r.failedRound, r.failedNext = res.Group.round, res.Group.attempt+1
 	}()
 	orig := g.Size()
 	for {

@@ -112,3 +112,10 @@ type Scoper interface {
 	// refused, one entry per peer.
 	Rejected(round uint64) []*PeerError
 }
+
+// attemptSeer is implemented by transports that report the latest attempt
+// of a round that a member of the scoped group sent chunks for, when later
+// than the scope's (Mailbox does).
+type attemptSeer interface {
+	LatestAttempt(round uint64) (uint16, bool)
+}

@@ -151,6 +151,11 @@ func (t *Transport) Close() error {
 // Scope implements aggregate.Scoper.
 func (t *Transport) Scope(g aggregate.Group) { t.scope.Scope(g) }
 
+// LatestAttempt reports the latest attempt of round that a member of the
+// scoped group sent chunks for, if later than the scope's (see
+// aggregate.Mailbox.LatestAttempt).
+func (t *Transport) LatestAttempt(round uint64) (uint16, bool) { return t.scope.LatestAttempt(round) }
+
 // Rejected implements aggregate.Scoper.
 func (t *Transport) Rejected(round uint64) []*aggregate.PeerError { return t.scope.Rejected(round) }
 
