@@ -464,6 +464,24 @@ func ExampleRunner() {
 	// c [3.5 4.5] <nil>
 }
 
+// failRoundForBoth runs round 51 between two peers, one with a NaN: it is
+// excluded, and the other is below the quorum.
+func failRoundForBoth(t *testing.T, algo aggregate.Algorithm) (*swarm, aggregate.Group, *rand.Rand) {
+	cfg := aggregate.DefaultConfig()
+	cfg.Algorithm, cfg.ChunkElems, cfg.StallTimeout = algo, 16, stall
+	s := newSwarm(t, 2, aggtest.Config{Latency: time.Millisecond}, cfg)
+	g := s.group(t, 51)
+	rng := rand.New(rand.NewPCG(51, uint64(algo)))
+	srcs, w := randVecs(rng, 2, 100)
+	srcs[1][3] = float32(math.NaN())
+	for i, o := range aggtest.RunRound(t.Context(), s.runners, g, srcs, w) {
+		if o.Err == nil {
+			t.Fatalf("peer %d: the poisoned round succeeded", i)
+		}
+	}
+	return s, g, rng
+}
+
 // TestRetryFailedRound: a round that failed for all (two peers, one with a
 // NaN: it is excluded, the other is below the quorum) is called again
 // with new inputs, as synchronous training retries a step. The retry must
@@ -473,19 +491,8 @@ func TestRetryFailedRound(t *testing.T) {
 	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
 		t.Run(algo.String(), func(t *testing.T) {
 			synctestRun(t, func(t *testing.T) {
-				cfg := aggregate.DefaultConfig()
-				cfg.Algorithm, cfg.ChunkElems, cfg.StallTimeout = algo, 16, stall
-				s := newSwarm(t, 2, aggtest.Config{Latency: time.Millisecond}, cfg)
-				g := s.group(t, 51)
-				rng := rand.New(rand.NewPCG(51, 1))
+				s, g, rng := failRoundForBoth(t, algo)
 				srcs, w := randVecs(rng, 2, 100)
-				srcs[1][3] = float32(math.NaN())
-				for i, o := range aggtest.RunRound(t.Context(), s.runners, g, srcs, w) {
-					if o.Err == nil {
-						t.Fatalf("peer %d: the poisoned round succeeded", i)
-					}
-				}
-				srcs, w = randVecs(rng, 2, 100)
 				outs := aggtest.RunRound(t.Context(), s.runners, g, srcs, w)
 				for i, o := range outs {
 					if o.Err != nil {
@@ -508,15 +515,8 @@ func TestRetryJoinsAMemberAhead(t *testing.T) {
 	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
 		t.Run(algo.String(), func(t *testing.T) {
 			synctestRun(t, func(t *testing.T) {
-				cfg := aggregate.DefaultConfig()
-				cfg.Algorithm, cfg.ChunkElems, cfg.StallTimeout = algo, 16, stall
-				s := newSwarm(t, 2, aggtest.Config{Latency: time.Millisecond}, cfg)
-				g := s.group(t, 51)
-				rng := rand.New(rand.NewPCG(51, 2))
+				s, g, rng := failRoundForBoth(t, algo)
 				srcs, w := randVecs(rng, 2, 100)
-				srcs[1][3] = float32(math.NaN())
-				aggtest.RunRound(t.Context(), s.runners, g, srcs, w)
-				srcs, w = randVecs(rng, 2, 100)
 				if _, err := s.runners[0].AllReduce(t.Context(), g, make([]float32, 100), srcs[0], w[0]); err == nil {
 					t.Fatal("a retry alone succeeded")
 				}
