@@ -488,20 +488,29 @@ func failRoundForBoth(t *testing.T, algo aggregate.Algorithm) (*swarm, aggregate
 // use the new inputs only, not chunks of the failed call that were still
 // parked, and must not block on them.
 func TestRetryFailedRound(t *testing.T) {
+	retryCase(t, func(t *testing.T, s *swarm, g aggregate.Group, srcs [][]float32, w []float64) []aggtest.Outcome {
+		outs := aggtest.RunRound(t.Context(), s.runners, g, srcs, w)
+		for i, o := range outs {
+			if o.Err != nil {
+				t.Fatalf("peer %d: retry: %v", i, o.Err)
+			}
+			if o.Result.Group.Size() != 2 || o.Result.Group.Attempt() == 0 {
+				t.Fatalf("peer %d: retry ran in %v, want both peers after the failed call's attempts", i, o.Result.Group)
+			}
+		}
+		return outs
+	})
+}
+
+// retryCase runs, for each linear algorithm, failRoundForBoth and then
+// retry with new inputs; the retry's outcomes must be the mean of those.
+func retryCase(t *testing.T, retry func(t *testing.T, s *swarm, g aggregate.Group, srcs [][]float32, w []float64) []aggtest.Outcome) {
 	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
 		t.Run(algo.String(), func(t *testing.T) {
 			synctestRun(t, func(t *testing.T) {
 				s, g, rng := failRoundForBoth(t, algo)
 				srcs, w := randVecs(rng, 2, 100)
-				outs := aggtest.RunRound(t.Context(), s.runners, g, srcs, w)
-				for i, o := range outs {
-					if o.Err != nil {
-						t.Fatalf("peer %d: retry: %v", i, o.Err)
-					}
-					if o.Result.Group.Size() != 2 || o.Result.Group.Attempt() == 0 {
-						t.Fatalf("peer %d: retry ran in %v, want both peers after the failed call's attempts", i, o.Result.Group)
-					}
-				}
+				outs := retry(t, s, g, srcs, w)
 				checkSame(t, outs, all(2), expected(t, aggregate.Mean{}, g, s.ids, srcs, w), algo == aggregate.Butterfly)
 			})
 		})
@@ -512,36 +521,30 @@ func TestRetryFailedRound(t *testing.T) {
 // retries it alone (the other is busy) and fails again; when both retry,
 // the one that tried fewer times joins the other's attempt.
 func TestRetryJoinsAMemberAhead(t *testing.T) {
-	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
-		t.Run(algo.String(), func(t *testing.T) {
-			synctestRun(t, func(t *testing.T) {
-				s, g, rng := failRoundForBoth(t, algo)
-				srcs, w := randVecs(rng, 2, 100)
-				if _, err := s.runners[0].AllReduce(t.Context(), g, make([]float32, 100), srcs[0], w[0]); err == nil {
-					t.Fatal("a retry alone succeeded")
-				}
-				outs := make([]aggtest.Outcome, 2)
-				done := make(chan struct{}, 2)
-				for i, r := range s.runners {
-					outs[i].Out = make([]float32, 100)
-					go func() {
-						time.Sleep(time.Duration(i) * 10 * time.Millisecond) // peer 1 comes later
-						outs[i].Result, outs[i].Err = r.AllReduce(t.Context(), g, outs[i].Out, srcs[i], w[i])
-						done <- struct{}{}
-					}()
-				}
-				<-done
-				<-done
-				for i, o := range outs {
-					if o.Err != nil {
-						t.Fatalf("peer %d: %v", i, o.Err)
-					}
-				}
-				if a, b := outs[0].Result.Group, outs[1].Result.Group; a.Digest() != b.Digest() || a.Attempt() != 2 {
-					t.Fatalf("retries ran in %v and %v, want both in attempt 2", a, b)
-				}
-				checkSame(t, outs, all(2), expected(t, aggregate.Mean{}, g, s.ids, srcs, w), algo == aggregate.Butterfly)
-			})
-		})
-	}
+	retryCase(t, func(t *testing.T, s *swarm, g aggregate.Group, srcs [][]float32, w []float64) []aggtest.Outcome {
+		if _, err := s.runners[0].AllReduce(t.Context(), g, make([]float32, 100), srcs[0], w[0]); err == nil {
+			t.Fatal("a retry alone succeeded")
+		}
+		outs := make([]aggtest.Outcome, 2)
+		done := make(chan struct{}, 2)
+		for i, r := range s.runners {
+			outs[i].Out = make([]float32, 100)
+			go func() {
+				time.Sleep(time.Duration(i) * 10 * time.Millisecond) // peer 1 comes later
+				outs[i].Result, outs[i].Err = r.AllReduce(t.Context(), g, outs[i].Out, srcs[i], w[i])
+				done <- struct{}{}
+			}()
+		}
+		<-done
+		<-done
+		for i, o := range outs {
+			if o.Err != nil {
+				t.Fatalf("peer %d: %v", i, o.Err)
+			}
+		}
+		if a, b := outs[0].Result.Group, outs[1].Result.Group; a.Digest() != b.Digest() || a.Attempt() != 2 {
+			t.Fatalf("retries ran in %v and %v, want both in attempt 2", a, b)
+		}
+		return outs
+	})
 }

@@ -117,12 +117,14 @@ func (m *Mailbox) admitLocked(from PeerID, tag Tag) error {
 	if older(tag.Round, tag.Attempt, m.round, m.attempt) {
 		return fmt.Errorf("%w: %v from %s, current round %d attempt %d", ErrStale, tag, from, m.round, m.attempt)
 	}
-	if tag.Round == m.round && tag.Attempt == m.attempt {
-		if _, ok := m.members[from]; !ok {
-			return m.rejectLocked(from, tag)
-		}
+	if tag.Round != m.round {
+		return nil
 	}
-	if _, ok := m.members[from]; ok && tag.Round == m.round && tag.Attempt > m.attempt {
+	_, member := m.members[from]
+	switch {
+	case tag.Attempt == m.attempt && !member:
+		return m.rejectLocked(from, tag)
+	case tag.Attempt > m.attempt && member:
 		m.ahead = max(m.ahead, tag.Attempt)
 	}
 	return nil

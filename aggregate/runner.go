@@ -55,11 +55,10 @@ type Runner struct {
 
 	late time.Duration // tests: how late every watchdog fires (a busy machine)
 
-	// The round of the last call if it failed after running attempts,
-	// and the attempt after its last one (see AllReduce).
-	failed      bool
-	failedRound uint64
-	failedNext  uint16
+	// The round of the last call and, if it failed, the attempt after its
+	// last one (0 after a success; see AllReduce).
+	lastRound uint64
+	retryFrom uint16
 }
 
 // Option is an extra for NewRunner.
@@ -174,10 +173,9 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 				"excluded", fmt.Sprint(res.Excluded), "rejected", fmt.Sprint(res.Rejected))
 		}
 	}()
-	if r.failed && g.round == r.failedRound {
+	if next := r.retryFrom; next > 0 && g.round == r.lastRound {
 		// A retry of a round that failed: its chunks may still be in
 		// flight or parked under the failed call's tags.
-		next := r.failedNext
 		if as, ok := r.t.(attemptSeer); ok {
 			if a, ok := as.LatestAttempt(g.round); ok && a > next {
 				next = a // a member went on to attempt a: join it there
@@ -188,8 +186,10 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 		}
 	}
 	defer func() {
-		r.failed = err != nil && res.Attempts > 0
-		r.failedRound, r.failedNext = res.Group.round, res.Group.attempt+1
+		r.lastRound, r.retryFrom = res.Group.round, 0
+		if err != nil {
+			r.retryFrom = res.Group.attempt + 1
+		}
 	}()
 	orig := g.Size()
 	for {
@@ -386,8 +386,7 @@ func (a *attempt) watch(j, mult int) (context.Context, func()) {
 		if done {
 			return
 		}
-		due := max(a.base, a.lastHeard[j].Load()) + span + int64(a.r.late)
-		if left := due - time.Now().UnixNano(); left > 0 {
+		if left := a.due(j, mult) + int64(a.r.late) - time.Now().UnixNano(); left > 0 {
 			timer.Reset(time.Duration(left))
 			return
 		}
@@ -428,15 +427,19 @@ func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []fl
 	return false
 }
 
-// overdue reports whether rank j has been silent for mult stall timeouts
-// (counted like watch). When the data phase stops (another member's FAIL
+// due is when a wait of mult stall timeouts on rank j runs out: mult stall
+// timeouts after we last heard of j, or after the attempt's base.
+func (a *attempt) due(j, mult int) int64 {
+	return max(a.base, a.lastHeard[j].Load()) + int64(mult)*int64(a.stall)
+}
+
+// overdue reports whether a wait of mult stall timeouts on rank j has run
+// out (see due). When the data phase stops (another member's FAIL
 // vote, say) while a wait on j is overdue, its watchdog was late, as timers
 // are on a busy machine, and the wait counts as timed out: the member that
 // fired first may be downstream of the silence and blame this one for
 // starving it, and only this blame shows that this one was starved too.
-func (a *attempt) overdue(j, mult int) bool {
-	return time.Now().UnixNano() >= max(a.base, a.lastHeard[j].Load())+int64(mult)*int64(a.stall)
-}
+func (a *attempt) overdue(j, mult int) bool { return time.Now().UnixNano() >= a.due(j, mult) }
 
 // recv is recvOne on a watchdog of its own.
 func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind) bool {

@@ -79,18 +79,18 @@ const (
 )
 
 // hard kinds exclude the accused on one accusation; soft ones only when the
-// accused cannot blame anyone itself (see decide); kindStarved never does.
+// accused cannot blame anyone itself (see decide); kindStarved and kindGone
+// never do (a gone peer is excluded for its missing vote).
 func (k kind) hard() bool {
 	return k != kindNone && k != kindTimeout && k != kindUnreachable && k != kindStarved && k != kindGone
 }
 
 // silences reports whether blame of kind k lets a member stop waiting for
 // the accused's vote: a hard kind that is not a disagreement, which the
-// accused sees from its own side and votes on.
-// A closed connection (kindGone) is soft, as the accused may be alive and
-// vote, but silences: a dead peer's vote will not come.
+// accused sees from its own side and votes on. (A closed connection needs
+// no silencing: the wait for the peer's vote fails with it too.)
 func (k kind) silences() bool {
-	return k == kindGone || (k.hard() && k != kindMismatch && k != kindConfig && k != kindBadLength)
+	return k.hard() && k != kindMismatch && k != kindConfig && k != kindBadLength
 }
 
 func (k kind) err() error {
