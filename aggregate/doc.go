@@ -77,10 +77,10 @@
 // fire late are allowed for: a wait that is overdue when the data phase
 // stops counts as timed out, and a ring member then waiting for input says
 // so in its vote (starved), which keeps a timeout on it from excluding it.
-// A transport that sees a peer's connections close (p2p does; a killed
-// process) fails the waits on it at once with ErrDisconnected: its vote is
-// not awaited, and the round goes on without it within moments instead of
-// stall timeouts. Votes are awaited for (maxMult+1)
+// A transport that sees a peer's connections close (p2p does, after a
+// short grace; a killed process) fails the waits on it with
+// ErrDisconnected: its vote is not awaited, and the round goes on without
+// it within moments instead of stall timeouts. Votes are awaited for (maxMult+1)
 // StallTimeouts while the attempt may have succeeded, and for two once any
 // vote says FAIL (everyone has then been told and stops at once). Members
 // must enter a round within one StallTimeout of each other; a re-run allows

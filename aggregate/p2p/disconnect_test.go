@@ -75,3 +75,47 @@ func TestRecvDisconnected(t *testing.T) {
 		t.Fatalf("Recv from a peer never connected: %v, want the deadline", err)
 	}
 }
+
+// TestRecvSurvivesBlip: a connection that closes and opens again within
+// DisconnectGrace (or closes while what the peer sent before is still
+// being read) does not fail the waits on the peer.
+func TestRecvSurvivesBlip(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var nodes [2]*node.Node
+	for i := range nodes {
+		n, err := node.New(ctx, node.TestConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		nodes[i] = n
+	}
+	if err := nodes[0].Connect(ctx, nodes[1].AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	a, b := p2p.New(nodes[0]), p2p.New(nodes[1])
+	defer a.Close()
+	defer b.Close()
+	tag := aggregate.Tag{Round: 1, Digest: 9, Step: aggregate.StepRing, Chunk: 1}
+	got := make(chan error, 1)
+	go func() { got <- a.Recv(ctx, p2p.ID(nodes[1].ID()), tag, make([]float32, 3)) }()
+	time.Sleep(50 * time.Millisecond) // posted
+	if err := nodes[0].Host().Network().ClosePeer(nodes[1].ID()); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes[0].Connect(ctx, nodes[1].AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(ctx, p2p.ID(nodes[0].ID()), tag, []float32{1, 2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Recv across a reconnect: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Recv across a reconnect did not return")
+	}
+}

@@ -26,7 +26,7 @@ import (
 // TestKillRealProcess runs a round between peers in this process and one
 // in a child process, over libp2p on loopback TCP, and SIGKILLs the child
 // at a chosen point of the protocol: the survivors must finish without it,
-// at once (its connections close). A child frozen with SIGSTOP instead
+// within p2p.DisconnectGrace (its connections close). A child frozen with SIGSTOP instead
 // keeps its connections: the watchdogs find it.
 func TestKillRealProcess(t *testing.T) {
 	if os.Getenv("AGG_CHILD") != "" {
@@ -192,9 +192,9 @@ func killChild(t *testing.T, tc childCase) {
 	t.Logf("survivors done in %v (stall timeout %v)", slowest, childStall)
 	switch {
 	case !tc.freeze && slowest >= childStall:
-		// The child's connections closed with it: the survivors know at
-		// once (a wait that timed out takes two stall timeouts, then a
-		// vote window).
+		// The child's connections closed with it: the survivors know
+		// after DisconnectGrace (a wait that timed out takes two stall
+		// timeouts, then a vote window).
 		t.Errorf("survivors took %v: the killed peer's closed connections went unnoticed", slowest)
 	case tc.freeze && slowest > 7*childStall:
 		// Detection after the longest wait, a vote window, a re-run.

@@ -23,11 +23,11 @@
 // Result.Rejected. Tensors that are not all-reduce chunks (another dtype,
 // codec or step) pass untouched.
 //
-// A Recv from a peer whose last connection closes while it waits (or had
-// closed and not come back when it started) fails at once with
-// aggregate.ErrDisconnected instead of waiting out the driver's stall
-// timeout: a killed process is known to be gone within moments. A tensor
-// that had fully arrived is still delivered.
+// A Recv from a peer whose last connection closed and did not come back
+// within DisconnectGrace fails with aggregate.ErrDisconnected instead of
+// waiting out the driver's stall timeout: a killed process is known to be
+// gone within half a second. A tensor that had fully arrived is still
+// delivered.
 package p2p
 
 import (
@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -63,12 +64,20 @@ type Transport struct {
 	notify *network.NotifyBundle
 }
 
-// peerLife ends, with cause errGone, when the last connection to a peer
-// closes; a new connection starts a new one.
+// peerLife ends, with cause errGone, DisconnectGrace after the last
+// connection to a peer closed, unless a new one opened meanwhile.
 type peerLife struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	ending *time.Timer // running during the grace
 }
+
+// DisconnectGrace is how long after a peer's last connection closed its
+// Recvs fail with aggregate.ErrDisconnected. What it sent before closing
+// (a peer that finished the job and exits) may still be on its way
+// through the node's stream handlers when the connection's close is
+// reported.
+const DisconnectGrace = 500 * time.Millisecond
 
 var errGone = errors.New("p2p: the peer's last connection closed")
 
@@ -102,19 +111,25 @@ func New(n *node.Node) *Transport {
 func (t *Transport) connected(p peer.ID) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if l := t.life[p]; t.life == nil || (l != nil && l.ctx.Err() == nil) {
-		return
+	l := t.life[p]
+	switch {
+	case t.life == nil:
+	case l != nil && l.ctx.Err() == nil:
+		if l.ending != nil && l.ending.Stop() {
+			l.ending = nil // back within the grace: the same life goes on
+		}
+	default:
+		ctx, cancel := context.WithCancelCause(context.Background())
+		t.life[p] = &peerLife{ctx: ctx, cancel: cancel}
 	}
-	ctx, cancel := context.WithCancelCause(context.Background())
-	t.life[p] = &peerLife{ctx, cancel}
 }
 
-// disconnected ends p's life.
+// disconnected ends p's life after DisconnectGrace.
 func (t *Transport) disconnected(p peer.ID) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if l := t.life[p]; l != nil {
-		l.cancel(errGone)
+	if l := t.life[p]; l != nil && l.ending == nil {
+		l.ending = time.AfterFunc(DisconnectGrace, func() { l.cancel(errGone) })
 	}
 }
 
