@@ -67,11 +67,23 @@ func resourceLimits(c *Config) rcmgr.ConcreteLimitConfig {
 // a 1 Gbit/s link with 30 ms of queueing.
 const initialWindow = 4 << 20
 
+// maxFrame is the largest yamux data frame we send. yamux's 64 KiB costs
+// a copy, a queue hand-off and a write (plus a 12-byte read on plaintext,
+// which has no buffering below yamux) per 64 KiB: 256 KiB frames raised a
+// 4-rank plaintext all-reduce on loopback by 7 % and an 8-host netbed one
+// by 6 % (both CPU-bound). Larger frames gain little more and hurt what
+// waits in the session's 64-frame send queue behind them: votes and, on a
+// connection loaded both ways, window updates (16 MiB queued is 134 ms at
+// 1 Gbit/s, a stream's full 16 MiB window at link rate). Pings bypass the
+// queue.
+const maxFrame = 256 << 10
+
 // yamuxTransport returns libp2p's yamux transport with the receive window
-// raised to c.StreamWindow.
+// raised to c.StreamWindow and frames of up to maxFrame.
 func yamuxTransport(c *Config) network.Multiplexer {
 	t := *yamux.DefaultTransport
 	t.MaxStreamWindowSize = uint32(c.StreamWindow)
 	t.InitialStreamWindowSize = uint32(min(c.StreamWindow, initialWindow))
+	t.MaxMessageSize = maxFrame
 	return &t
 }

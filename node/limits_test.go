@@ -26,6 +26,11 @@ func TestYamuxWindows(t *testing.T) {
 		if tr.InitialStreamWindowSize > tr.MaxStreamWindowSize {
 			t.Errorf("initial window above the max")
 		}
+		// A frame is cut to the sender's window: one larger than the
+		// smallest window would never be sent whole.
+		if tr.MaxMessageSize != maxFrame || tr.MaxMessageSize > tr.InitialStreamWindowSize {
+			t.Errorf("frames of %d bytes, want %d within the %d-byte initial window", tr.MaxMessageSize, maxFrame, tr.InitialStreamWindowSize)
+		}
 	}
 	// Every stream reserves its initial window: the per-peer budget must
 	// hold the streams one peer runs at once (2*Stripes) at that size.
