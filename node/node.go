@@ -157,7 +157,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	if cfg.Insecure {
 		lopts = append(lopts, libp2p.NoSecurity)
 	} else {
-		lopts = append(lopts, libp2p.Security(libp2ptls.ID, libp2ptls.New), libp2p.Security(noise.ID, noise.New))
+		lopts = append(lopts, libp2p.Security(libp2ptls.ID, newGatheredTLS), libp2p.Security(noise.ID, noise.New))
 	}
 	switch {
 	case psk != nil:
