@@ -7,8 +7,12 @@ import (
 )
 
 // joiningBit marks a heartbeat version that declares "joining at step
-// version&^joiningBit" rather than "at step version".
-const joiningBit = 1 << 63
+// version&^joiningBit" rather than "at step version"; doneBit one that
+// says "stopped at step version&^doneBit".
+const (
+	joiningBit = 1 << 63
+	doneBit    = 1 << 62
+)
 
 var (
 	_ train.SyncNet    = syncNet{}
@@ -21,8 +25,9 @@ var (
 // carry, and back.
 //
 // Statuses ride the gossip heartbeats: the heartbeat's model version is
-// the peer's step, or 2^63|T for a peer declaring that it joins at step T
-// (a declaration is published at once, not at the next heartbeat). The
+// the peer's step, 2^63|T for a peer declaring that it joins at step T,
+// or 2^62|S for a peer that stopped at step S (both are published at
+// once, not at the next heartbeat). The
 // state a joiner fetches goes through the state service, like a
 // federated peer's.
 func (p *Peer) SyncNet(batch int) train.SyncNet { return syncNet{p: p, batch: float64(max(batch, 1))} }
@@ -44,12 +49,16 @@ func (s syncNet) AllReduce(ctx context.Context, step uint64, group []string, dst
 
 func (s syncNet) SetStatus(ctx context.Context, st train.SyncStatus) error {
 	sps := float32(st.Rate * s.batch)
-	if st.JoinAt != 0 {
-		s.p.Control.SetStatus(st.JoinAt|joiningBit, sps)
-		return s.p.Control.Beat(ctx)
+	switch {
+	case st.JoinAt != 0:
+		s.p.Control.SetStatus(st.JoinAt&^doneBit|joiningBit, sps)
+	case st.Done:
+		s.p.Control.SetStatus(st.Step&^joiningBit|doneBit, sps)
+	default:
+		s.p.Control.SetStatus(st.Step&^(joiningBit|doneBit), sps)
+		return nil
 	}
-	s.p.Control.SetStatus(st.Step&^joiningBit, sps)
-	return nil
+	return s.p.Control.Beat(ctx)
 }
 
 func (s syncNet) Statuses() map[string]train.SyncStatus {
@@ -57,8 +66,11 @@ func (s syncNet) Statuses() map[string]train.SyncStatus {
 	out := make(map[string]train.SyncStatus, len(peers))
 	for _, pi := range peers {
 		st := train.SyncStatus{Step: pi.Version, Rate: float64(pi.SamplesPerSec) / s.batch}
-		if pi.Version&joiningBit != 0 {
+		switch {
+		case pi.Version&joiningBit != 0:
 			st = train.SyncStatus{JoinAt: pi.Version &^ joiningBit, Rate: st.Rate}
+		case pi.Version&doneBit != 0:
+			st = train.SyncStatus{Step: pi.Version &^ doneBit, Done: true, Rate: st.Rate}
 		}
 		out[pi.ID.String()] = st
 	}

@@ -116,8 +116,8 @@ type SyncNet interface {
 // and rejoin it after being left out of a step.
 type SyncJoiner interface {
 	// SetStatus tells the other peers where this peer is. A status with
-	// JoinAt set (a declaration) is sent before SetStatus returns; other
-	// statuses go out with the next periodic announcement.
+	// JoinAt set (a declaration) or Done set is sent before SetStatus
+	// returns; other statuses go out with the next periodic announcement.
 	SetStatus(ctx context.Context, st SyncStatus) error
 	// Statuses returns the last status heard from each other live peer.
 	Statuses() map[string]SyncStatus
@@ -136,6 +136,14 @@ type SyncStatus struct {
 	// JoinAt, when not 0, says the peer is waiting to join the job at that
 	// step (and Step is not meaningful).
 	JoinAt uint64
+	// Done says the peer has stopped training (its Sync returned) and
+	// takes part in no further step, although it may still be reachable.
+	// The all-reduce of the step under way leaves it out; a peer that
+	// (re)joins leaves it out of its group, where it would otherwise be
+	// tried again at every step, and in a pair, whose quorum needs both,
+	// forever. One that stopped at the job's last step still serves the
+	// final state to latecomers.
+	Done bool
 	// Rate is the peer's pace in steps per second (0 if unknown).
 	Rate float64
 }
@@ -181,7 +189,27 @@ func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recor
 	s := &syncPeer{w: w, net: net, cfg: cfg, rec: rec, st: st, self: net.Self(), start: time.Now(),
 		avg: make([]float32, len(w.Model.Params)), version: uint64(w.Steps)}
 	s.joiner, _ = net.(SyncJoiner)
-	return s.run(ctx, onStep)
+	err = s.run(ctx, onStep)
+	if s.joiner != nil {
+		// Whatever ended the run (ctx included), tell the others: a peer
+		// whose node stays up would otherwise be waited for at every step,
+		// and in a pair, whose quorum needs both, forever.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doneNotice)
+		s.joiner.SetStatus(dctx, SyncStatus{Step: s.version, Done: true, Rate: s.rate})
+		cancel()
+	}
+	return err
+}
+
+// doneNotice bounds the announcement that a peer stopped.
+const doneNotice = 2 * time.Second
+
+// stopped reports whether st is the status of a peer that stopped
+// training before the job's end: one to leave out of every group. (A peer
+// that finished the job is still ahead of those behind: they fetch the
+// final state from it.)
+func (s *syncPeer) stopped(st SyncStatus) bool {
+	return st.Done && st.Step < uint64(s.cfg.Steps)
 }
 
 // syncPeer is one peer's synchronous loop.
@@ -286,7 +314,7 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		}
 		var joining []string
 		for p, ps := range s.joiner.Statuses() {
-			if !slices.Contains(members, p) || slices.Contains(group, p) {
+			if !slices.Contains(members, p) || slices.Contains(group, p) || s.stopped(ps) {
 				continue
 			}
 			switch {
@@ -383,7 +411,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 		var rate float64
 		for _, p := range members {
 			ps, ok := statuses[p]
-			if p == s.self || !ok || ps.JoinAt != 0 {
+			if p == s.self || !ok || ps.JoinAt != 0 || s.stopped(ps) {
 				continue
 			}
 			running = append(running, p)
@@ -462,7 +490,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 			}
 			g := []string{s.self}
 			for _, p := range members {
-				if ps, ok := statuses[p]; ok && p != s.self && ((ps.JoinAt == 0 && ps.Step > 0) || ps.JoinAt == T) {
+				if ps, ok := statuses[p]; ok && p != s.self && !ps.Done && ((ps.JoinAt == 0 && ps.Step > 0) || ps.JoinAt == T) {
 					g = append(g, p)
 				}
 			}

@@ -271,6 +271,83 @@ func TestSyncSurvivesAKilledPeer(t *testing.T) {
 	}
 }
 
+// TestSyncPeerStops: a peer whose Sync returns while its network stays up
+// (a library user's node, not closed) says so; the others go on without
+// it. In a pair, whose quorum needs both, the survivor used to try every
+// step with it again, a stall timeout each, forever.
+func TestSyncPeerStops(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprintf("%d peers", n), func(t *testing.T) {
+			job := newMemJob(300 * time.Millisecond)
+			workers, nets := memPeers(t, job, n, 256, 0)
+			cfg := train.DefaultSyncConfig()
+			cfg.Steps = 30
+			last := make([]train.StepInfo, n)
+			errs := runMem(t, workers, nets, cfg, 0, func(k int, si train.StepInfo) bool {
+				last[k] = si
+				return k == 1 && si.Step == 10
+			})
+			if st := nets[0].Statuses()["peer1"]; !st.Done || st.Step != 10 {
+				t.Errorf("the stopped peer's status is %+v, want done at step 10", st)
+			}
+			for k := range n {
+				if k == 1 {
+					continue
+				}
+				if errs[k] != nil {
+					t.Fatalf("peer %d: %v", k, errs[k])
+				}
+				if last[k].Step != 30 || slices.Contains(last[k].Group, "peer1") {
+					t.Fatalf("peer %d ended at step %d with group %v", k, last[k].Step, last[k].Group)
+				}
+				if !slices.Equal(workers[k].Model.Params, workers[0].Model.Params) {
+					t.Fatalf("peer %d holds other parameters than peer 0", k)
+				}
+			}
+		})
+	}
+}
+
+// TestSyncOverSwarmPeerStops is TestSyncPeerStops's pair over swarm
+// peers: the status goes out in a heartbeat, and the stopped peer's node
+// keeps answering heartbeats.
+func TestSyncOverSwarmPeerStops(t *testing.T) {
+	tr := trainSet(t)
+	peers, add := syncSwarm(t, 2, time.Second)
+	add(0)
+	add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, p := range peers {
+		if err := p.WaitPeers(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scfg := train.DefaultSyncConfig()
+	scfg.Steps = 40
+	errs := make([]error, 2)
+	workers := make([]*train.Worker, 2)
+	var wg sync.WaitGroup
+	for k := range workers {
+		workers[k] = syncWorker(t, tr.Subset(seq(k*256, 256)), 16, uint64(k+1))
+		wg.Go(func() {
+			errs[k] = train.Sync(ctx, workers[k], peers[k].SyncNet(16), scfg, logRec{t}, func(si train.StepInfo) bool {
+				return k == 1 && si.Step == 10
+			})
+		})
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("errors %v", errs)
+	}
+	if workers[0].Steps != scfg.Steps || workers[1].Steps != 10 {
+		t.Fatalf("peers ended at steps %d and %d, want %d and 10", workers[0].Steps, workers[1].Steps, scfg.Steps)
+	}
+	if st := peers[0].SyncNet(16).(train.SyncJoiner).Statuses()[peers[1].ID()]; !st.Done || st.Step != 10 {
+		t.Fatalf("peer 0 sees peer 1 as %+v, want done at step 10", st)
+	}
+}
+
 // TestSyncLateJoiner: a peer that starts while the others run fetches
 // their state, joins at the step it declared, and ends with the same
 // parameters, having contributed to the last steps.
@@ -398,8 +475,9 @@ func TestSyncConfigValidate(t *testing.T) {
 
 // TestSyncOverSwarm runs the job on libp2p peers (mocknet): statuses ride
 // the gossip heartbeats and a late peer joins through the state service.
-func TestSyncOverSwarm(t *testing.T) {
-	tr := trainSet(t)
+// syncSwarm returns n slots for swarm peers on one mocknet and add(i),
+// which starts peer i and connects it to peers 0..i−1.
+func syncSwarm(t *testing.T, n int, stall time.Duration) (peers []*swarm.Peer, add func(i int)) {
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
 	cfg := swarm.DefaultConfig()
@@ -407,10 +485,9 @@ func TestSyncOverSwarm(t *testing.T) {
 	cfg.Gossip.Namespace = "sync-test"
 	cfg.Gossip.HeartbeatInterval = 100 * time.Millisecond
 	cfg.Gossip.PeerTTL = time.Second
-	cfg.Aggregate.StallTimeout = 3 * time.Second
-	const n = 4
-	peers := make([]*swarm.Peer, n)
-	add := func(i int) {
+	cfg.Aggregate.StallTimeout = stall
+	peers = make([]*swarm.Peer, n)
+	return peers, func(i int) {
 		h, err := mn.GenPeer()
 		if err != nil {
 			t.Fatal(err)
@@ -429,6 +506,12 @@ func TestSyncOverSwarm(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestSyncOverSwarm(t *testing.T) {
+	tr := trainSet(t)
+	const n = 4
+	peers, add := syncSwarm(t, n, 3*time.Second)
 	for i := range n - 1 {
 		add(i)
 	}
