@@ -11,7 +11,8 @@
 //   - transports: TCP and QUIC (TCP only with a swarm key), secured by TLS
 //     1.3 or Noise — or, with Config.Insecure on a trusted network, by
 //     nothing (libp2p's plaintext handshake, TCP only) — multiplexed by
-//     yamux;
+//     yamux in frames of up to 256 KiB; a TLS connection writes the
+//     records of one frame with one system call (gather.go);
 //   - a resource manager and yamux sized together for 1–500 MB tensors
 //     (limits.go explains the numbers: a yamux window grows only when the
 //     resource manager grants its memory, and libp2p's default 32 MiB per
