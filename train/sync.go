@@ -174,7 +174,8 @@ type StepInfo struct {
 // restored checkpoint): the peer starts at step w.Steps. onStep, if not
 // nil, is called after every step this peer applied, after it (re)joined,
 // and after a step it was left out of, from Sync's goroutine; it must not
-// keep the Group slice.
+// keep the Group slice. On its way out, whatever the reason, Sync tells
+// a SyncJoiner's peers that this one is Done (taking at most doneNotice).
 func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recorder, onStep func(StepInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
