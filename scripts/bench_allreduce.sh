@@ -10,6 +10,9 @@
 # and prints every result line, then the medians and their ratio.
 # FLAGS adds flags to every `peer bench allreduce` (for example --insecure,
 # which compares plaintext with plaintext: Gloo has no transport security).
+# BASE=REV compares with Starling built from git revision REV instead of
+# Gloo (an A/B of two commits in one run, for changes smaller than the
+# noise between runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd ../shared/bench && pwd)}
@@ -21,6 +24,11 @@ if [ "$where" = netbed ]; then n=$1 rate=$2 mb=$3 iters=$4; else n=$1 mb=$2 iter
 tmp=$(mktemp -d)
 bin=$tmp/peer
 go build -o "$bin" ./cmd/peer
+if [ -n "${BASE:-}" ]; then
+  git worktree add -q --detach "$tmp/base" "$BASE"
+  (cd "$tmp/base" && go build -o "$tmp/peer-base" ./cmd/peer)
+  git worktree remove --force "$tmp/base"
+fi
 ids=()
 for k in $(seq 0 $((n-1))); do
   "$bin" keygen --key "$tmp/k$k" >/dev/null 2>&1
@@ -44,15 +52,15 @@ if [ "$where" = netbed ]; then
   "$BENCH/netbed.sh" up "$n" "$rate"
 fi
 
-starling() {
-  local port=$((42000 + RANDOM % 1000)) peers=()
+starling() { # [binary label]
+  local b=${1:-$bin} label=${2:-starling} port=$((42000 + RANDOM % 1000)) peers=()
   for k in $(seq 0 $((n-1))); do
     peers+=("/ip4/$(addr "$k")/tcp/$((port+k))/p2p/${ids[$k]}")
   done
   local list; list=$(IFS=,; echo "${peers[*]}")
   for k in $(seq 0 $((n-1))); do
-    onhost "$k" timeout 600 "$bin" bench allreduce --key "$tmp/k$k" --listen "/ip4/$(addr "$k")/tcp/$((port+k))" \
-      --peers "$list" --size-mb "$mb" --iters "$iters" --algo "$ALGO" ${FLAGS:-} > "$tmp/s$k" 2>&1 &
+    onhost "$k" timeout 600 "$b" bench allreduce --key "$tmp/k$k" --listen "/ip4/$(addr "$k")/tcp/$((port+k))" \
+      --peers "$list" --size-mb "$mb" --iters "$iters" --algo "$ALGO" --label "$label" ${FLAGS:-} > "$tmp/s$k" 2>&1 &
   done
   wait
   grep -v '^warning: --insecure' "$tmp/s0" || true
@@ -68,11 +76,13 @@ gloo() {
 }
 
 : > "$tmp/results"
+other=gloo
+[ -n "${BASE:-}" ] && other=base
 for r in $(seq 1 "$REPEAT"); do
   starling | tee -a "$tmp/results"
-  gloo | tee -a "$tmp/results"
+  if [ "$other" = base ]; then starling "$tmp/peer-base" base; else gloo; fi | tee -a "$tmp/results"
 done
 med() { grep "^$1 " "$tmp/results" | sed -E 's/.*busbw_MBps=([0-9.]+).*/\1/' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 medt() { grep "^$1 " "$tmp/results" | sed -E 's/.*time_s=([0-9.]+).*/\1/' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-s=$(med starling) g=$(med gloo) st=$(medt starling) gt=$(medt gloo)
-echo "median of $REPEAT: $where n=$n ${rate:-} ${mb} MB: starling busbw ${s} MB/s (${st} s), gloo ${g} MB/s (${gt} s), ratio $(awk -v a="$s" -v b="$g" 'BEGIN{printf "%.3f", a/b}')"
+s=$(med starling) g=$(med "$other") st=$(medt starling) gt=$(medt "$other")
+echo "median of $REPEAT: $where n=$n ${rate:-} ${mb} MB: starling busbw ${s} MB/s (${st} s), $other${BASE:+ ($BASE)} ${g} MB/s (${gt} s), ratio $(awk -v a="$s" -v b="$g" 'BEGIN{printf "%.3f", a/b}')"
