@@ -136,12 +136,22 @@ func (p *Peer) Close() error {
 	return errors.Join(errs...)
 }
 
+// doneBit marks a heartbeat version that says "stopped training at
+// version&^doneBit before the job's end" (train.Leaver, train.SyncStatus's
+// Done): the peer is up but takes part in nothing.
+const doneBit = 1 << 62
+
+// stopped reports whether a heartbeat version says its peer stopped.
+func stopped(version uint64) bool { return version&doneBit != 0 && version&joiningBit == 0 }
+
 // Members returns the sorted ids of the live peers training the same
-// model, including this one.
+// model, including this one, less those that said they stopped.
 func (p *Peer) Members() []string {
 	out := []string{p.ID()}
 	for _, pi := range p.Control.Peers() {
-		out = append(out, pi.ID.String())
+		if !stopped(pi.Version) {
+			out = append(out, pi.ID.String())
+		}
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
@@ -178,7 +188,10 @@ func (p *Peer) Fetch(ctx context.Context, peers []string, version uint64, dst []
 	return p.state.fetch(ctx, ids, version, dst, p.cfg.FetchFrom)
 }
 
-var _ train.Versioned = fedNet{}
+var (
+	_ train.Versioned = fedNet{}
+	_ train.Leaver    = fedNet{}
+)
 
 // FedNet returns the peer as a train.FedNet.
 func (p *Peer) FedNet() train.FedNet { return fedNet{p} }
@@ -187,13 +200,23 @@ type fedNet struct{ p *Peer }
 
 func (f fedNet) Self() string { return f.p.ID() }
 
-// Versions implements train.Versioned from the heartbeats' model versions.
+// Versions implements train.Versioned from the heartbeats' model versions
+// (of the peers in Members).
 func (f fedNet) Versions() map[string]uint64 {
 	out := map[string]uint64{}
 	for _, pi := range f.p.Control.Peers() {
-		out[pi.ID.String()] = pi.Version
+		if !stopped(pi.Version) {
+			out[pi.ID.String()] = pi.Version
+		}
 	}
 	return out
+}
+
+// Leave implements train.Leaver: the heartbeat says the peer stopped at
+// version, at once; Members leaves it out on the other peers.
+func (f fedNet) Leave(ctx context.Context, version uint64) error {
+	f.p.Control.SetStatus(version&^joiningBit|doneBit, 0)
+	return f.p.Control.Beat(ctx)
 }
 
 func (f fedNet) Members(ctx context.Context, round uint64) ([]string, error) {

@@ -186,3 +186,52 @@ func TestFederatedOverMocknet(t *testing.T) {
 		}
 	}
 }
+
+// TestFederatedPeerStopsOverMocknet: a peer whose Federated returns early
+// while its node stays up says so (train.Leaver); its partner leaves it out
+// of Members and trains on alone instead of waiting for it in every
+// round (1.5 s of alignment, then a failed all-reduce: a pair's quorum
+// needs both).
+func TestFederatedPeerStopsOverMocknet(t *testing.T) {
+	tr, _, err := data.LoadMNIST("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := tr.Head(1000)
+	shards, _ := data.IID(small.Len(), 2, 1)
+	ps := newSwarm(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, p := range ps {
+		if err := p.WaitPeers(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := train.DefaultFedConfig()
+	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 12, 1, 30*time.Second
+	last := make([]uint64, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wc := train.DefaultWorkerConfig()
+		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
+		w, err := train.NewWorker(wc, small.Subset(shards[i]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			errs[i] = train.Federated(ctx, w, p.FedNet(), cfg, nil, func(ri train.RoundInfo) bool {
+				last[i] = ri.Round
+				t.Logf("peer %d round %d synced %v failed %v", i, ri.Round, ri.Synced, ri.Failed)
+				return i == 1 && ri.Round == 3
+			})
+		})
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil || last[0] != 12 || last[1] != 3 {
+		t.Fatalf("peers ended at rounds %v with %v, want 12 and 3", last, errs)
+	}
+	if m := ps[0].Members(); len(m) != 1 || len(ps[0].Control.Peers()) != 1 {
+		t.Fatalf("peer 0's members %v with %d live peers; want itself alone, the stopped peer still live", m, len(ps[0].Control.Peers()))
+	}
+}

@@ -7,12 +7,8 @@ import (
 )
 
 // joiningBit marks a heartbeat version that declares "joining at step
-// version&^joiningBit" rather than "at step version"; doneBit one that
-// says "stopped at step version&^doneBit".
-const (
-	joiningBit = 1 << 63
-	doneBit    = 1 << 62
-)
+// version&^joiningBit" rather than "at step version" (see doneBit).
+const joiningBit = 1 << 63
 
 var (
 	_ train.SyncNet    = syncNet{}

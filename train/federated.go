@@ -212,6 +212,19 @@ type FedNet interface {
 	Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error)
 }
 
+// Leaver is implemented by FedNets that can tell the other peers that
+// this one stopped before the federation's last round while its network
+// may stay up (a library user's node): they leave it out of their rounds
+// instead of waiting for it in each.
+type Leaver interface {
+	// Leave announces that this peer stopped at version; it returns once
+	// the announcement is out or ctx ends.
+	Leave(ctx context.Context, version uint64) error
+}
+
+// leaveNotice bounds the announcement that a peer stopped.
+const leaveNotice = 2 * time.Second
+
 // Versioned is implemented by FedNets that know the state version each
 // live peer last published (from heartbeats, say). Federated uses it to
 // line a peer up with the others after it starts or fails a round.
@@ -298,7 +311,8 @@ type RoundInfo struct {
 // with the other sampled peers weighted by shard size, and applies the
 // server optimiser to the averaged delta, identically on every
 // participant. onRound, if not nil, is called after each round this peer
-// took part in; returning true stops the peer.
+// took part in; returning true stops the peer. A peer that stops before
+// the last round tells the others so if net is a Leaver.
 func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -323,6 +337,16 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	avg := make([]float32, vec)
 	delta := make([]float32, n)
 	var version uint64
+	completed := false // every round done, whether sampled or not
+	if l, ok := net.(Leaver); ok {
+		defer func() {
+			if !completed && version < uint64(cfg.Rounds) { // stopped early, whatever the reason
+				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveNotice)
+				l.Leave(lctx, version)
+				cancel()
+			}
+		}()
+	}
 	start := time.Now()
 	self := net.Self()
 	if cfg.Resume != nil {
@@ -449,6 +473,10 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			return nil
 		}
 	}
+	// A peer left out of the last rounds by sampling ends behind them; the
+	// others, still in those rounds, sample from membership, which must
+	// not change under them: it does not Leave.
+	completed = true
 	return nil
 }
 

@@ -136,13 +136,13 @@ type SyncStatus struct {
 	// JoinAt, when not 0, says the peer is waiting to join the job at that
 	// step (and Step is not meaningful).
 	JoinAt uint64
-	// Done says the peer has stopped training (its Sync returned) and
-	// takes part in no further step, although it may still be reachable.
-	// The all-reduce of the step under way leaves it out; a peer that
-	// (re)joins leaves it out of its group, where it would otherwise be
-	// tried again at every step, and in a pair, whose quorum needs both,
-	// forever. One that stopped at the job's last step still serves the
-	// final state to latecomers.
+	// Done says the peer stopped training before the job's last step (its
+	// Sync returned) and takes part in no further step, although it may
+	// still be reachable. The all-reduce of the step under way leaves it
+	// out; a peer that (re)joins leaves it out of its group, where it
+	// would otherwise be tried again at every step, and in a pair, whose
+	// quorum needs both, forever. (A peer that finished the job keeps its
+	// last Step: latecomers fetch the final state from it.)
 	Done bool
 	// Rate is the peer's pace in steps per second (0 if unknown).
 	Rate float64
@@ -174,8 +174,9 @@ type StepInfo struct {
 // restored checkpoint): the peer starts at step w.Steps. onStep, if not
 // nil, is called after every step this peer applied, after it (re)joined,
 // and after a step it was left out of, from Sync's goroutine; it must not
-// keep the Group slice. On its way out, whatever the reason, Sync tells
-// a SyncJoiner's peers that this one is Done (taking at most doneNotice).
+// keep the Group slice. Stopping before the last step, whatever the
+// reason, Sync tells a SyncJoiner's peers that this one is Done (taking
+// at most doneNotice).
 func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recorder, onStep func(StepInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -191,7 +192,7 @@ func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recor
 		avg: make([]float32, len(w.Model.Params)), version: uint64(w.Steps)}
 	s.joiner, _ = net.(SyncJoiner)
 	err = s.run(ctx, onStep)
-	if s.joiner != nil {
+	if s.joiner != nil && s.version < uint64(cfg.Steps) {
 		// Whatever ended the run (ctx included), tell the others: a peer
 		// whose node stays up would otherwise be waited for at every step,
 		// and in a pair, whose quorum needs both, forever.
@@ -208,7 +209,8 @@ const doneNotice = 2 * time.Second
 // stopped reports whether st is the status of a peer that stopped
 // training before the job's end: one to leave out of every group. (A peer
 // that finished the job is still ahead of those behind: they fetch the
-// final state from it.)
+// final state from it. It does not say Done; this also holds for a
+// SyncJoiner that sets it anyway.)
 func (s *syncPeer) stopped(st SyncStatus) bool {
 	return st.Done && st.Step < uint64(s.cfg.Steps)
 }
