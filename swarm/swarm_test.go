@@ -110,21 +110,35 @@ func TestFetchWaitsForVersion(t *testing.T) {
 	}
 }
 
-func TestFederatedOverMocknet(t *testing.T) {
+// fedSwarm returns n connected swarm peers that see each other, a worker
+// for each on its IID share of the first samples MNIST training images,
+// and a context for the test (60 s).
+func fedSwarm(t *testing.T, n, samples int) ([]*Peer, []*train.Worker, context.Context) {
 	tr, _, err := data.LoadMNIST("")
 	if err != nil {
 		t.Fatal(err)
 	}
-	small := tr.Head(2000)
-	shards, _ := data.IID(small.Len(), 4, 1)
-	ps := newSwarm(t, 4)
+	small := tr.Head(samples)
+	shards, _ := data.IID(small.Len(), n, 1)
+	ps := newSwarm(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for _, p := range ps {
-		if err := p.WaitPeers(ctx, 4); err != nil {
+	t.Cleanup(cancel)
+	workers := make([]*train.Worker, n)
+	for i, p := range ps {
+		if err := p.WaitPeers(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		wc := train.DefaultWorkerConfig()
+		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
+		if workers[i], err = train.NewWorker(wc, small.Subset(shards[i])); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return ps, workers, ctx
+}
+
+func TestFederatedOverMocknet(t *testing.T) {
+	ps, workers, ctx := fedSwarm(t, 4, 2000)
 	cfg := train.DefaultFedConfig()
 	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 4, 0.5, 30*time.Second
 	var mu sync.Mutex
@@ -140,16 +154,10 @@ func TestFederatedOverMocknet(t *testing.T) {
 	}()
 	errs := make([]error, len(ps))
 	for i, p := range ps {
-		wc := train.DefaultWorkerConfig()
-		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
-		w, err := train.NewWorker(wc, small.Subset(shards[i]))
-		if err != nil {
-			t.Fatal(err)
-		}
 		wg.Add(1)
 		go func(i int, p *Peer) {
 			defer wg.Done()
-			errs[i] = train.Federated(ctx, w, p.FedNet(), cfg, rec, func(ri train.RoundInfo) bool {
+			errs[i] = train.Federated(ctx, workers[i], p.FedNet(), cfg, rec, func(ri train.RoundInfo) bool {
 				if ri.Failed {
 					t.Errorf("%s: round %d failed", p.ID(), ri.Round)
 				}
@@ -193,34 +201,15 @@ func TestFederatedOverMocknet(t *testing.T) {
 // round (1.5 s of alignment, then a failed all-reduce: a pair's quorum
 // needs both).
 func TestFederatedPeerStopsOverMocknet(t *testing.T) {
-	tr, _, err := data.LoadMNIST("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	small := tr.Head(1000)
-	shards, _ := data.IID(small.Len(), 2, 1)
-	ps := newSwarm(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for _, p := range ps {
-		if err := p.WaitPeers(ctx, 2); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ps, workers, ctx := fedSwarm(t, 2, 1000)
 	cfg := train.DefaultFedConfig()
 	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 12, 1, 30*time.Second
 	last := make([]uint64, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i, p := range ps {
-		wc := train.DefaultWorkerConfig()
-		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
-		w, err := train.NewWorker(wc, small.Subset(shards[i]))
-		if err != nil {
-			t.Fatal(err)
-		}
 		wg.Go(func() {
-			errs[i] = train.Federated(ctx, w, p.FedNet(), cfg, nil, func(ri train.RoundInfo) bool {
+			errs[i] = train.Federated(ctx, workers[i], p.FedNet(), cfg, nil, func(ri train.RoundInfo) bool {
 				last[i] = ri.Round
 				t.Logf("peer %d round %d synced %v failed %v", i, ri.Round, ri.Synced, ri.Failed)
 				return i == 1 && ri.Round == 3
