@@ -9,6 +9,10 @@
 //	defer p.Close()
 //	err = train.Federated(ctx, worker, p.FedNet(), fedCfg, rec, nil)
 //
+// A peer whose training stops before the job's end (train.Leaver,
+// train.SyncStatus's Done) says so in its heartbeat at once; the others
+// leave it out of Members from then on, even while its node stays up.
+//
 // # State service
 //
 // Protocol /starling/state/1.0.0 serves the global state a peer last
