@@ -36,18 +36,18 @@ func newGatheredTLS(id protocol.ID, key ci.PrivKey, muxers []tptu.StreamMuxer) (
 
 // SecureInbound implements sec.SecureTransport.
 func (t *gatheredTLS) SecureInbound(ctx context.Context, insecure net.Conn, p peer.ID) (sec.SecureConn, error) {
-	raw := &gatherConn{Conn: insecure}
-	c, err := t.Transport.SecureInbound(ctx, raw, p)
-	if err != nil {
-		return nil, err
-	}
-	return &gatheredConn{SecureConn: c, raw: raw}, nil
+	return gathered(ctx, insecure, p, t.Transport.SecureInbound)
 }
 
 // SecureOutbound implements sec.SecureTransport.
 func (t *gatheredTLS) SecureOutbound(ctx context.Context, insecure net.Conn, p peer.ID) (sec.SecureConn, error) {
+	return gathered(ctx, insecure, p, t.Transport.SecureOutbound)
+}
+
+// gathered secures insecure with secure over a gatherConn.
+func gathered(ctx context.Context, insecure net.Conn, p peer.ID, secure func(context.Context, net.Conn, peer.ID) (sec.SecureConn, error)) (sec.SecureConn, error) {
 	raw := &gatherConn{Conn: insecure}
-	c, err := t.Transport.SecureOutbound(ctx, raw, p)
+	c, err := secure(ctx, raw, p)
 	if err != nil {
 		return nil, err
 	}

@@ -65,7 +65,7 @@ func (s syncNet) Statuses() map[string]train.SyncStatus {
 		switch {
 		case pi.Version&joiningBit != 0:
 			st = train.SyncStatus{JoinAt: pi.Version &^ joiningBit, Rate: st.Rate}
-		case pi.Version&doneBit != 0:
+		case stopped(pi.Version):
 			st = train.SyncStatus{Step: pi.Version &^ doneBit, Done: true, Rate: st.Rate}
 		}
 		out[pi.ID.String()] = st

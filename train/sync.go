@@ -493,7 +493,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 			}
 			g := []string{s.self}
 			for _, p := range members {
-				if ps, ok := statuses[p]; ok && p != s.self && !ps.Done && ((ps.JoinAt == 0 && ps.Step > 0) || ps.JoinAt == T) {
+				if ps, ok := statuses[p]; ok && p != s.self && !s.stopped(ps) && ((ps.JoinAt == 0 && ps.Step > 0) || ps.JoinAt == T) {
 					g = append(g, p)
 				}
 			}

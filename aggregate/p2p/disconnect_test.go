@@ -12,25 +12,32 @@ import (
 	"github.com/starling-ml/starling/node"
 )
 
+// loopbackNodes starts n real nodes on loopback, the first two connected,
+// and a context for the test (30 s).
+func loopbackNodes(t *testing.T, n int) (context.Context, []*node.Node) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	nodes := make([]*node.Node, n)
+	for i := range nodes {
+		nd, err := node.New(ctx, node.TestConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nd.Close() })
+		nodes[i] = nd
+	}
+	if err := nodes[0].Connect(ctx, nodes[1].AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, nodes
+}
+
 // TestRecvDisconnected: a Recv waiting on a peer fails with ErrDisconnected
 // (naming the peer) as soon as the peer's connection closes, and so does
 // one posted after it closed; a chunk that arrived before is still
 // delivered. A peer that was never connected is waited for as usual.
 func TestRecvDisconnected(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	var nodes [3]*node.Node
-	for i := range nodes {
-		n, err := node.New(ctx, node.TestConfig())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		nodes[i] = n
-	}
-	if err := nodes[0].Connect(ctx, nodes[1].AddrInfo()); err != nil {
-		t.Fatal(err)
-	}
+	ctx, nodes := loopbackNodes(t, 3)
 	a, b := p2p.New(nodes[0]), p2p.New(nodes[1])
 	defer a.Close()
 	idB := p2p.ID(nodes[1].ID())
@@ -80,20 +87,7 @@ func TestRecvDisconnected(t *testing.T) {
 // DisconnectGrace (or closes while what the peer sent before is still
 // being read) does not fail the waits on the peer.
 func TestRecvSurvivesBlip(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	var nodes [2]*node.Node
-	for i := range nodes {
-		n, err := node.New(ctx, node.TestConfig())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		nodes[i] = n
-	}
-	if err := nodes[0].Connect(ctx, nodes[1].AddrInfo()); err != nil {
-		t.Fatal(err)
-	}
+	ctx, nodes := loopbackNodes(t, 2)
 	a, b := p2p.New(nodes[0]), p2p.New(nodes[1])
 	defer a.Close()
 	defer b.Close()
