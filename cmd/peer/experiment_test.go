@@ -65,6 +65,8 @@ func TestExperimentFlagErrors(t *testing.T) {
 		{"--policy", "poly:x"},
 		{"--kill", "1:soon"},
 		{"--repeat", "0"},
+		{"--strategy", "fedasync", "--compress", "zip"},
+		{"--strategy", "fedbuff", "--codec", "topk:2"},
 		{"extra"},
 	} {
 		var out, errb bytes.Buffer
