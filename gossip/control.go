@@ -148,6 +148,15 @@ type ControlPlane struct {
 // heartbeats. h may be a real host or a mocknet one. The router is this
 // control plane's; other packages may join further topics on it through
 // PubSub.
+// validateQueue, outboundQueue and subBuffer size pubsub's validation
+// queue, each peer's outbound queue and our subscriptions' buffers (32
+// each by default; see New).
+const (
+	validateQueue = 4096
+	outboundQueue = 1024
+	subBuffer     = 1024
+)
+
 func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -185,7 +194,18 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 	// mesh: control messages are small, and GossipSub (v0.19 defaults to
 	// mesh-only) would otherwise silently drop what is published before
 	// the first mesh heartbeat. Callers may override it.
-	psOpts := append([]pubsub.Option{pubsub.WithFloodPublish(true)}, o.psOpts...)
+	//
+	// pubsub's queues hold 32 messages by default: the validation queue
+	// (signatures are checked by runtime.NumCPU() workers) and each peer's
+	// outbound queue. Heartbeats of a swarm whose peers start or beat
+	// together overflow them on a busy machine, and what overflows is lost
+	// unless another peer happens to forward a copy. Control messages are
+	// small: room for many more costs little.
+	psOpts := append([]pubsub.Option{
+		pubsub.WithFloodPublish(true),
+		pubsub.WithValidateQueueSize(validateQueue),
+		pubsub.WithPeerOutboundQueueSize(outboundQueue),
+	}, o.psOpts...)
 	psOpts = append(psOpts,
 		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
 		pubsub.WithRawTracer(&dropTracer{c: c}),
@@ -225,10 +245,10 @@ func (c *ControlPlane) join() error {
 	if c.annTopic, err = c.ps.Join(c.annName); err != nil {
 		return fmt.Errorf("gossip: join %s: %w", c.annName, err)
 	}
-	if c.hbSub, err = c.hbTopic.Subscribe(); err != nil {
+	if c.hbSub, err = c.hbTopic.Subscribe(pubsub.WithBufferSize(subBuffer)); err != nil {
 		return fmt.Errorf("gossip: subscribe %s: %w", c.hbName, err)
 	}
-	if c.annSub, err = c.annTopic.Subscribe(); err != nil {
+	if c.annSub, err = c.annTopic.Subscribe(pubsub.WithBufferSize(subBuffer)); err != nil {
 		return fmt.Errorf("gossip: subscribe %s: %w", c.annName, err)
 	}
 	return nil

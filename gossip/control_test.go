@@ -398,3 +398,35 @@ func TestHeartbeatLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatBurst has every peer of a 16-peer swarm beat several times
+// at once, as a swarm whose peers start together does: pubsub's validation
+// queue (32 by default) must not drop any of them.
+func TestHeartbeatBurst(t *testing.T) {
+	const n, beats = 16, 8
+	mn, hosts := mesh(t, n)
+	cps := startPlanes(t, hosts, manualConfig(), newFakeClock())
+	connect(t, mn)
+	waitTopicPeers(t, cps, n-1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, cp := range cps {
+		wg.Go(func() {
+			for range beats {
+				if err := cp.Beat(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	arrived := func(cp *ControlPlane) bool { st := cp.Stats(); return st.Heartbeats+st.Dropped() >= (n-1)*beats }
+	waitUntil(20*time.Second, func() bool { return !slices.ContainsFunc(cps, func(cp *ControlPlane) bool { return !arrived(cp) }) })
+	for i, cp := range cps {
+		if st := cp.Stats(); st.Heartbeats != (n-1)*beats || st.Dropped() != 0 {
+			t.Errorf("host %d stats: %v, want %d heartbeats", i, st, (n-1)*beats)
+		}
+	}
+}

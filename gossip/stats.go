@@ -22,12 +22,15 @@ const (
 	DropBadSignature                   // invalid or unexpected signature
 	DropThrottled                      // pubsub's validation queue was full
 	DropOverflow                       // our announcement queue was full (oldest dropped)
+	DropUndelivered                    // our subscription's buffer was full (the reader fell behind)
+	DropSendQueue                      // a peer's outbound queue was full (counted by the sender)
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
 	"oversized", "malformed", "nonfinite", "origin", "model", "replay",
-	"unsigned", "bad-signature", "throttled", "overflow",
+	"unsigned", "bad-signature", "throttled", "overflow", "undelivered",
+	"send-queue",
 }
 
 func (r DropReason) String() string {

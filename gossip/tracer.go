@@ -8,16 +8,17 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 )
 
-// dropTracer counts the drops GossipSub makes before our validators run:
-// unsigned messages and bad signatures (strict signing) and a full
-// validation queue. Our own validators count their drops themselves.
+// dropTracer counts the drops GossipSub makes outside our validators:
+// unsigned messages and bad signatures (strict signing), a full validation
+// queue, a full subscription buffer, and messages of ours it could not
+// queue for a peer. Our own validators count their drops themselves.
 // GossipSub calls it from its event loop: it must not block.
 type dropTracer struct{ c *ControlPlane }
 
 var _ pubsub.RawTracer = (*dropTracer)(nil)
 
 func (t *dropTracer) RejectMessage(msg *pubsub.Message, reason string) {
-	if topic := msg.GetTopic(); topic != t.c.hbName && topic != t.c.annName {
+	if !t.ours(msg.GetTopic()) {
 		return
 	}
 	switch reason {
@@ -43,5 +44,23 @@ func (*dropTracer) ThrottlePeer(peer.ID)                                 {}
 func (*dropTracer) RecvRPC(*pubsub.RPC)                                  {}
 func (*dropTracer) SendRPC(*pubsub.RPC, peer.ID)                         {}
 func (*dropTracer) SendRPCCompleted(*pubsub.RPC, peer.ID, time.Duration) {}
-func (*dropTracer) DropRPC(*pubsub.RPC, peer.ID)                         {}
-func (*dropTracer) UndeliverableMessage(*pubsub.Message)                 {}
+
+// UndeliverableMessage is a delivered message that our subscription's
+// buffer had no room for.
+func (t *dropTracer) UndeliverableMessage(msg *pubsub.Message) {
+	if t.ours(msg.GetTopic()) {
+		t.c.stats.drop(DropUndelivered)
+	}
+}
+
+// DropRPC is an RPC that a peer's outbound queue had no room for; each of
+// its messages on our topics counts.
+func (t *dropTracer) DropRPC(rpc *pubsub.RPC, _ peer.ID) {
+	for _, m := range rpc.GetPublish() {
+		if t.ours(m.GetTopic()) {
+			t.c.stats.drop(DropSendQueue)
+		}
+	}
+}
+
+func (t *dropTracer) ours(topic string) bool { return topic == t.c.hbName || topic == t.c.annName }
