@@ -302,6 +302,8 @@ type RoundInfo struct {
 	// Synced reports a state this peer fetched from others (it missed the
 	// round's all-reduce but not its result).
 	Synced bool
+	// Err is why the round failed for this peer (nil if it did not).
+	Err error
 }
 
 // Federated runs serverless federated learning for one peer: each round
@@ -312,7 +314,10 @@ type RoundInfo struct {
 // server optimiser to the averaged delta, identically on every
 // participant. onRound, if not nil, is called after each round this peer
 // took part in; returning true stops the peer. A peer that stops before
-// the last round tells the others so if net is a Leaver.
+// the last round tells the others so if net is a Leaver. A round that
+// fails for this peer leaves it the previous state as that round's
+// version; the next round it joins brings it back in line, and after a
+// failed last round it takes the others' final state if they have one.
 func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -401,6 +406,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	}
 
 	align := true
+	lastFailed := false // the newest version is a failed round's, relabelled
 	for r := version + 1; r <= uint64(cfg.Rounds); r++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -461,7 +467,9 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		}
 		info.Round = version
 		info.Failed = err != nil && !synced
+		lastFailed = info.Failed
 		info.Synced = synced
+		info.Err = err
 		info.Global = global
 		info.State = state
 		info.Elapsed = time.Since(start)
@@ -473,11 +481,58 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			return nil
 		}
 	}
+	// A failed round is mended by the next one this peer joins (see
+	// fedRound), but the last round has no next one: a peer that failed it
+	// while others completed it (it entered late, say) would end with the
+	// state of the round before, labelled final. It takes the others'
+	// final state instead, if they have one to give.
+	if lastFailed && version == uint64(cfg.Rounds) {
+		if v, ok := fetchFinal(ctx, net, cfg, state); ok {
+			version = v
+			copy(st, state[n:])
+			copy(w.Model.Params, global)
+			net.Publish(version, state)
+			if rec != nil {
+				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "caught-up", Detail: fmt.Sprintf("final version %d", v)})
+			}
+			if onRound != nil && onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)}) {
+				return nil
+			}
+		}
+	}
 	// A peer left out of the last rounds by sampling ends behind them; the
 	// others, still in those rounds, sample from membership, which must
 	// not change under them: it does not Leave.
 	completed = true
 	return nil
+}
+
+// fetchFinal fetches the state of the last round, into state, from the
+// round's other participants (from the other members when none is left),
+// waiting up to a quarter of the round timeout for them to finish it.
+func fetchFinal(ctx context.Context, net FedNet, cfg FedConfig, state []float32) (uint64, bool) {
+	last := uint64(cfg.Rounds)
+	members, err := net.Members(ctx, last)
+	if err != nil {
+		return 0, false
+	}
+	notSelf := func(p string) bool { return p == net.Self() }
+	from := slices.DeleteFunc(Sample(cfg.Seed, last, members, cfg.Fraction), notSelf)
+	if len(from) == 0 {
+		from = slices.DeleteFunc(slices.Clone(members), notSelf)
+	}
+	if len(from) == 0 {
+		return 0, false
+	}
+	fctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout/4)
+	defer cancel()
+	tmp := make([]float32, len(state))
+	v, err := net.Fetch(fctx, from, last, tmp)
+	if err != nil {
+		return 0, false
+	}
+	copy(state, tmp)
+	return v, true
 }
 
 // fedRound runs round r for a sampled peer. synced reports that the peer

@@ -93,6 +93,12 @@ func TestServerOpts(t *testing.T) {
 // runFed runs a federation of n peers in one process over aggtest and
 // returns the participants' final global models.
 func runFed(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedConfig, wcfg WorkerConfig, kill string) map[string][]float32 {
+	return runFedWrapped(t, n, shards, tr, cfg, wcfg, kill, nil)
+}
+
+// runFedWrapped is runFed with each peer's FedNet passed through wrap (if
+// not nil).
+func runFedWrapped(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedConfig, wcfg WorkerConfig, kill string, wrap func(id string, net FedNet) FedNet) map[string][]float32 {
 	t.Helper()
 	netw := aggtest.NewNetwork(aggtest.Config{})
 	board := NewStateBoard()
@@ -118,7 +124,10 @@ func runFed(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedConfig, wc
 		if err != nil {
 			t.Fatal(err)
 		}
-		net := &RunnerNet{ID: id, Runner: r, Board: board, Static: ids}
+		var net FedNet = &RunnerNet{ID: id, Runner: r, Board: board, Static: ids}
+		if wrap != nil {
+			net = wrap(id, net)
+		}
 		wg.Add(1)
 		go func(i int, id string) {
 			defer wg.Done()
@@ -188,6 +197,49 @@ func TestFederatedSurvivesAKilledPeer(t *testing.T) {
 		} else if !slices.Equal(ref, g) {
 			t.Fatalf("%s ended with a different global model", id)
 		}
+	}
+}
+
+// lateNet enters the all-reduce of round too late for the others, who
+// complete the round without it.
+type lateNet struct {
+	FedNet
+	round uint64
+	delay time.Duration
+}
+
+func (n lateNet) AllReduce(ctx context.Context, round uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
+	if round == n.round {
+		time.Sleep(n.delay)
+	}
+	return n.FedNet.AllReduce(ctx, round, group, dst, src, weight)
+}
+
+// TestFederatedLastRoundLate: a peer that fails the last round, which the
+// others complete without it, ends with their final state, not its own
+// previous one relabelled as final.
+func TestFederatedLastRoundLate(t *testing.T) {
+	tr, _ := mnist(t)
+	small := tr.Head(900)
+	shards, _ := data.IID(small.Len(), 3, 2)
+	cfg := DefaultFedConfig()
+	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 3, 1, 30*time.Second
+	wcfg := DefaultWorkerConfig()
+	wcfg.Model, wcfg.Optimizer = "logreg", "sgd"
+	finals := runFedWrapped(t, 3, shards, small, cfg, wcfg, "", func(id string, net FedNet) FedNet {
+		if id != "peer02" {
+			return net
+		}
+		return lateNet{FedNet: net, round: 3, delay: 5 * time.Second} // > 2 stall timeouts
+	})
+	if len(finals) != 3 {
+		t.Fatalf("%d peers finished", len(finals))
+	}
+	if !slices.Equal(finals["peer00"], finals["peer01"]) {
+		t.Fatal("the on-time peers disagree")
+	}
+	if !slices.Equal(finals["peer00"], finals["peer02"]) {
+		t.Fatal("the late peer ended with another final state")
 	}
 }
 
