@@ -12,6 +12,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -58,6 +59,9 @@ type stateService struct {
 	mu      sync.Mutex
 	changed chan struct{}
 	hist    []*published // newest last
+
+	serving  atomic.Int64 // requests being handled
+	lastDone atomic.Int64 // when the last one ended, Unix ns
 }
 
 func newStateService(h host.Host, maxLen int, timeout time.Duration) *stateService {
@@ -67,6 +71,12 @@ func newStateService(h host.Host, maxLen int, timeout time.Duration) *stateServi
 }
 
 func (s *stateService) close() { s.h.RemoveStreamHandler(StateProtocol) }
+
+// idle reports whether no request is being served and none ended within
+// the last d.
+func (s *stateService) idle(d time.Duration) bool {
+	return s.serving.Load() == 0 && time.Since(time.Unix(0, s.lastDone.Load())) >= d
+}
 
 // Digest returns the SHA-256 of a state vector's little-endian bytes.
 func Digest(state []float32) [32]byte {
@@ -145,6 +155,11 @@ func decodeReq(b []byte) (stateReq, error) {
 const replyHead = 1 + 8 + 8 + 32 + 8 + 8
 
 func (s *stateService) handle(st network.Stream) {
+	s.serving.Add(1)
+	defer func() {
+		s.lastDone.Store(time.Now().UnixNano())
+		s.serving.Add(-1)
+	}()
 	defer st.Close()
 	st.SetDeadline(time.Now().Add(s.timeout + maxWait))
 	var rb [reqLen]byte

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -29,6 +30,9 @@ type Config struct {
 	// MaxStateValues bounds the state a peer accepts (default 512 Mi
 	// values, 2 GiB).
 	MaxStateValues int
+	// Log, if not nil, receives the control plane's and the all-reduce's
+	// logs (failed rounds at warn level, blame and votes at debug).
+	Log *slog.Logger
 }
 
 // DefaultConfig returns defaults that work on a LAN with no configuration.
@@ -107,12 +111,18 @@ func Attach(h host.Host, cfg Config, opts ...node.Option) (*Peer, error) {
 }
 
 func build(n *node.Node, cfg Config) (*Peer, error) {
-	cp, err := gossip.New(n.Host(), cfg.Gossip)
+	var gopts []gossip.Option
+	var ropts []aggregate.Option
+	if cfg.Log != nil {
+		gopts = append(gopts, gossip.WithLogger(cfg.Log))
+		ropts = append(ropts, aggregate.WithLogger(cfg.Log))
+	}
+	cp, err := gossip.New(n.Host(), cfg.Gossip, gopts...)
 	if err != nil {
 		return nil, err
 	}
 	tr := p2p.New(n)
-	r, err := aggregate.NewRunner(p2p.ID(n.ID()), tr, cfg.Aggregate)
+	r, err := aggregate.NewRunner(p2p.ID(n.ID()), tr, cfg.Aggregate, ropts...)
 	if err != nil {
 		cp.Close()
 		tr.Close()
@@ -171,6 +181,10 @@ func (p *Peer) Publish(version uint64, state []float32) {
 	p.state.publish(version, state)
 	p.Control.SetStatus(version, 0)
 }
+
+// StateIdle reports whether the peer is serving no state to anyone and
+// has served none within the last d.
+func (p *Peer) StateIdle(d time.Duration) bool { return p.state.idle(d) }
 
 // Fetch fills dst with the state of version ≥ version from the given
 // peers (ids as strings), striped over up to Config.FetchFrom of them.

@@ -83,8 +83,14 @@ func TestFetchStripedAndVerified(t *testing.T) {
 func TestFetchWaitsForVersion(t *testing.T) {
 	ps := newSwarm(t, 2)
 	ps[1].Publish(1, vec(10, 0))
+	if !ps[1].StateIdle(time.Hour) {
+		t.Fatal("a peer that served nothing is not idle")
+	}
 	go func() {
 		time.Sleep(300 * time.Millisecond)
+		if ps[1].StateIdle(0) {
+			t.Error("idle while a fetch waits on it")
+		}
 		ps[1].Publish(2, vec(10, 3))
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -93,6 +99,9 @@ func TestFetchWaitsForVersion(t *testing.T) {
 	v, err := ps[0].Fetch(ctx, []string{ps[1].ID()}, 2, dst)
 	if err != nil || v != 2 || dst[0] != 3 {
 		t.Fatalf("v=%d dst[0]=%v err=%v", v, dst[0], err)
+	}
+	if ps[1].StateIdle(time.Minute) {
+		t.Fatal("idle for a minute just after serving")
 	}
 	// A version nobody reaches ends with the deadline, not a hang.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 1500*time.Millisecond)

@@ -283,7 +283,7 @@ func TestLateJoinerSyncs(t *testing.T) {
 		if ref == nil {
 			ref = c.State
 		} else if !slices.Equal(ref, c.State) {
-			t.Fatalf("peer %d's final state (version %d) differs", i, c.Version)
+			t.Fatalf("peer %d's final state (version %d) differs; its log ends:\n%s", i, c.Version, []*proc{a, b, late}[i].stderr.tail(8000))
 		}
 		t.Logf("peer %d: version %d", i, c.Version)
 	}

@@ -73,7 +73,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	ckpt := fs.String("checkpoint", "", "checkpoint file, rewritten atomically after every round")
 	resume := fs.Bool("resume", false, "continue from --checkpoint")
 	out := fs.String("out", "", "folder for summary.json")
-	linger := fs.Duration("linger", 3*time.Second, "stay up this long after training to serve state to slower peers")
+	linger := fs.Duration("linger", 3*time.Second, "stay up this long after training to serve state to slower peers (federated: longer, up to --round-timeout, while a live peer has yet to finish the last round or is fetching state)")
 	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 

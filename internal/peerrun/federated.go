@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/starling-ml/starling/train"
 )
@@ -35,7 +36,7 @@ func runFederated(ctx context.Context, env *Env) error {
 		note := ""
 		switch {
 		case ri.Failed:
-			note = "round failed; state unchanged"
+			note = fmt.Sprintf("round failed (%v); state unchanged", ri.Err)
 		case ri.Synced:
 			note = "state fetched from peers"
 		}
@@ -45,6 +46,25 @@ func runFederated(ctx context.Context, env *Env) error {
 	if err == nil {
 		err = lastErr
 	}
+	// After the last round, stay up while a live peer has yet to finish
+	// it or is fetching state from this one: a peer that failed the last
+	// round takes the others' final state (train.Federated).
+	fed, ok := env.Peer.FedNet().(train.Versioned)
+	if !ok {
+		return err
+	}
+	env.LingerWhile = func() bool {
+		if !env.Peer.StateIdle(time.Second) {
+			return true
+		}
+		for _, v := range fed.Versions() {
+			if v < uint64(cfg.Rounds) {
+				return true
+			}
+		}
+		return false
+	}
+	env.LingerMax = cfg.RoundTimeout
 	if errors.Is(err, context.Canceled) {
 		return err
 	}

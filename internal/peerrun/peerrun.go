@@ -49,7 +49,8 @@ type Options struct {
 	Resume     bool   // continue from Checkpoint
 	Out        string // folder for summary.json and curve.csv ("" for none)
 	// Linger keeps the peer up this long after training ends, serving its
-	// state to peers that finish a little later.
+	// state to peers that finish a little later, and longer while the mode
+	// says so (Env.LingerWhile).
 	Linger time.Duration
 	// ProgressJSON writes one JSON object per progress event to stdout
 	// (the demo reads them) instead of human-readable lines.
@@ -72,6 +73,11 @@ type Env struct {
 	// Save writes ck to the checkpoint file, if one is configured.
 	Save func(ck *train.Checkpoint) error
 	Log  *slog.Logger
+	// LingerWhile, if a mode sets it, keeps the peer up after training
+	// past Options.Linger while it returns true, for at most LingerMax in
+	// all (peers still finishing that may need this one's state).
+	LingerWhile func() bool
+	LingerMax   time.Duration
 }
 
 // Progress is one line of progress: a round or step of this peer.
@@ -206,6 +212,9 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}
 	}
 
+	if opts.Swarm.Log == nil {
+		opts.Swarm.Log = opts.Log
+	}
 	p, err := swarm.Start(ctx, opts.Swarm)
 	if err != nil {
 		return nil, err
@@ -285,10 +294,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		sum.Error = err.Error()
 	}
 	if err == nil && opts.Linger > 0 {
-		select {
-		case <-ctx.Done():
-		case <-time.After(opts.Linger):
-		}
+		linger(ctx, opts.Linger, env.LingerWhile, env.LingerMax)
 	}
 	if opts.Out != "" {
 		if werr := writeSummary(opts.Out, sum, rec); werr != nil && err == nil {
@@ -296,6 +302,29 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}
 	}
 	return sum, err
+}
+
+// linger waits min, then while more() holds, until max has passed since
+// it began or ctx ends.
+func linger(ctx context.Context, min time.Duration, more func() bool, max time.Duration) {
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(min):
+	}
+	if more == nil {
+		return
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for more() && time.Since(start) < max {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 func roundWord(mode string) string {
