@@ -178,14 +178,23 @@ func TestFederatedLearnsAndAgrees(t *testing.T) {
 	}
 }
 
-func TestFederatedSurvivesAKilledPeer(t *testing.T) {
+// logregFed sets up n peers with IID shares of the first samples MNIST
+// images, training logistic regression with SGD for rounds rounds of
+// FedAvg with every peer in every round.
+func logregFed(t *testing.T, n, samples, rounds int, roundTimeout time.Duration) (*data.Set, [][]int, FedConfig, WorkerConfig) {
+	t.Helper()
 	tr, _ := mnist(t)
-	small := tr.Head(1200)
-	shards, _ := data.IID(small.Len(), 4, 2)
+	small := tr.Head(samples)
+	shards, _ := data.IID(small.Len(), n, 2)
 	cfg := DefaultFedConfig()
-	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 4, 1, 20*time.Second
+	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = rounds, 1, roundTimeout
 	wcfg := DefaultWorkerConfig()
 	wcfg.Model, wcfg.Optimizer = "logreg", "sgd"
+	return small, shards, cfg, wcfg
+}
+
+func TestFederatedSurvivesAKilledPeer(t *testing.T) {
+	small, shards, cfg, wcfg := logregFed(t, 4, 1200, 4, 20*time.Second)
 	finals := runFed(t, 4, shards, small, cfg, wcfg, "peer01")
 	if len(finals) != 3 {
 		t.Fatalf("survivors finishing: %d", len(finals))
@@ -219,13 +228,7 @@ func (n lateNet) AllReduce(ctx context.Context, round uint64, group []string, ds
 // others complete without it, ends with their final state, not its own
 // previous one relabelled as final.
 func TestFederatedLastRoundLate(t *testing.T) {
-	tr, _ := mnist(t)
-	small := tr.Head(900)
-	shards, _ := data.IID(small.Len(), 3, 2)
-	cfg := DefaultFedConfig()
-	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 3, 1, 30*time.Second
-	wcfg := DefaultWorkerConfig()
-	wcfg.Model, wcfg.Optimizer = "logreg", "sgd"
+	small, shards, cfg, wcfg := logregFed(t, 3, 900, 3, 30*time.Second)
 	finals := runFedWrapped(t, 3, shards, small, cfg, wcfg, "", func(id string, net FedNet) FedNet {
 		if id != "peer02" {
 			return net
