@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -83,7 +84,19 @@ func (s *syncBuffer) tail(n int) string {
 	return str[max(0, len(str)-n):]
 }
 
+// freePort returns a loopback port that was free a moment ago, below
+// Linux's ephemeral range (32768 up): a port the kernel handed out for :0
+// and got back may go to another process binding :0 (two test binaries
+// running at once were seen to) or become a connection's source port
+// before our peer binds it.
 func freePort(t *testing.T) int {
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			l.Close()
+			return port
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
