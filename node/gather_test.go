@@ -38,6 +38,14 @@ func (w *writeLog) sizes() []int {
 	return s
 }
 
+// gathering returns a gatherConn over a writeLog, gathering.
+func gathering() (*writeLog, *gatherConn) {
+	w := &writeLog{}
+	g := &gatherConn{Conn: w}
+	g.gather()
+	return w, g
+}
+
 // TestGatherConn: what TLS writes between gather and flush reaches the
 // socket as one write, in order, including a record written meanwhile by
 // another goroutine; outside, writes go straight through; a flush error
@@ -54,9 +62,7 @@ func TestGatherConn(t *testing.T) {
 		}
 	})
 	t.Run("gathered", func(t *testing.T) {
-		w := &writeLog{}
-		g := &gatherConn{Conn: w}
-		g.gather()
+		w, g := gathering()
 		g.Write(rec(100, 1))
 		g.Write(rec(200, 2))
 		var wg sync.WaitGroup
@@ -81,9 +87,7 @@ func TestGatherConn(t *testing.T) {
 		}
 	})
 	t.Run("overlapping", func(t *testing.T) {
-		w := &writeLog{}
-		g := &gatherConn{Conn: w}
-		g.gather()
+		w, g := gathering()
 		g.gather()
 		g.Write(rec(10, 1))
 		g.flush() // the other Write still gathers
@@ -97,9 +101,7 @@ func TestGatherConn(t *testing.T) {
 		}
 	})
 	t.Run("full", func(t *testing.T) {
-		w := &writeLog{}
-		g := &gatherConn{Conn: w}
-		g.gather()
+		w, g := gathering()
 		for range 3 {
 			g.Write(rec(gatherMax/2, 1))
 		}

@@ -222,9 +222,6 @@ type Leaver interface {
 	Leave(ctx context.Context, version uint64) error
 }
 
-// leaveNotice bounds the announcement that a peer stopped.
-const leaveNotice = 2 * time.Second
-
 // Versioned is implemented by FedNets that know the state version each
 // live peer last published (from heartbeats, say). Federated uses it to
 // line a peer up with the others after it starts or fails a round.
@@ -346,9 +343,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	if l, ok := net.(Leaver); ok {
 		defer func() {
 			if !completed && version < uint64(cfg.Rounds) { // stopped early, whatever the reason
-				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveNotice)
-				l.Leave(lctx, version)
-				cancel()
+				announceStop(ctx, func(ctx context.Context) { l.Leave(ctx, version) })
 			}
 		}()
 	}
@@ -372,19 +367,14 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			if err != nil {
 				return err
 			}
-			others := slices.DeleteFunc(slices.Clone(members), func(p string) bool { return p == self })
-			if len(others) > 0 {
-				cctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
-				tmp := make([]float32, len(state))
-				if v, err := net.Fetch(cctx, others, version+1, tmp); err == nil && v > version {
-					copy(state, tmp)
+			if others := othersOf(self, members); len(others) > 0 {
+				if v, err := fetchState(ctx, net, others, version+1, state, 1500*time.Millisecond); err == nil {
 					copy(st, state[n:])
 					version = v
 					if rec != nil {
 						rec.Event(Event{Peer: self, At: time.Since(start), Kind: "caught-up", Detail: fmt.Sprintf("version %d", v)})
 					}
 				}
-				cancel()
 				break
 			}
 			if time.Now().After(deadline) {
@@ -405,6 +395,15 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		}
 	}
 
+	// adopt makes the state fetched into state, of version v, this peer's
+	// and reports it as synced; it returns onRound's verdict.
+	adopt := func(v uint64) (stop bool) {
+		version = v
+		copy(st, state[n:])
+		copy(w.Model.Params, global)
+		net.Publish(version, state)
+		return onRound != nil && onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)})
+	}
 	align := true
 	lastFailed := false // the newest version is a failed round's, relabelled
 	for r := version + 1; r <= uint64(cfg.Rounds); r++ {
@@ -433,11 +432,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			}
 			align = false
 			if v > version {
-				version = v
-				copy(st, state[n:])
-				copy(w.Model.Params, global)
-				net.Publish(version, state)
-				if onRound != nil && onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)}) {
+				if adopt(v) {
 					return nil
 				}
 				continue
@@ -486,16 +481,16 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	// while others completed it (it entered late, say) would end with the
 	// state of the round before, labelled final. It takes the others'
 	// final state instead, if they have one to give.
-	if lastFailed && version == uint64(cfg.Rounds) {
-		if v, ok := fetchFinal(ctx, net, cfg, state); ok {
-			version = v
-			copy(st, state[n:])
-			copy(w.Model.Params, global)
-			net.Publish(version, state)
+	if last := uint64(cfg.Rounds); lastFailed && version == last {
+		// From the last round's other participants, else the other
+		// members; they may still be finishing it.
+		members, _ := net.Members(ctx, last) // on error: none, and no fetch
+		from := othersOf(self, Sample(cfg.Seed, last, members, cfg.Fraction), members)
+		if v, err := fetchState(ctx, net, from, last, state, cfg.RoundTimeout/4); err == nil {
 			if rec != nil {
 				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "caught-up", Detail: fmt.Sprintf("final version %d", v)})
 			}
-			if onRound != nil && onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)}) {
+			if adopt(v) {
 				return nil
 			}
 		}
@@ -507,32 +502,32 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	return nil
 }
 
-// fetchFinal fetches the state of the last round, into state, from the
-// round's other participants (from the other members when none is left),
-// waiting up to a quarter of the round timeout for them to finish it.
-func fetchFinal(ctx context.Context, net FedNet, cfg FedConfig, state []float32) (uint64, bool) {
-	last := uint64(cfg.Rounds)
-	members, err := net.Members(ctx, last)
-	if err != nil {
-		return 0, false
+// othersOf returns the first of lists that names a peer other than self,
+// without self (nil if none does).
+func othersOf(self string, lists ...[]string) []string {
+	for _, l := range lists {
+		if o := slices.DeleteFunc(slices.Clone(l), func(p string) bool { return p == self }); len(o) > 0 {
+			return o
+		}
 	}
-	notSelf := func(p string) bool { return p == net.Self() }
-	from := slices.DeleteFunc(Sample(cfg.Seed, last, members, cfg.Fraction), notSelf)
-	if len(from) == 0 {
-		from = slices.DeleteFunc(slices.Clone(members), notSelf)
+	return nil
+}
+
+// fetchState fetches the state of version ≥ version from peers into
+// state, waiting up to timeout; state is untouched unless it succeeds.
+func fetchState(ctx context.Context, net FedNet, peers []string, version uint64, state []float32, timeout time.Duration) (uint64, error) {
+	if len(peers) == 0 {
+		return 0, ErrNoState
 	}
-	if len(from) == 0 {
-		return 0, false
-	}
-	fctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout/4)
+	fctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tmp := make([]float32, len(state))
-	v, err := net.Fetch(fctx, from, last, tmp)
+	v, err := net.Fetch(fctx, peers, version, tmp)
 	if err != nil {
-		return 0, false
+		return 0, err
 	}
 	copy(state, tmp)
-	return v, true
+	return v, nil
 }
 
 // fedRound runs round r for a sampled peer. synced reports that the peer
@@ -543,11 +538,7 @@ func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server 
 	if *version < r-1 {
 		// Missed rounds: fetch the state after round r−1 from its
 		// participants (they are the ones who have it).
-		from := slices.DeleteFunc(slices.Clone(prev), func(p string) bool { return p == net.Self() })
-		if len(from) == 0 {
-			from = slices.DeleteFunc(slices.Clone(sampled), func(p string) bool { return p == net.Self() })
-		}
-		v, err := net.Fetch(ctx, from, r-1, state)
+		v, err := net.Fetch(ctx, othersOf(net.Self(), prev, sampled), r-1, state)
 		if err != nil {
 			return RoundInfo{}, false, fmt.Errorf("round %d: fetching state %d: %w", r, r-1, err)
 		}

@@ -176,7 +176,7 @@ type StepInfo struct {
 // and after a step it was left out of, from Sync's goroutine; it must not
 // keep the Group slice. Stopping before the last step, whatever the
 // reason, Sync tells a SyncJoiner's peers that this one is Done (taking
-// at most doneNotice).
+// at most stopNotice).
 func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recorder, onStep func(StepInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -196,15 +196,23 @@ func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recor
 		// Whatever ended the run (ctx included), tell the others: a peer
 		// whose node stays up would otherwise be waited for at every step,
 		// and in a pair, whose quorum needs both, forever.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), doneNotice)
-		s.joiner.SetStatus(dctx, SyncStatus{Step: s.version, Done: true, Rate: s.rate})
-		cancel()
+		announceStop(ctx, func(ctx context.Context) {
+			s.joiner.SetStatus(ctx, SyncStatus{Step: s.version, Done: true, Rate: s.rate})
+		})
 	}
 	return err
 }
 
-// doneNotice bounds the announcement that a peer stopped.
-const doneNotice = 2 * time.Second
+// stopNotice bounds the announcement that a peer stopped.
+const stopNotice = 2 * time.Second
+
+// announceStop runs announce with a context that outlives ctx (a run that
+// ended because ctx did must still say so) but ends after stopNotice.
+func announceStop(ctx context.Context, announce func(context.Context)) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopNotice)
+	defer cancel()
+	announce(actx)
+}
 
 // stopped reports whether st is the status of a peer that stopped
 // training before the job's end: one to leave out of every group. (A peer

@@ -304,21 +304,21 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	return sum, err
 }
 
-// linger waits min, then while more() holds, until max has passed since
-// it began or ctx ends.
-func linger(ctx context.Context, min time.Duration, more func() bool, max time.Duration) {
+// linger waits least, then while more() holds, until most has passed
+// since it began or ctx ends.
+func linger(ctx context.Context, least time.Duration, more func() bool, most time.Duration) {
 	start := time.Now()
 	select {
 	case <-ctx.Done():
 		return
-	case <-time.After(min):
+	case <-time.After(least):
 	}
 	if more == nil {
 		return
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	for more() && time.Since(start) < max {
+	for more() && time.Since(start) < most {
 		select {
 		case <-ctx.Done():
 			return
