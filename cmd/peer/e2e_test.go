@@ -88,22 +88,32 @@ func (s *syncBuffer) tail(n int) string {
 // Linux's ephemeral range (32768 up): a port the kernel handed out for :0
 // and got back may go to another process binding :0 (two test binaries
 // running at once were seen to) or become a connection's source port
-// before our peer binds it.
+// before our peer binds it. It never returns a port twice in one test
+// binary: the peers bind with SO_REUSEPORT, so two of them given the same
+// port would both listen on it (one then refused to dial the other, "dial
+// to self attempted").
 func freePort(t *testing.T) int {
-	for range 100 {
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 1000 {
 		port := 20000 + rand.IntN(12000)
+		if portsGiven[port] {
+			continue
+		}
 		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
 			l.Close()
+			portsGiven[port] = true
 			return port
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free loopback port left in 20000–32000")
+	return 0
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // identity creates a key file and returns the peer's address on port.
 func identity(t *testing.T, dir string, i, port int) (key, addr string) {
@@ -436,5 +446,18 @@ func TestAsyncModes(t *testing.T) {
 				t.Error("no contribution merged and no exchange completed")
 			}
 		})
+	}
+}
+
+// TestFreePortUnique: peers of one test binary never share a port (500
+// draws from 12000 ports would repeat one about ten times if unchecked).
+func TestFreePortUnique(t *testing.T) {
+	seen := map[int]bool{}
+	for range 500 {
+		p := freePort(t)
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
 	}
 }
