@@ -192,13 +192,21 @@ func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recor
 		avg: make([]float32, len(w.Model.Params)), version: uint64(w.Steps)}
 	s.joiner, _ = net.(SyncJoiner)
 	err = s.run(ctx, onStep)
-	if s.joiner != nil && s.version < uint64(cfg.Steps) {
+	switch {
+	case s.joiner == nil:
+	case s.version < uint64(cfg.Steps):
 		// Whatever ended the run (ctx included), tell the others: a peer
 		// whose node stays up would otherwise be waited for at every step,
 		// and in a pair, whose quorum needs both, forever.
 		announceStop(ctx, func(ctx context.Context) {
 			s.joiner.SetStatus(ctx, SyncStatus{Step: s.version, Done: true, Rate: s.rate})
 		})
+	default:
+		// Finished, perhaps by taking the final state as a late joiner
+		// (whose status still shows its declaration): peers that finished
+		// stay up while others are on their way (peer run's linger) and
+		// need not wait for this one.
+		s.joiner.SetStatus(ctx, SyncStatus{Step: s.version, Rate: s.rate})
 	}
 	return err
 }

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/starling-ml/starling/train"
 )
 
 func TestLinger(t *testing.T) {
@@ -30,5 +32,27 @@ func TestLinger(t *testing.T) {
 	defer cancel()
 	if d := took(func() { linger(cctx, 10*time.Millisecond, func() bool { return true }, time.Hour) }); d > 3*time.Second {
 		t.Errorf("linger past ctx took %v", d)
+	}
+}
+
+// TestSyncBehind: a sync peer that finished stays up while another live
+// peer is joining or short of the last step without having stopped.
+func TestSyncBehind(t *testing.T) {
+	const total = 100
+	for _, tc := range []struct {
+		name     string
+		statuses map[string]train.SyncStatus
+		want     bool
+	}{
+		{"nobody", nil, false},
+		{"all finished", map[string]train.SyncStatus{"a": {Step: total}, "b": {Step: total}}, false},
+		{"one behind", map[string]train.SyncStatus{"a": {Step: total}, "b": {Step: 80}}, true},
+		{"one joining", map[string]train.SyncStatus{"a": {Step: total}, "b": {JoinAt: 102}}, true},
+		{"one stopped early", map[string]train.SyncStatus{"a": {Step: total}, "b": {Step: 80, Done: true}}, false},
+		{"one not started", map[string]train.SyncStatus{"a": {}}, true},
+	} {
+		if got := syncBehind(tc.statuses, total); got != tc.want {
+			t.Errorf("%s: syncBehind = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -75,10 +75,16 @@ type Env struct {
 	Log  *slog.Logger
 	// LingerWhile, if a mode sets it, keeps the peer up after training
 	// past Options.Linger while it returns true, for at most LingerMax in
-	// all (peers still finishing that may need this one's state).
+	// all (peers still finishing that may need this one's state). If a
+	// mode sets none, the peer stays while it serves a state transfer, for
+	// at most stateLingerMax.
 	LingerWhile func() bool
 	LingerMax   time.Duration
 }
+
+// stateLingerMax bounds how long a peer that finished stays up for a state
+// transfer under way when its mode says nothing else.
+const stateLingerMax = 30 * time.Second
 
 // Progress is one line of progress: a round or step of this peer.
 type Progress struct {
@@ -293,8 +299,21 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	if err != nil {
 		sum.Error = err.Error()
 	}
+	if env.LingerWhile == nil {
+		// Whatever the mode, a state transfer under way is let finish.
+		env.LingerWhile = func() bool { return !p.StateIdle(time.Second) }
+		env.LingerMax = stateLingerMax
+	}
 	if err == nil && opts.Linger > 0 {
-		linger(ctx, opts.Linger, env.LingerWhile, env.LingerMax)
+		more, said := env.LingerWhile, false
+		linger(ctx, opts.Linger, func() bool {
+			m := more()
+			if m && !said {
+				said = true
+				opts.Log.Info("staying up: peers are still finishing or fetching state from this one", "at most", env.LingerMax)
+			}
+			return m
+		}, env.LingerMax)
 	}
 	if opts.Out != "" {
 		if werr := writeSummary(opts.Out, sum, rec); werr != nil && err == nil {

@@ -3,6 +3,7 @@ package peerrun
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/starling-ml/starling/train"
 )
@@ -59,7 +60,8 @@ func runSync(ctx context.Context, env *Env) error {
 	}
 	total := o.Sync.Steps
 	var lastErr error
-	err := train.Sync(ctx, w, env.Peer.SyncNet(env.Opts.Worker.Batch), o.Sync, env.Recorder, func(si train.StepInfo) bool {
+	net := env.Peer.SyncNet(env.Opts.Worker.Batch)
+	err := train.Sync(ctx, w, net, o.Sync, env.Recorder, func(si train.StepInfo) bool {
 		due := si.Step%uint64(o.EvalEvery) == 0 || si.Step == uint64(total) || si.Joined || si.Failed
 		if !due {
 			return false
@@ -85,5 +87,26 @@ func runSync(ctx context.Context, env *Env) error {
 	if err == nil {
 		err = lastErr
 	}
+	// After the last step, stay up while a live peer has yet to finish
+	// the job (it was left out of a step and is rejoining, or came late):
+	// past the last step a joiner takes the final state from the peers
+	// that finished (train.Sync), and they must still be there to give it.
+	if j, ok := net.(train.SyncJoiner); ok {
+		env.LingerWhile = func() bool {
+			return !env.Peer.StateIdle(time.Second) || syncBehind(j.Statuses(), uint64(total))
+		}
+		env.LingerMax = o.Sync.StepTimeout
+	}
 	return err
+}
+
+// syncBehind reports whether a peer in statuses is still on its way to the
+// job's last step: joining, or short of it without having stopped.
+func syncBehind(statuses map[string]train.SyncStatus, total uint64) bool {
+	for _, st := range statuses {
+		if st.JoinAt != 0 || (!st.Done && st.Step < total) {
+			return true
+		}
+	}
+	return false
 }
