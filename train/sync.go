@@ -306,6 +306,11 @@ func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
 	return nil
 }
 
+// staleStatuses is how long a peer left out of a step waits for fresher
+// statuses from running peers that seem behind it: a few heartbeats
+// (swarm's come every second).
+const staleStatuses = 3 * time.Second
+
 // errAhead sends a peer to rejoin the group ahead of its own.
 var errAhead = errors.New("train: another group of the job is ahead")
 
@@ -401,6 +406,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 	deadline := time.Now().Add(s.cfg.JoinTimeout)
 	buf := make([]float32, s.st.size())
 	discover := time.Now().Add(s.cfg.Discover)
+	stale := time.Now().Add(staleStatuses)
 	if !s.started {
 		s.started = true
 	} else {
@@ -439,6 +445,19 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 				top = max(top, ps.Step)
 				rate = max(rate, ps.Rate)
 			}
+		}
+		if len(ahead) == 0 && s.left && time.Now().Before(stale) &&
+			slices.ContainsFunc(running, func(p string) bool { return statuses[p].Step < s.version }) {
+			// Left out of a step, we see running peers behind us. Their
+			// statuses may predate the step (they travel with heartbeats)
+			// and the peers be well past it: look again before going on
+			// without them.
+			select {
+			case <-ctx.Done():
+				return false, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
 		}
 		if len(ahead) == 0 {
 			// Nobody is ahead: start (or go on) from our own state with

@@ -197,3 +197,44 @@ func sameSyncEnd(t *testing.T, dir string, n, steps int) {
 		}
 	}
 }
+
+// TestSyncStragglerTakesFinalState freezes one of three `peer run --mode
+// sync` processes (SIGSTOP) near the end of the job, until the other two
+// have finished, then thaws it. It was left out of the last steps; it must
+// take the job's final state from the others, which stay up past their
+// --linger (1 ms here) while a live peer is still on its way. (Before they
+// did, they were gone by then and it trained the last steps alone, ending
+// with other parameters.)
+func TestSyncStragglerTakesFinalState(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	const n, steps = 3, 300
+	sw := swarmFlags(t, dir, n)
+	procs := make([]*proc, n)
+	for i := range procs {
+		// Short stall timeout and join lead: the two finish soon after the
+		// freeze, well within the time it stays a live member (see below).
+		// Peers 0 and 1 set the pace. Not the one to freeze: --slowdown
+		// scales each batch's compute time, and a freeze inside one would
+		// make it wait 199 times the freeze.
+		slowdown := "200"
+		if i == 2 {
+			slowdown = "1"
+		}
+		procs[i] = start(t, bin, append([]string{"--mode", "sync", "--model", "mlp:784-32-10", "--limit", "6000", "--batch", "16",
+			"--steps", fmt.Sprint(steps), "--eval-every", "20", "--stall-timeout", "500ms", "--step-timeout", "10s", "--join-lead", "200ms", "--slowdown", slowdown,
+			"--wait", "30s", "--optimizer", "momentum", "--lr", "0.05", "--linger", "1ms"}, sw(i)...)...)
+	}
+	procs[2].waitRound(t, steps-20, 60*time.Second)
+	procs[2].cmd.Process.Signal(syscall.SIGSTOP)
+	frozen := time.Now()
+	procs[0].waitRound(t, steps, 60*time.Second)
+	procs[2].cmd.Process.Signal(syscall.SIGCONT)
+	// Frozen for longer than the others' membership TTL (5 s), it would
+	// no longer be a live peer to them: their linger would not wait.
+	t.Logf("frozen for %v", time.Since(frozen).Round(time.Millisecond))
+	for _, p := range procs {
+		p.wait(t, 60*time.Second)
+	}
+	sameSyncEnd(t, dir, n, steps)
+}
