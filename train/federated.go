@@ -273,10 +273,8 @@ func alignRound(ctx context.Context, net FedNet, cfg FedConfig, state []float32,
 		if ready || time.Now().After(deadline) {
 			return version, nil
 		}
-		select {
-		case <-ctx.Done():
-			return version, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return version, err
 		}
 	}
 }
@@ -380,10 +378,8 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			if time.Now().After(deadline) {
 				break
 			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(100 * time.Millisecond):
+			if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+				return err
 			}
 		}
 	}

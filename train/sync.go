@@ -222,6 +222,18 @@ func announceStop(ctx context.Context, announce func(context.Context)) {
 	announce(actx)
 }
 
+// sleepCtx waits d, or until ctx ends (returning its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
 // stopped reports whether st is the status of a peer that stopped
 // training before the job's end: one to leave out of every group. (A peer
 // that finished the job is still ahead of those behind: they fetch the
@@ -424,10 +436,8 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 		if len(statuses) == 0 && time.Now().Before(discover) {
 			// Nobody known yet: give discovery a moment before starting
 			// alone.
-			select {
-			case <-ctx.Done():
-				return false, ctx.Err()
-			case <-time.After(min(100*time.Millisecond, time.Until(discover))):
+			if err := sleepCtx(ctx, min(100*time.Millisecond, time.Until(discover))); err != nil {
+				return false, err
 			}
 			continue
 		}
@@ -452,10 +462,8 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 			// statuses may predate the step (they travel with heartbeats)
 			// and the peers be well past it: look again before going on
 			// without them.
-			select {
-			case <-ctx.Done():
-				return false, ctx.Err()
-			case <-time.After(100 * time.Millisecond):
+			if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+				return false, err
 			}
 			continue
 		}

@@ -140,14 +140,7 @@ func (w *Worker) slow(ctx context.Context, el time.Duration) error {
 	if w.cfg.Slowdown <= 1 {
 		return nil
 	}
-	t := time.NewTimer(time.Duration(float64(el) * (w.cfg.Slowdown - 1)))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return sleepCtx(ctx, time.Duration(float64(el)*(w.cfg.Slowdown-1)))
 }
 
 // Apply takes one optimiser step with the gradient in Model.Grads (as

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/starling-ml/starling/train"
 )
@@ -54,9 +53,6 @@ func runFederated(ctx context.Context, env *Env) error {
 		return err
 	}
 	env.LingerWhile = func() bool {
-		if !env.Peer.StateIdle(time.Second) {
-			return true
-		}
 		for _, v := range fed.Versions() {
 			if v < uint64(cfg.Rounds) {
 				return true

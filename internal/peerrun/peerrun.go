@@ -4,6 +4,7 @@
 package peerrun
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,17 +74,16 @@ type Env struct {
 	// Save writes ck to the checkpoint file, if one is configured.
 	Save func(ck *train.Checkpoint) error
 	Log  *slog.Logger
-	// LingerWhile, if a mode sets it, keeps the peer up after training
-	// past Options.Linger while it returns true, for at most LingerMax in
-	// all (peers still finishing that may need this one's state). If a
-	// mode sets none, the peer stays while it serves a state transfer, for
-	// at most stateLingerMax.
+	// After training, the peer stays up past Options.Linger while it
+	// serves a state transfer or, if a mode sets it, while LingerWhile
+	// returns true (peers still finishing that may need this one's
+	// state), for at most LingerMax in all (stateLingerMax if 0).
 	LingerWhile func() bool
 	LingerMax   time.Duration
 }
 
-// stateLingerMax bounds how long a peer that finished stays up for a state
-// transfer under way when its mode says nothing else.
+// stateLingerMax bounds how long a peer that finished stays up when its
+// mode sets no LingerMax.
 const stateLingerMax = 30 * time.Second
 
 // Progress is one line of progress: a round or step of this peer.
@@ -299,21 +299,18 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	if err != nil {
 		sum.Error = err.Error()
 	}
-	if env.LingerWhile == nil {
-		// Whatever the mode, a state transfer under way is let finish.
-		env.LingerWhile = func() bool { return !p.StateIdle(time.Second) }
-		env.LingerMax = stateLingerMax
-	}
 	if err == nil && opts.Linger > 0 {
-		more, said := env.LingerWhile, false
+		most := cmp.Or(env.LingerMax, stateLingerMax)
+		said := false
 		linger(ctx, opts.Linger, func() bool {
-			m := more()
+			// Whatever the mode, a state transfer under way is let finish.
+			m := !p.StateIdle(time.Second) || (env.LingerWhile != nil && env.LingerWhile())
 			if m && !said {
 				said = true
-				opts.Log.Info("staying up: peers are still finishing or fetching state from this one", "at most", env.LingerMax)
+				opts.Log.Info("staying up: peers are still finishing or fetching state from this one", "at most", most)
 			}
 			return m
-		}, env.LingerMax)
+		}, most)
 	}
 	if opts.Out != "" {
 		if werr := writeSummary(opts.Out, sum, rec); werr != nil && err == nil {

@@ -3,7 +3,6 @@ package peerrun
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/starling-ml/starling/train"
 )
@@ -92,9 +91,7 @@ func runSync(ctx context.Context, env *Env) error {
 	// past the last step a joiner takes the final state from the peers
 	// that finished (train.Sync), and they must still be there to give it.
 	if j, ok := net.(train.SyncJoiner); ok {
-		env.LingerWhile = func() bool {
-			return !env.Peer.StateIdle(time.Second) || syncBehind(j.Statuses(), uint64(total))
-		}
+		env.LingerWhile = func() bool { return syncBehind(j.Statuses(), uint64(total)) }
 		env.LingerMax = o.Sync.StepTimeout
 	}
 	return err
