@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/starling-ml/starling/data"
 )
@@ -86,5 +87,37 @@ func TestLocalConfigValidate(t *testing.T) {
 	c.Model = "vgg"
 	if _, _, err := Local(context.Background(), c, tr.Head(100), nil, nil); err == nil {
 		t.Fatal("unknown model: want error")
+	}
+}
+
+// TestSlowdownIgnoresPauses checks that Slowdown multiplies a usual step's
+// compute time, but not a pause that stretched one step: a worker 3×
+// slower whose process stopped for a second during a 10 ms step must not
+// then sleep another 2 s.
+func TestSlowdownIgnoresPauses(t *testing.T) {
+	w := &Worker{cfg: WorkerConfig{Slowdown: 3}}
+	ms := time.Millisecond
+	for i := range 50 {
+		if got := w.slowWait(10 * ms); got != 20*ms {
+			t.Fatalf("step %d of 10 ms: wait %v, want 20ms", i, got)
+		}
+	}
+	if got := w.slowWait(time.Second); got != 2*slowCap*10*ms {
+		t.Fatalf("a 1 s step after 10 ms ones: wait %v, want %v (capped)", got, 2*slowCap*10*ms)
+	}
+	if got := w.slowWait(10 * ms); got != 20*ms {
+		t.Fatalf("a 10 ms step after the outlier: wait %v, want 20ms", got)
+	}
+	// A machine that really becomes 10× slower is followed: the first
+	// steps are cut, later ones not.
+	if got := w.slowWait(100 * ms); got >= 200*ms {
+		t.Fatalf("first 100 ms step: wait %v, want it capped below 200ms", got)
+	}
+	var got time.Duration
+	for range 20 {
+		got = w.slowWait(100 * ms)
+	}
+	if got != 200*ms {
+		t.Fatalf("after 20 steps of 100 ms: wait %v, want 200ms", got)
 	}
 }

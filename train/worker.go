@@ -26,8 +26,10 @@ type WorkerConfig struct {
 	// DataSeed orders this worker's batches; peers should differ.
 	DataSeed uint64
 	// Slowdown makes the worker that many times slower than the machine:
-	// after each step it waits (Slowdown−1)× the step's compute time. 0 or
-	// 1 is full speed. It emulates stragglers in experiments.
+	// after each step it waits (Slowdown−1)× the step's compute time,
+	// counting at most slowCap× the usual step (a step stretched by a
+	// pause of the process is not multiplied). 0 or 1 is full speed. It
+	// emulates stragglers in experiments.
 	Slowdown float64
 }
 
@@ -65,6 +67,8 @@ type Worker struct {
 	Steps, Samples int
 	// Compute is the time spent computing (without Slowdown waits).
 	Compute time.Duration
+	// usual is the running mean of a step's compute time (Slowdown).
+	usual time.Duration
 }
 
 // NewWorker builds a worker training on shard.
@@ -135,12 +139,33 @@ func (w *Worker) Grad(ctx context.Context) (loss float64, n int, err error) {
 	return loss, len(y), nil
 }
 
-// slow waits (Slowdown−1)× el to emulate a slower machine.
+// slow waits (Slowdown−1)× el to emulate a slower machine (see slowWait).
 func (w *Worker) slow(ctx context.Context, el time.Duration) error {
 	if w.cfg.Slowdown <= 1 {
 		return nil
 	}
-	return sleepCtx(ctx, time.Duration(float64(el)*(w.cfg.Slowdown-1)))
+	return sleepCtx(ctx, w.slowWait(el))
+}
+
+// slowCap bounds the step time Slowdown multiplies, in usual steps.
+const slowCap = 4
+
+// slowWait returns the wait after a step that computed for el: (Slowdown−1)
+// times el, with el cut to slowCap× the running mean of the steps before
+// it. Without the cut, a process stopped or starved for a second during
+// one step (a preempted VM, SIGSTOP, a loaded machine) would then sleep
+// Slowdown−1 seconds more, and a straggler experiment would measure that
+// pause instead of the slowdown asked for. The mean takes in the cut
+// times too, so it follows a machine that really becomes slower within
+// a few dozen steps while a single outlier moves it little.
+func (w *Worker) slowWait(el time.Duration) time.Duration {
+	if w.usual > 0 {
+		el = min(el, slowCap*w.usual)
+		w.usual += (el - w.usual) / 16
+	} else {
+		w.usual = max(el, 1)
+	}
+	return time.Duration(float64(el) * (w.cfg.Slowdown - 1))
 }
 
 // Apply takes one optimiser step with the gradient in Model.Grads (as
