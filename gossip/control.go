@@ -498,68 +498,50 @@ func (c *ControlPlane) readAnnouncements(ctx context.Context) {
 	}
 }
 
-// validateHeartbeat is the heartbeat topic's validator. Structural faults
-// (size, encoding, NaN, a peer field that is not the signer) are Reject,
-// which also lowers the forwarder's GossipSub score; a foreign model or a
-// replay is Ignore, since an honest forwarder may relay those.
+// validateHeartbeat is the heartbeat topic's validator (see validate).
 func (c *ControlPlane) validateHeartbeat(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-	data := msg.GetData()
-	if len(data) > c.cfg.MaxMessageSize {
-		c.stats.drop(DropOversized)
-		return pubsub.ValidationReject
-	}
-	hb, err := DecodeHeartbeat(data)
-	if err != nil {
-		c.stats.drop(reasonOf(err))
-		return pubsub.ValidationReject
-	}
-	if hb.Peer != msg.GetFrom() {
-		c.stats.drop(DropOrigin)
-		return pubsub.ValidationReject
-	}
-	if hb.Model != c.cfg.Model {
-		c.stats.drop(DropModel)
-		return pubsub.ValidationIgnore
-	}
-	c.mu.Lock()
-	fresh := c.hbReplay.Check(hb.Peer, hb.Seq, c.clock.Now())
-	c.mu.Unlock()
-	if !fresh {
-		c.stats.drop(DropReplay)
-		return pubsub.ValidationIgnore
-	}
-	msg.ValidatorData = hb
-	return pubsub.ValidationAccept
+	return validate(c, msg, c.hbReplay, DecodeHeartbeat, func(hb *Heartbeat) (peer.ID, string, uint64) { return hb.Peer, hb.Model, hb.Seq })
 }
 
-// validateAnnouncement is the announcement topic's validator; see
-// validateHeartbeat for the Reject/Ignore split.
+// validateAnnouncement is the announcement topic's validator (see
+// validate).
 func (c *ControlPlane) validateAnnouncement(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
+	return validate(c, msg, c.annReplay, DecodeAnnouncement, func(a *Announcement) (peer.ID, string, uint64) { return a.Peer, a.Model, a.Seq })
+}
+
+// validate checks a control message of one topic: decoded by decode, whose
+// sender, model and sequence number fields returns. Structural faults
+// (size, encoding, NaN, a sender that is not the signer) are Reject, which
+// also lowers the forwarder's GossipSub score; a foreign model or a replay
+// (against replay) is Ignore, since an honest forwarder may relay those.
+// An accepted message carries its decoded form in msg.ValidatorData.
+func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, decode func([]byte) (M, error), fields func(M) (from peer.ID, model string, seq uint64)) pubsub.ValidationResult {
 	data := msg.GetData()
 	if len(data) > c.cfg.MaxMessageSize {
 		c.stats.drop(DropOversized)
 		return pubsub.ValidationReject
 	}
-	a, err := DecodeAnnouncement(data)
+	m, err := decode(data)
 	if err != nil {
 		c.stats.drop(reasonOf(err))
 		return pubsub.ValidationReject
 	}
-	if a.Peer != msg.GetFrom() {
+	from, model, seq := fields(m)
+	if from != msg.GetFrom() {
 		c.stats.drop(DropOrigin)
 		return pubsub.ValidationReject
 	}
-	if a.Model != c.cfg.Model {
+	if model != c.cfg.Model {
 		c.stats.drop(DropModel)
 		return pubsub.ValidationIgnore
 	}
 	c.mu.Lock()
-	fresh := c.annReplay.Check(a.Peer, a.Seq, c.clock.Now())
+	fresh := replay.Check(from, seq, c.clock.Now())
 	c.mu.Unlock()
 	if !fresh {
 		c.stats.drop(DropReplay)
 		return pubsub.ValidationIgnore
 	}
-	msg.ValidatorData = a
+	msg.ValidatorData = m
 	return pubsub.ValidationAccept
 }
