@@ -138,9 +138,45 @@ type MemGossipNet struct {
 	Net  *gossip.MemNetwork
 	ID   peer.ID
 	Dead func(peer.ID) bool
+	// Board, if set, carries the peers' step counts (GossipProgress);
+	// the peers of one network share it.
+	Board *StepBoard
 }
 
-var _ GossipNet = (*MemGossipNet)(nil)
+var (
+	_ GossipNet      = (*MemGossipNet)(nil)
+	_ GossipProgress = (*MemGossipNet)(nil)
+)
+
+// StepBoard holds the step counts of the peers of a MemGossipNet.
+type StepBoard struct {
+	mu    sync.Mutex
+	steps map[peer.ID]int
+}
+
+// SetSteps implements GossipProgress (a no-op without a Board).
+func (n *MemGossipNet) SetSteps(steps int) {
+	if n.Board == nil {
+		return
+	}
+	n.Board.mu.Lock()
+	defer n.Board.mu.Unlock()
+	if n.Board.steps == nil {
+		n.Board.steps = map[peer.ID]int{}
+	}
+	n.Board.steps[n.ID] = steps
+}
+
+// Steps implements GossipProgress: what p last set, if p is alive.
+func (n *MemGossipNet) Steps(p peer.ID) (int, bool) {
+	if n.Board == nil || !n.Alive(p) {
+		return 0, false
+	}
+	n.Board.mu.Lock()
+	defer n.Board.mu.Unlock()
+	s, ok := n.Board.steps[p]
+	return s, ok
+}
 
 // Self implements GossipNet.
 func (n *MemGossipNet) Self() peer.ID { return n.ID }

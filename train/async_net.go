@@ -44,6 +44,19 @@ type GossipNet interface {
 	Bind(h gossip.Handler, dim int) gossip.Exchanger
 }
 
+// GossipProgress is implemented by GossipNets that carry the peers' step
+// counts. With it, an AD-PSGD passive peer that has done its MaxSteps
+// stays in the exchange while an active peer is still on its way there:
+// the actives' last exchanges would otherwise fail, leaving them to train
+// their last steps alone.
+type GossipProgress interface {
+	// SetSteps publishes this peer's local step count (with the next
+	// periodic announcement).
+	SetSteps(steps int)
+	// Steps returns the last step count heard from p (false if none).
+	Steps(p peer.ID) (int, bool)
+}
+
 // P2PNet is AsyncNet and GossipNet over a libp2p host: GossipSub for
 // control, node/ tensor streams for vectors. The caller owns and closes
 // both parts.
@@ -53,8 +66,9 @@ type P2PNet struct {
 }
 
 var (
-	_ AsyncNet  = (*P2PNet)(nil)
-	_ GossipNet = (*P2PNet)(nil)
+	_ AsyncNet       = (*P2PNet)(nil)
+	_ GossipNet      = (*P2PNet)(nil)
+	_ GossipProgress = (*P2PNet)(nil)
 )
 
 // Self implements AsyncNet and GossipNet.
@@ -88,6 +102,16 @@ func (n *P2PNet) SetStatus(version uint64, samplesPerSec float32) {
 func (n *P2PNet) Alive(p peer.ID) bool {
 	_, ok := n.CP.Peer(p)
 	return ok
+}
+
+// SetSteps implements GossipProgress: the heartbeats' model version
+// carries the step count (gossip has no global version).
+func (n *P2PNet) SetSteps(steps int) { n.CP.SetStatus(uint64(steps), 0) }
+
+// Steps implements GossipProgress.
+func (n *P2PNet) Steps(p peer.ID) (int, bool) {
+	pi, ok := n.CP.Peer(p)
+	return int(min(pi.Version, 1<<62)), ok
 }
 
 // Bind implements GossipNet.

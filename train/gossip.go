@@ -78,7 +78,10 @@ type GossipSummary struct {
 	Failed    int     `json:"failed"`           // started by this peer and failed
 	Skipped   int     `json:"skipped"`          // no live partner at that step
 	Weight    float64 `json:"weight,omitempty"` // SGP: final push-sum weight
-	WallS     float64 `json:"wall_s"`
+	// ServedS is how long an AD-PSGD passive peer stayed in the exchange
+	// after its last step, for active peers still training (seconds).
+	ServedS float64 `json:"served_s,omitempty"`
+	WallS   float64 `json:"wall_s"`
 }
 
 // RunGossip trains w with continuous local SGD and gossip averaging until
@@ -191,6 +194,7 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 	defer func() { pp.Model(w.Model.Params) }()
 	g.snapshot(true, pp.Model)
 	pp.Update(func(x []float32) { copy(w.Model.Params, x) })
+	prog, _ := g.net.(GossipProgress)
 	for !g.done(ctx) {
 		// The gradient is computed on a copy while the model may be
 		// averaged; the step lands on the model as it is by then, and the
@@ -215,11 +219,65 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 				pp.Update(func(x []float32) { copy(w.Model.Params, x) })
 			}
 		}
+		if prog != nil {
+			prog.SetSteps(w.Steps)
+		}
 		g.snapshot(false, pp.Model)
 		runtime.Gosched() // serve exchanges promptly (see asyncPeer.localSteps)
 	}
+	if role == gossip.Passive && prog != nil && ctx.Err() == nil {
+		g.serveActives(ctx, prog)
+	}
 	g.snapshot(true, pp.Model)
 	return ctx.Err()
+}
+
+// serveActives keeps a passive peer that has done its MaxSteps in the
+// exchange while an active peer of the group is still on its way there:
+// alive, short of MaxSteps by its last count, and still counting (a count
+// that has not moved for the exchange timeout plus 3 s means the peer is
+// stuck or gone). Without it the actives, which are slower (they wait on
+// their exchanges), would see their last exchanges fail. The passive's
+// model goes on being averaged with theirs meanwhile, as it would have
+// been while it trained.
+func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
+	type count struct {
+		steps int
+		at    time.Time
+	}
+	seen := map[peer.ID]count{}
+	stall := g.cfg.Timeout + 3*time.Second
+	start, served := time.Now(), false
+	for {
+		now, waiting := time.Now(), false
+		for i, p := range g.peers {
+			if i == g.me || gossip.RoleOf(i) != gossip.Active || !g.net.Alive(p) {
+				continue
+			}
+			s, ok := prog.Steps(p)
+			if !ok || s >= g.cfg.MaxSteps {
+				continue
+			}
+			if c, had := seen[p]; !had || c.steps != s {
+				seen[p] = count{s, now}
+			}
+			waiting = waiting || now.Sub(seen[p].at) < stall
+		}
+		if !waiting {
+			break
+		}
+		if !served {
+			served = true
+			g.rec.Event(Event{Peer: g.net.Self().String(), At: time.Since(g.start), Kind: "serving",
+				Detail: "done; staying in the exchange for the active peers still training"})
+		}
+		if sleepCtx(ctx, 100*time.Millisecond) != nil {
+			break
+		}
+	}
+	if served {
+		g.sum.ServedS = time.Since(start).Seconds()
+	}
 }
 
 // pickPassive returns a random live passive peer's index, or −1.

@@ -263,3 +263,53 @@ func TestPushSumWeightFloor(t *testing.T) {
 		}
 	}
 }
+
+// TestPassiveServesActivesToTheEnd runs AD-PSGD with a fixed number of
+// steps, the active peer 4× slower than the passive one, each leaving the
+// network when RunGossip returns (as peer run closes its transport). The
+// passive peer, done first, must stay in the exchange until the active
+// one is done too: none of the active's exchanges may fail.
+func TestPassiveServesActivesToTheEnd(t *testing.T) {
+	const steps = 120
+	sh := shards(t, 2000, 2)
+	mem, board := gossip.NewMemNetwork(), &StepBoard{}
+	ids := []peer.ID{"p0", "p1"} // p0 active, p1 passive
+	cfg := DefaultGossipConfig()
+	cfg.MaxSteps, cfg.SnapshotEvery = steps, 0
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sums := make([]*GossipSummary, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range ids {
+		w := testWorker(t, sh[i], uint64(i+1))
+		if i == 0 {
+			w.cfg.Slowdown = 4
+		}
+		net := &MemGossipNet{Net: mem, ID: ids[i], Board: board}
+		wg.Go(func() {
+			sums[i], errs[i] = RunGossip(ctx, w, net, ids, cfg, nil)
+			mem.Leave(ids[i])
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+		if sums[i].Steps != steps {
+			t.Errorf("peer %d: %d steps, want %d", i, sums[i].Steps, steps)
+		}
+	}
+	a, p := sums[0], sums[1]
+	t.Logf("active: %d exchanges, %d failed, %.2fs; passive served %.2fs after its last step", a.Exchanges, a.Failed, a.WallS, p.ServedS)
+	if a.Role != "active" || p.Role != "passive" {
+		t.Fatalf("roles %q, %q", a.Role, p.Role)
+	}
+	if a.Failed != 0 || a.Exchanges != steps {
+		t.Errorf("active: %d exchanges and %d failed, want %d and none", a.Exchanges, a.Failed, steps)
+	}
+	if p.ServedS <= 0 {
+		t.Errorf("passive did not wait for the active (served %.2fs)", p.ServedS)
+	}
+}

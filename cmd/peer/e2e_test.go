@@ -217,6 +217,21 @@ func (p *proc) wait(t *testing.T, timeout time.Duration) {
 	}
 }
 
+// final waits for peer i's process to end well and returns its last
+// progress line, logged.
+func (p *proc) final(t *testing.T, i int) peerrun.Progress {
+	t.Helper()
+	var last peerrun.Progress
+	for pr := range p.lines {
+		last = pr
+	}
+	if err := <-p.done; err != nil {
+		t.Fatalf("peer %d: %v", i, err)
+	}
+	t.Logf("peer %d: step %d, accuracy %.4f, %s", i, last.Round, last.Accuracy, last.Note)
+	return last
+}
+
 func common(rounds int) []string {
 	return []string{"--model", "logreg", "--limit", "3000", "--rounds", fmt.Sprint(rounds), "--stall-timeout", "2s", "--slowdown", "4",
 		"--round-timeout", "20s", "--wait", "30s", "--optimizer", "sgd", "--lr", "0.1"}
@@ -416,14 +431,7 @@ func TestAsyncModes(t *testing.T) {
 			}
 			var exchanged bool
 			for i, p := range procs {
-				var last peerrun.Progress
-				for pr := range p.lines {
-					last = pr
-				}
-				if err := <-p.done; err != nil {
-					t.Fatalf("peer %d: %v", i, err)
-				}
-				t.Logf("peer %d: step %d, accuracy %.4f, %s", i, last.Round, last.Accuracy, last.Note)
+				last := p.final(t, i)
 				if last.Accuracy < 0.8 {
 					t.Errorf("peer %d: accuracy %.4f after %d steps", i, last.Accuracy, last.Round)
 				}
@@ -446,6 +454,53 @@ func TestAsyncModes(t *testing.T) {
 				t.Error("no contribution merged and no exchange completed")
 			}
 		})
+	}
+}
+
+// TestGossipFixedSteps runs AD-PSGD between two processes for a fixed
+// number of steps, the active peer (the lower ID) 4× slower than the
+// passive one, which is done first: it must stay in the exchange until the
+// active one is done, whose exchanges then all succeed.
+func TestGossipFixedSteps(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	sw := swarmFlags(t, dir, 2)
+	ids := make([]string, 2)
+	for i := range ids {
+		sk, err := node.LoadOrCreateIdentity(filepath.Join(dir, fmt.Sprintf("k%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := peer.IDFromPrivateKey(sk)
+		ids[i] = id.String()
+	}
+	active := 0
+	if ids[1] < ids[0] {
+		active = 1
+	}
+	procs := make([]*proc, 2)
+	for i := range procs {
+		slow := "1"
+		if i == active {
+			slow = "4"
+		}
+		procs[i] = start(t, bin, append([]string{"--mode", "gossip", "--model", "logreg", "--limit", "3000", "--optimizer", "sgd", "--lr", "0.1",
+			"--slowdown", slow, "--steps", "300", "--eval-every", "100", "--wait", "30s", "--linger", "1s"}, sw(i)...)...)
+	}
+	notes := make([]string, 2)
+	for i, p := range procs {
+		last := p.final(t, i)
+		if last.Round != 300 {
+			t.Errorf("peer %d ended at step %d, want 300", i, last.Round)
+		}
+		notes[i] = last.Note
+	}
+	var ex, failed int
+	if _, err := fmt.Sscanf(notes[active], "%d exchanges, %d failed", &ex, &failed); err != nil || ex == 0 || failed != 0 {
+		t.Errorf("active peer: %q, want exchanges and none failed", notes[active])
+	}
+	if !strings.Contains(notes[1-active], "served the active peers") {
+		t.Errorf("passive peer: %q, want it to have served the active one after its last step", notes[1-active])
 	}
 }
 

@@ -125,7 +125,11 @@ func runGossip(ctx context.Context, env *Env) error {
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("%d exchanges, %d failed, %d skipped", sum.Exchanges, sum.Failed, sum.Skipped), nil
+		note := fmt.Sprintf("%d exchanges, %d failed, %d skipped", sum.Exchanges, sum.Failed, sum.Skipped)
+		if sum.ServedS > 0 {
+			note += fmt.Sprintf(", served the active peers %.1fs after the last step", sum.ServedS)
+		}
+		return note, nil
 	})
 }
 
@@ -180,6 +184,15 @@ type evaluator struct {
 
 func newEvaluator(env *Env, strategy string, o AsyncOptions) *evaluator {
 	return &evaluator{Recorder: env.Recorder, env: env, strategy: strategy, o: o, next: env.Worker.Steps + o.EvalEvery}
+}
+
+// Event implements train.Recorder; it logs the events a user watching
+// the run should see.
+func (e *evaluator) Event(ev train.Event) {
+	if ev.Kind == "serving" {
+		e.env.Log.Info(ev.Detail)
+	}
+	e.Recorder.Event(ev)
 }
 
 // Snapshot implements train.Recorder.
