@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/internal/atomicfile"
 	"github.com/starling-ml/starling/nn"
 )
@@ -90,10 +91,10 @@ func LoadCheckpoint(path string, maxValues int64) (*Checkpoint, error) {
 	if ck.Version, err = strconv.ParseUint(meta["version"], 10, 64); err != nil {
 		return nil, fmt.Errorf("%w: %s: version %q", ErrCheckpoint, path, meta["version"])
 	}
-	if ck.Steps, err = strconv.Atoi(meta["steps"]); err != nil {
+	if ck.Steps, err = count(meta["steps"]); err != nil {
 		return nil, fmt.Errorf("%w: %s: steps %q", ErrCheckpoint, path, meta["steps"])
 	}
-	if ck.OptSteps, err = strconv.Atoi(meta["opt_steps"]); err != nil {
+	if ck.OptSteps, err = count(meta["opt_steps"]); err != nil {
 		return nil, fmt.Errorf("%w: %s: opt_steps %q", ErrCheckpoint, path, meta["opt_steps"])
 	}
 	for _, t := range ts {
@@ -110,7 +111,20 @@ func LoadCheckpoint(path string, maxValues int64) (*Checkpoint, error) {
 			return nil, fmt.Errorf("%w: %s: unknown tensor %q", ErrCheckpoint, path, t.Name)
 		}
 	}
+	// A model with a NaN or ±Inf would only diverge later, far from the
+	// cause (a damaged file, or one saved from a diverged run).
+	for name, v := range map[string][]float32{"params": ck.Params, "state": ck.State} {
+		if !device.AllFinite(v) {
+			return nil, fmt.Errorf("%w: %s: %s holds NaN or ±Inf", ErrCheckpoint, path, name)
+		}
+	}
 	return ck, nil
+}
+
+// count parses a non-negative count of steps.
+func count(s string) (int, error) {
+	n, err := strconv.ParseUint(s, 10, 62)
+	return int(n), err
 }
 
 // Check reports whether ck fits a worker and mode: same architecture, and

@@ -2,6 +2,7 @@ package train
 
 import (
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +57,26 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	os.WriteFile(path, []byte("garbage"), 0o644)
 	if _, err := LoadCheckpoint(path, 1<<24); !errors.Is(err, ErrCheckpoint) {
 		t.Fatalf("garbage: %v", err)
+	}
+}
+
+// TestCheckpointRejectsBadValues: a checkpoint whose counts are negative
+// or whose model holds NaN or ±Inf is refused on load, not trained from.
+func TestCheckpointRejectsBadValues(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(-1))
+	for name, ck := range map[string]*Checkpoint{
+		"negative steps":     {Steps: -3, Params: []float32{1}},
+		"negative opt steps": {OptSteps: -1, Params: []float32{1}},
+		"NaN param":          {Params: []float32{1, nan}},
+		"Inf in state":       {State: []float32{inf}, Params: []float32{1}},
+	} {
+		path := filepath.Join(t.TempDir(), "ck")
+		if err := ck.Save(path); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadCheckpoint(path, 1<<20); !errors.Is(err, ErrCheckpoint) {
+			t.Errorf("%s: %v, want ErrCheckpoint", name, err)
+		}
 	}
 }
 
