@@ -372,10 +372,17 @@ func TestRunBadInput(t *testing.T) {
 		"bad shard":          {[]string{"run", "--shard", "3/2"}, "--shard"},
 		"resume without":     {[]string{"run", "--resume"}, "--checkpoint"},
 		"other model":        {[]string{"run", "--resume", "--checkpoint", wrongCk, "--limit", "100", "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}, "checkpoint is for model"},
+		// Refused before the peer starts, not after it waited for others.
+		"fraction":        {[]string{"run", "--fraction", "1.5"}, "fraction C must be in (0, 1]"},
+		"negative rounds": {[]string{"run", "--rounds", "-1"}, "rounds must be positive"},
+		"sync steps":      {[]string{"run", "--mode", "sync", "--steps", "0"}, "steps must be positive"},
+		"sync eval":       {[]string{"run", "--mode", "sync", "--eval-every", "0"}, "--eval-every must be positive"},
 	}
 	for name, c := range cases {
 		var out, errb strings.Builder
-		err := run(context.Background(), c.args, &out, &errb)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := run(ctx, append(c.args, "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"), &out, &errb)
+		cancel()
 		if err == nil || !strings.Contains(err.Error()+errb.String(), c.want) {
 			t.Errorf("%s: err = %v, want it to mention %q", name, err, c.want)
 		}

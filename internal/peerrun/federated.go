@@ -12,10 +12,7 @@ func init() { RegisterMode("federated", runFederated) }
 
 // runFederated is --mode federated: serverless FedAvg and friends.
 func runFederated(ctx context.Context, env *Env) error {
-	cfg := env.Opts.Fed
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
+	cfg := env.Opts.Fed // checked by Options.Validate
 	if ck := env.Checkpoint; ck != nil {
 		if ck.Strategy != cfg.Strategy {
 			return fmt.Errorf("%w: checkpoint is from strategy %s, this run uses %s", train.ErrCheckpoint, ck.Strategy, cfg.Strategy)

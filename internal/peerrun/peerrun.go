@@ -171,6 +171,11 @@ func (o *Options) Validate() error {
 	if err := o.validateAsync(); err != nil {
 		return err
 	}
+	if o.Mode == "federated" {
+		if err := o.Fed.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrUsage, err)
+		}
+	}
 	return o.Swarm.Validate()
 }
 
@@ -181,6 +186,11 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	}
 	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if opts.Mode == "sync" {
+		if err := syncOptions(ctx).validate(); err != nil {
+			return nil, err
+		}
 	}
 	mode, _ := lookupMode(opts.Mode)
 	var ck *train.Checkpoint

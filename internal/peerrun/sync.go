@@ -39,16 +39,21 @@ func syncOptions(ctx context.Context) SyncOptions {
 	return DefaultSyncOptions()
 }
 
-// runSync is --mode sync: synchronous data-parallel SGD, one all-reduce of
-// the gradients per step.
-func runSync(ctx context.Context, env *Env) error {
-	o := syncOptions(ctx)
+// validate checks the settings of --mode sync before anything starts.
+func (o SyncOptions) validate() error {
 	if err := o.Sync.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 	if o.EvalEvery <= 0 {
 		return fmt.Errorf("%w: --eval-every must be positive", ErrUsage)
 	}
+	return nil
+}
+
+// runSync is --mode sync: synchronous data-parallel SGD, one all-reduce of
+// the gradients per step.
+func runSync(ctx context.Context, env *Env) error {
+	o := syncOptions(ctx) // checked by Run (validate)
 	if ck := env.Checkpoint; ck != nil && ck.Strategy != "sync" {
 		return fmt.Errorf("%w: checkpoint is from strategy %q, this run is sync", train.ErrCheckpoint, ck.Strategy)
 	}
