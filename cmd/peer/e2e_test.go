@@ -377,6 +377,9 @@ func TestRunBadInput(t *testing.T) {
 		"negative rounds": {[]string{"run", "--rounds", "-1"}, "rounds must be positive"},
 		"sync steps":      {[]string{"run", "--mode", "sync", "--steps", "0"}, "steps must be positive"},
 		"sync eval":       {[]string{"run", "--mode", "sync", "--eval-every", "0"}, "--eval-every must be positive"},
+		"negative wait":   {[]string{"run", "--wait", "-1s"}, "must not be negative"},
+		"negative limit":  {[]string{"run", "--limit", "-5"}, "must not be negative"},
+		"checkpoint dir":  {[]string{"run", "--checkpoint", filepath.Join(dir, "no", "ck")}, "no folder"},
 	}
 	for name, c := range cases {
 		var out, errb strings.Builder

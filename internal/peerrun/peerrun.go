@@ -165,6 +165,16 @@ func (o *Options) Validate() error {
 	if o.MinPeers < 1 {
 		return fmt.Errorf("%w: --min-peers must be at least 1", ErrUsage)
 	}
+	if o.Wait < 0 || o.Linger < 0 || o.Limit < 0 {
+		return fmt.Errorf("%w: --wait, --linger and --limit must not be negative", ErrUsage)
+	}
+	if o.Checkpoint != "" {
+		// Found out now, not when the first round's checkpoint is due.
+		dir := filepath.Dir(o.Checkpoint)
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("%w: --checkpoint %s: no folder %s to write it in", ErrUsage, o.Checkpoint, dir)
+		}
+	}
 	if err := o.Worker.Validate(); err != nil {
 		return err
 	}
