@@ -8,8 +8,9 @@ import (
 	"strings"
 )
 
-// ErrStrategy reports an unknown federated strategy or bad settings.
-var ErrStrategy = errors.New("train: bad federated strategy")
+// ErrStrategy reports an unknown strategy (federated, asynchronous or
+// gossip) or bad settings for one.
+var ErrStrategy = errors.New("train: bad strategy settings")
 
 // ServerOpt turns the round's averaged client delta Δ = mean(x_i − x) into
 // a new global model. Every peer applies it identically to the same Δ, so
