@@ -33,12 +33,17 @@ var (
 )
 
 const (
-	stateMagic  = 0x53544154 // "STAT"
-	stOK        = 0
-	stNotYet    = 1
-	stBadReq    = 2
-	reqLen      = 4 + 8 + 8 + 8 + 4 + 1
-	maxWait     = 60 * time.Second
+	stateMagic = 0x53544154 // "STAT"
+	stOK       = 0
+	stNotYet   = 1
+	stBadReq   = 2
+	reqLen     = 4 + 8 + 8 + 8 + 4 + 1
+	maxWait    = 60 * time.Second
+	// stripeStall is how long a holder may send nothing in the middle of
+	// a stripe before the fetch gives up on it (and takes the state from
+	// the other holders): a frozen holder must not use up the caller's
+	// whole deadline.
+	stripeStall = 10 * time.Second
 	historySize = 2
 )
 
@@ -55,6 +60,9 @@ type stateService struct {
 	h       host.Host
 	maxLen  int
 	timeout time.Duration
+	// stall bounds a pause in a stripe once its holder started sending it
+	// (stripeStall; tests shorten it).
+	stall time.Duration
 
 	mu      sync.Mutex
 	changed chan struct{}
@@ -65,7 +73,7 @@ type stateService struct {
 }
 
 func newStateService(h host.Host, maxLen int, timeout time.Duration) *stateService {
-	s := &stateService{h: h, maxLen: maxLen, timeout: timeout, changed: make(chan struct{})}
+	s := &stateService{h: h, maxLen: maxLen, timeout: timeout, stall: stripeStall, changed: make(chan struct{})}
 	h.SetStreamHandler(StateProtocol, s.handle)
 	return s
 }
@@ -267,7 +275,9 @@ func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst
 		return h, err
 	}
 	st.CloseWrite()
-	r := bufio.NewReaderSize(st, 1<<20)
+	sr := &stallReader{st: st, stall: s.stall}
+	defer sr.stop()
+	r := bufio.NewReaderSize(sr, 1<<20)
 	head := make([]byte, replyHead)
 	if _, err := io.ReadFull(r, head); err != nil {
 		st.Reset()
@@ -302,6 +312,9 @@ func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst
 			st.Reset()
 			return h, fmt.Errorf("%w: stripe beyond the buffer", ErrBadState)
 		}
+		// The header may come late (the holder waits for the version);
+		// the stripe's bytes must keep coming.
+		sr.watch()
 		crc := crc32.New(crcTable)
 		var buf [4096]byte
 		out := dst[off : off+n]
@@ -385,6 +398,9 @@ func (s *stateService) fetch(ctx context.Context, peers []peer.ID, minVersion ui
 				}
 			}
 		}
+		// Go with what we have: a holder that has not answered yet may be
+		// frozen, and waiting for it would use up ctx.
+		break
 	}
 	cancel()
 	if len(got) == 0 {
@@ -415,11 +431,21 @@ func (s *stateService) fetch(ctx context.Context, peers []peer.ID, minVersion ui
 	})
 	best := keys[0]
 	holders := votes[best]
-	if err := s.pullStriped(ctx, holders, best.v, best.d, dst); err == nil {
+	failed, err := s.pullStriped(ctx, holders, best.v, best.d, dst)
+	if err == nil {
 		return best.v, nil
 	}
-	// Fall back to whole pulls, one holder at a time.
-	for _, p := range holders {
+	// Fall back to whole pulls, one holder at a time (the digest tells
+	// whether each is honest), first from those that served their stripe.
+	order := make([]peer.ID, 0, len(holders))
+	for _, bad := range []bool{false, true} {
+		for i, p := range holders {
+			if failed[i] == bad {
+				order = append(order, p)
+			}
+		}
+	}
+	for _, p := range order {
 		if _, err := s.request(ctx, p, stateReq{version: best.v, length: uint64(len(dst)), exact: true}, dst); err == nil && Digest(dst) == best.d {
 			return best.v, nil
 		}
@@ -427,7 +453,9 @@ func (s *stateService) fetch(ctx context.Context, peers []peer.ID, minVersion ui
 	return 0, fmt.Errorf("%w: no holder of version %d served a state matching its digest", ErrBadState, best.v)
 }
 
-func (s *stateService) pullStriped(ctx context.Context, holders []peer.ID, v uint64, d [32]byte, dst []float32) error {
+// pullStriped pulls stripe i of the state from holders[i] and checks the
+// digest of the whole; failed[i] reports that holders[i]'s stripe failed.
+func (s *stateService) pullStriped(ctx context.Context, holders []peer.ID, v uint64, d [32]byte, dst []float32) (failed []bool, err error) {
 	n := uint64(len(dst))
 	k := uint64(len(holders))
 	var wg sync.WaitGroup
@@ -441,11 +469,42 @@ func (s *stateService) pullStriped(ctx context.Context, holders []peer.ID, v uin
 		}(i)
 	}
 	wg.Wait()
+	failed = make([]bool, k)
+	for i, err := range errs {
+		failed[i] = err != nil
+	}
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return failed, err
 	}
 	if Digest(dst) != d {
-		return fmt.Errorf("%w: digest mismatch after a striped pull", ErrBadState)
+		return failed, fmt.Errorf("%w: digest mismatch after a striped pull", ErrBadState)
 	}
-	return nil
+	return failed, nil
+}
+
+// stallReader reads a state reply. Once watch is called (the stripe has
+// begun), a pause of stall between bytes resets the stream: a watchdog
+// rather than read deadlines, which not every transport honours.
+type stallReader struct {
+	st    network.Stream
+	stall time.Duration
+	dog   *time.Timer
+}
+
+func (r *stallReader) watch() {
+	r.dog = time.AfterFunc(r.stall, func() { r.st.Reset() })
+}
+
+func (r *stallReader) stop() {
+	if r.dog != nil {
+		r.dog.Stop()
+	}
+}
+
+func (r *stallReader) Read(b []byte) (int, error) {
+	n, err := r.st.Read(b)
+	if n > 0 && r.dog != nil {
+		r.dog.Reset(r.stall)
+	}
+	return n, err
 }

@@ -1,0 +1,100 @@
+package swarm
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+)
+
+// TestFetchGoesOnWithoutStuckHolders fetches a state that one honest peer
+// holds while another peer asked is stuck: frozen before it answers, or
+// frozen in the middle of its stripe after announcing the right digest.
+// The fetch must take the state from the honest holder well within its
+// deadline, not wait for the stuck peer until the deadline and fail.
+func TestFetchGoesOnWithoutStuckHolders(t *testing.T) {
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	ps := make([]*Peer, 2)
+	for i := range ps {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ps[i], err = Attach(h, testConfig()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ps[i].Close() })
+	}
+	state := vec(100000, 1)
+	digest := Digest(state)
+	stuck := func(handler network.StreamHandler) host.Host {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetStreamHandler(StateProtocol, handler)
+		return h
+	}
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	frozen := stuck(func(s network.Stream) { <-never; s.Reset() })
+	staller := stuck(func(s network.Stream) {
+		var rb [reqLen]byte
+		if _, err := io.ReadFull(s, rb[:]); err != nil {
+			return
+		}
+		req, _ := decodeReq(rb[:])
+		head := make([]byte, replyHead)
+		binary.BigEndian.PutUint64(head[1:], 7)
+		binary.BigEndian.PutUint64(head[9:], uint64(len(state)))
+		copy(head[17:], digest[:])
+		binary.BigEndian.PutUint64(head[49:], req.offset)
+		binary.BigEndian.PutUint64(head[57:], req.length)
+		s.Write(head)
+		if req.length > 0 {
+			s.Write(make([]byte, 100)) // a little of the stripe, then nothing
+			<-never
+		}
+		s.Close()
+	})
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	ps[1].Publish(7, state)
+	ps[0].state.stall = 300 * time.Millisecond
+	for name, others := range map[string][]host.Host{
+		"frozen":           {frozen},
+		"staller":          {staller},
+		"frozen, staller":  {frozen, staller},
+		"staller, frozen2": {staller, frozen},
+	} {
+		ids := []string{ps[1].ID()}
+		for _, h := range others {
+			ids = append(ids, h.ID().String())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		dst := make([]float32, len(state))
+		start := time.Now()
+		v, err := ps[0].Fetch(ctx, ids, 7, dst)
+		took := time.Since(start)
+		cancel()
+		if err != nil || v != 7 || !slices.Equal(dst, state) {
+			t.Errorf("%s: version %d, %v after %v; want the state", name, v, err, took)
+			continue
+		}
+		if took > 5*time.Second {
+			t.Errorf("%s: took %v", name, took)
+		}
+		t.Logf("%s: fetched in %v", name, took)
+	}
+}
