@@ -124,7 +124,8 @@
 // MaxParkedBytes in total, and copied into the Recv's buffer later; past
 // the bound, the sender's stream waits (back-pressure) for a Recv. Parked
 // tensors nobody claims are dropped after ParkedTTL. Recv(ctx, "", tag, …)
-// takes the tag from any peer (gossip's unsolicited pushes). Send returns
+// takes the tag from any peer (gossip's unsolicited pushes): the first
+// tensor to arrive whole, so that a slow sender holds up no other. Send returns
 // when every byte is handed to the transport; confirmation of delivery is
 // the protocol's own (the reply of the all-reduce step). Send and Recv are
 // safe for concurrent use; one Recv at a time per (peer, tag).

@@ -191,3 +191,49 @@ func TestMocknetRecvErrors(t *testing.T) {
 		t.Fatalf("got %v, want ErrShapeMismatch", err)
 	}
 }
+
+// TestAnyPeerRecvTakesFirstComplete: a Recv from any peer returns the
+// first tensor to arrive whole, not the first to start arriving. A slow
+// sender (a 2 MB tensor over a 1 MB/s link) must not hold up a fast one
+// behind it (gossip serves every peer's requests through such a Recv).
+func TestAnyPeerRecvTakesFirstComplete(t *testing.T) {
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	nodes := make([]*Node, 3)
+	for i := range nodes {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nodes[i], err = Attach(h, TestConfig()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nodes[i].Close() })
+	}
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	recv, slow, fast := nodes[0], nodes[1], nodes[2]
+	for _, l := range mn.LinksBetweenPeers(recv.ID(), slow.ID()) {
+		l.SetOptions(mocknet.LinkOptions{Bandwidth: 1 << 20})
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go slow.Send(ctx, recv.ID(), rawTensor(42, 512<<10, 1)) // 2 MiB
+	time.Sleep(100 * time.Millisecond)                      // its first bytes are in
+	go fast.Send(ctx, recv.ID(), rawTensor(42, 1000, 2))
+	start := time.Now()
+	got, err := recv.Recv(ctx, "", 42, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.From != fast.ID() || time.Since(start) > time.Second {
+		t.Fatalf("first Recv: the tensor of %s after %v, want the fast sender's at once", got.From, time.Since(start))
+	}
+	if got, err = recv.Recv(ctx, "", 42, nil); err != nil || got.From != slow.ID() {
+		t.Fatalf("second Recv: %v from %s, want the slow sender's tensor", err, got.From)
+	}
+}

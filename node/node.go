@@ -348,8 +348,8 @@ func (n *Node) Send(ctx context.Context, p peer.ID, t Tensor) error {
 	return n.ts.send(ctx, pool, &t)
 }
 
-// Recv returns the tensor with tag from peer from (any peer if from is
-// ""), waiting until it arrives, ctx ends, or — if ctx has no deadline —
+// Recv returns the tensor with tag from peer from (from any peer if from
+// is "": the first such tensor to arrive whole), waiting until it arrives, ctx ends, or — if ctx has no deadline —
 // Config.RecvTimeout passes. The payload goes into dst as it arrives when
 // Recv is waiting before the tensor does, or is copied into it from the
 // parked buffer otherwise; the returned Payload aliases dst. With a nil

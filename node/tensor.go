@@ -301,7 +301,12 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 			break
 		}
 		if ts.ready[key] == nil { // an unclaimed tensor with this tag blocks the next
-			if r := ts.matchLocked(key); r != nil {
+			// A Recv from any peer takes the first tensor to arrive
+			// whole: bound to this one, it would wait for a slow sender
+			// while the others' tensors are complete. It is bound only
+			// when the tensor cannot park.
+			room := ts.parked+int64(h.length) <= ts.cfg.MaxParkedBytes
+			if r := ts.matchLocked(key); r != nil && (r.key.p != "" || !room) {
 				delete(ts.posted, r.key)
 				buf := r.dst
 				if buf == nil {
@@ -321,7 +326,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 				a.recv, r.asm = r, a
 				break
 			}
-			if ts.parked+int64(h.length) <= ts.cfg.MaxParkedBytes {
+			if room {
 				ts.parked += int64(h.length)
 				a = ts.newAssemblyLocked(key, h, make([]byte, h.length), true)
 				break
@@ -526,7 +531,15 @@ func (ts *tensors) finishIfIdleLocked(a *assembly) {
 func (ts *tensors) completeLocked(a *assembly) {
 	delete(ts.asm, a.key)
 	ts.m.transfer("recv", a.start)
-	if r := a.recv; r != nil {
+	r := a.recv
+	if r == nil && a.parked {
+		// A Recv from any peer that is waiting takes it (see
+		// receiveStripe).
+		if r = ts.matchLocked(a.key); r != nil {
+			delete(ts.posted, r.key)
+		}
+	}
+	if r != nil {
 		a.recv = nil
 		ts.deliverLocked(a, r)
 	} else {
@@ -602,8 +615,10 @@ func (ts *tensors) recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) 
 		ts.mu.Unlock()
 		return r.t, r.err
 	}
-	if a := ts.findLocked(ts.asm, key); a != nil && a.recv == nil && a.parked {
-		a.recv, r.asm = r, a // arriving now into a parked buffer: copy at the end
+	if a := ts.findLocked(ts.asm, key); from != "" && a != nil && a.recv == nil && a.parked {
+		// Arriving now into a parked buffer: copy at the end. (A Recv
+		// from any peer waits for the first tensor to complete instead.)
+		a.recv, r.asm = r, a
 	} else {
 		if ts.posted[key] != nil {
 			ts.mu.Unlock()
