@@ -232,6 +232,10 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// serveMin is the least time serveActives may wait in all; it may wait up
+// to 10× the passive's own training time when that is longer.
+var serveMin = time.Minute
+
 // serveActives keeps a passive peer that has done its MaxSteps in the
 // exchange while an active peer of the group is still on its way there:
 // alive, short of MaxSteps by its last count, and still counting (a count
@@ -239,8 +243,11 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 // stuck or gone). Without it the actives, which are slower (they wait on
 // their exchanges), would see their last exchanges fail. The passive's
 // model goes on being averaged with theirs meanwhile, as it would have
-// been while it trained.
+// been while it trained. An active slower than 10× this peer, or one
+// whose count creeps on forever, is not waited for beyond that.
 func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
+	ctx, cancel := context.WithTimeout(ctx, max(serveMin, 10*time.Since(g.start)))
+	defer cancel()
 	type count struct {
 		steps int
 		at    time.Time

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -311,5 +312,39 @@ func TestPassiveServesActivesToTheEnd(t *testing.T) {
 	}
 	if p.ServedS <= 0 {
 		t.Errorf("passive did not wait for the active (served %.2fs)", p.ServedS)
+	}
+}
+
+// creepingNet is a sinkNet whose other peers report another step count
+// at every look, never reaching MaxSteps: an active peer that is alive and
+// counting but never done (or lies that it is).
+type creepingNet struct {
+	sinkNet
+	n atomic.Int64
+}
+
+func (c *creepingNet) SetSteps(int) {}
+func (c *creepingNet) Steps(peer.ID) (int, bool) {
+	return int(c.n.Add(1) % 2), true
+}
+
+// TestPassiveServesActivesBounded: a finished passive peer waits for an
+// active one that keeps counting without ever finishing only a bounded
+// time.
+func TestPassiveServesActivesBounded(t *testing.T) {
+	defer func(m time.Duration) { serveMin = m }(serveMin)
+	serveMin = 300 * time.Millisecond
+	w := testWorker(t, shards(t, 1000, 1)[0], 1)
+	cfg := DefaultGossipConfig()
+	cfg.MaxSteps = 5
+	net := &creepingNet{sinkNet: sinkNet{self: "p1"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sum, err := RunGossip(ctx, w, net, []peer.ID{"a0", "p1"}, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Role != "passive" || sum.ServedS < 0.2 || sum.ServedS > 5 {
+		t.Fatalf("role %s served %.2fs, want a passive that waits about 0.3s", sum.Role, sum.ServedS)
 	}
 }
