@@ -17,6 +17,14 @@ import (
 // the given latency and bandwidth (bytes/s).
 func newMocknet(t *testing.T, n int, latency time.Duration, bw float64, mut func(*Config)) []*Node {
 	t.Helper()
+	_, nodes := newMocknetNet(t, n, latency, bw, mut)
+	return nodes
+}
+
+// newMocknetNet is newMocknet that also returns the network, for tests
+// that shape single links.
+func newMocknetNet(t *testing.T, n int, latency time.Duration, bw float64, mut func(*Config)) (mocknet.Mocknet, []*Node) {
+	t.Helper()
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
 	mn.SetLinkDefaults(mocknet.LinkOptions{Latency: latency, Bandwidth: bw})
@@ -42,7 +50,7 @@ func newMocknet(t *testing.T, n int, latency time.Duration, bw float64, mut func
 	if err := mn.ConnectAllButSelf(); err != nil {
 		t.Fatal(err)
 	}
-	return nodes
+	return mn, nodes
 }
 
 func roundTag(round, chunk int) Tag { return Tag(round)<<32 | Tag(chunk) }
@@ -197,28 +205,10 @@ func TestMocknetRecvErrors(t *testing.T) {
 // sender (a 2 MB tensor over a 1 MB/s link) must not hold up a fast one
 // behind it (gossip serves every peer's requests through such a Recv).
 func TestAnyPeerRecvTakesFirstComplete(t *testing.T) {
-	mn := mocknet.New()
-	t.Cleanup(func() { mn.Close() })
-	nodes := make([]*Node, 3)
-	for i := range nodes {
-		h, err := mn.GenPeer()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if nodes[i], err = Attach(h, TestConfig()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nodes[i].Close() })
-	}
-	if err := mn.LinkAll(); err != nil {
-		t.Fatal(err)
-	}
+	mn, nodes := newMocknetNet(t, 3, 0, 0, nil)
 	recv, slow, fast := nodes[0], nodes[1], nodes[2]
 	for _, l := range mn.LinksBetweenPeers(recv.ID(), slow.ID()) {
 		l.SetOptions(mocknet.LinkOptions{Bandwidth: 1 << 20})
-	}
-	if err := mn.ConnectAllButSelf(); err != nil {
-		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

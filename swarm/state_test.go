@@ -21,17 +21,7 @@ import (
 func TestFetchGoesOnWithoutStuckHolders(t *testing.T) {
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
-	ps := make([]*Peer, 2)
-	for i := range ps {
-		h, err := mn.GenPeer()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ps[i], err = Attach(h, testConfig()); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ps[i].Close() })
-	}
+	ps := attachPeers(t, mn, 2)
 	state := vec(100000, 1)
 	digest := Digest(state)
 	stuck := func(handler network.StreamHandler) host.Host {

@@ -27,6 +27,19 @@ func newSwarm(t testing.TB, n int) []*Peer {
 	t.Helper()
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
+	ps := attachPeers(t, mn, n)
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+// attachPeers attaches n new peers to mn (not yet linked).
+func attachPeers(t testing.TB, mn mocknet.Mocknet, n int) []*Peer {
+	t.Helper()
 	ps := make([]*Peer, n)
 	for i := range ps {
 		h, err := mn.GenPeer()
@@ -38,12 +51,6 @@ func newSwarm(t testing.TB, n int) []*Peer {
 		}
 		p := ps[i]
 		t.Cleanup(func() { p.Close() })
-	}
-	if err := mn.LinkAll(); err != nil {
-		t.Fatal(err)
-	}
-	if err := mn.ConnectAllButSelf(); err != nil {
-		t.Fatal(err)
 	}
 	return ps
 }
