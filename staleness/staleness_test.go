@@ -208,6 +208,34 @@ func TestStaleness(t *testing.T) {
 	}
 }
 
+// TestVersionClockStall: a peer heard from every second but stuck at one
+// version (hung, or lying to hold SSP gates shut) stops counting for
+// Slowest after the stall time, wobbling below its highest version does
+// not count as moving, and it counts again once it moves on.
+func TestVersionClockStall(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := NewVersionClock(10, 5*time.Second)
+	c.SetStall(30 * time.Second)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	for s := 0; s < 30; s++ {
+		c.Observe("liar", Version(s%2), at(s)) // 0, 1, 0, 1, …
+		c.Observe("honest", Version(8+s/10), at(s))
+		if p, _, _ := c.Slowest(at(s)); p != "liar" {
+			t.Fatalf("at %ds: slowest %s, want liar (it counts until it has stalled 30 s)", s, p)
+		}
+	}
+	// Its highest version, 1, came at 1 s.
+	c.Observe("liar", 0, at(31))
+	c.Observe("honest", 10, at(31))
+	if p, v, _ := c.Slowest(at(31)); p != "honest" || v != 10 {
+		t.Fatalf("at 31s: slowest %s at %d, want honest at 10 (the liar stalled)", p, v)
+	}
+	c.Observe("liar", 2, at(32))
+	if p, v, _ := c.Slowest(at(32)); p != "liar" || v != 2 {
+		t.Fatalf("after it moved on: slowest %s at %d, want liar at 2", p, v)
+	}
+}
+
 func TestVersionClock(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	c := NewVersionClock(5, 10*time.Second)

@@ -24,19 +24,26 @@ func Staleness(current, base Version) (uint64, error) {
 // VersionClock is one peer's view of model versions: its own local version
 // and the latest version each other peer announced, with when it was heard.
 // Peers not heard from for ttl are ignored by Slowest and removed by Expire,
-// so a crashed peer cannot hold an SSP gate shut forever.
+// so a crashed peer cannot hold an SSP gate shut forever. With SetStall,
+// neither can a peer that is heard from but does not move on: a hung one,
+// or one that lies about its version.
 //
 // Every method that needs the time takes it as an argument; VersionClock
 // never reads the wall clock. It is not safe for concurrent use.
 type VersionClock struct {
 	local Version
 	ttl   time.Duration
+	stall time.Duration
 	peers map[string]peerVersion
 }
 
 type peerVersion struct {
 	v    Version
 	seen time.Time
+	// high is the highest version heard from the peer, and moved when
+	// it was first heard.
+	high  Version
+	moved time.Time
 }
 
 // NewVersionClock returns a clock at version start whose peers expire when
@@ -69,8 +76,18 @@ func (c *VersionClock) Staleness(base Version) (uint64, error) {
 // a checkpoint); callers that need replay protection check sequence numbers
 // before calling Observe.
 func (c *VersionClock) Observe(peer string, v Version, now time.Time) {
-	c.peers[peer] = peerVersion{v: v, seen: now}
+	p, ok := c.peers[peer]
+	if !ok || v > p.high {
+		p.high, p.moved = v, now
+	}
+	p.v, p.seen = v, now
+	c.peers[peer] = p
 }
+
+// SetStall makes Slowest ignore a peer whose highest version has not grown
+// for d (d ≤ 0: never), until it grows: an SSP gate then waits at most d
+// for a peer that is heard from but stays behind.
+func (c *VersionClock) SetStall(d time.Duration) { c.stall = d }
 
 // Forget removes peer.
 func (c *VersionClock) Forget(peer string) { delete(c.peers, peer) }
@@ -86,11 +103,11 @@ func (c *VersionClock) live(p peerVersion, now time.Time) bool {
 }
 
 // Slowest returns the live peer with the lowest version (ties broken by the
-// smaller peer name, so results are deterministic). ok is false when no
-// peer is live.
+// smaller peer name, so results are deterministic), leaving out stalled
+// peers (SetStall). ok is false when no peer counts.
 func (c *VersionClock) Slowest(now time.Time) (peer string, v Version, ok bool) {
 	for name, p := range c.peers {
-		if !c.live(p, now) {
+		if !c.live(p, now) || (c.stall > 0 && now.Sub(p.moved) >= c.stall) {
 			continue
 		}
 		if !ok || p.v < v || (p.v == v && name < peer) {

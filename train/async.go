@@ -75,7 +75,9 @@ type AsyncConfig struct {
 	// 1024 leaves room for heavy delays.
 	MaxAhead uint64
 	// PeerTTL is how long a peer's last version counts for the SSP gate;
-	// a peer silent for longer cannot hold the gate shut. 10 s.
+	// a peer silent for longer cannot hold the gate shut. 10 s. A peer
+	// heard from but whose version has not grown for 3×PeerTTL (hung, or
+	// lying) stops counting too, until it grows.
 	PeerTTL time.Duration
 	// SnapshotEvery is the interval of Recorder snapshots (0: after every
 	// round). 250 ms.
@@ -272,6 +274,7 @@ func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts a
 	pol, _ := staleness.Parse(cfg.Policy)
 	p := &asyncPeer{cfg: cfg, pol: pol, self: self, w: w, rec: rec, opts: opts, start: time.Now(),
 		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peer.ID]*seqWindow)}
+	p.vc.SetStall(3 * cfg.PeerTTL)
 	var err error
 	if cfg.Mode == ModeFedAsync {
 		p.mixer, err = staleness.NewMixer(staleness.MixerConfig{Alpha: cfg.Alpha, Policy: pol}, p.vc)
@@ -581,8 +584,9 @@ func (p *asyncPeer) drain(inbox <-chan *contribution) {
 }
 
 // gate holds the next round while the SSP bound says wait, merging what
-// arrives. Peers silent for PeerTTL stop counting, so it cannot wait
-// forever on a dead peer.
+// arrives. Peers silent for PeerTTL stop counting, and so do peers stuck
+// at a version for 3×PeerTTL, so it cannot wait forever on a dead, hung or
+// lying peer.
 func (p *asyncPeer) gate(ctx context.Context, inbox <-chan *contribution) (time.Duration, error) {
 	if _, ok := p.pol.Bound(); !ok {
 		return 0, ctx.Err()

@@ -477,6 +477,44 @@ func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
 	t.Logf("%+v", *sumA)
 }
 
+// TestAsyncLyingPeerDoesNotHoldGate runs a peer with an SSP bound while
+// another keeps announcing, every 20 ms, that it works from version 0.
+// Heard from all the time, it never expires; the gate must still open once
+// its version has not grown for 3×PeerTTL, and the peer finish its steps.
+func TestAsyncLyingPeerDoesNotHoldGate(t *testing.T) {
+	sh := shards(t, 1000, 1)
+	bus := NewMemBus()
+	cfg := DefaultAsyncConfig()
+	cfg.LocalSteps = 2
+	cfg.Policy = "poly:0.5+ssp:3"
+	cfg.PeerTTL = 200 * time.Millisecond
+	cfg.SnapshotEvery = time.Hour
+	cfg.MaxSteps = 100
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w := testWorker(t, sh[0], 1)
+	fp32, _ := compression.Parse("fp32")
+	b := fp32.Encode(nil, make([]float32, len(w.Model.Params)))
+	lctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for seq := uint64(1); lctx.Err() == nil; seq++ {
+			bus.Inject(gossip.Announcement{Peer: "liar", Seq: seq, Model: cfg.Model, Kind: gossip.KindModel, Codec: fp32.ID(),
+				Elems: uint32(len(w.Model.Params)), Size: uint64(len(b)), Digest: gossip.Digest(b), Key: fmt.Sprint(seq)}, b)
+			sleepCtx(lctx, 20*time.Millisecond)
+		}
+	})
+	sum, err := RunAsync(ctx, w, bus.Join("a", cfg.Model, 256), cfg, nil)
+	stop()
+	wg.Wait()
+	if err != nil || ctx.Err() != nil {
+		t.Fatalf("%v (ctx %v)", err, ctx.Err())
+	}
+	if sum.Steps != 100 || sum.GateWaitS < 0.5 || sum.GateWaitS > 10 {
+		t.Fatalf("%d steps after %.2fs at the SSP gate, want 100 after about 0.6s", sum.Steps, sum.GateWaitS)
+	}
+}
+
 // TestAsyncRoundTime checks that RoundTime ends rounds early: with one step
 // taking longer than RoundTime, every round is a single step.
 func TestAsyncRoundTime(t *testing.T) {
