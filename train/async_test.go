@@ -434,17 +434,24 @@ func TestAsyncAdversary(t *testing.T) {
 	}
 }
 
+// sspConfig is FedAsync with an SSP bound of 3, short rounds and a short
+// PeerTTL, for the tests of the gate.
+func sspConfig() AsyncConfig {
+	cfg := DefaultAsyncConfig()
+	cfg.LocalSteps = 2
+	cfg.Policy = "poly:0.5+ssp:3"
+	cfg.PeerTTL = 200 * time.Millisecond
+	cfg.SnapshotEvery = time.Hour
+	return cfg
+}
+
 // TestAsyncDeadPeerDoesNotHang runs two peers with an SSP bound; one stops
 // after 20 steps and leaves. The other's gate must open once the dead peer's
 // version expires (PeerTTL), and it finishes its steps.
 func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
 	sh := shards(t, 2000, 2)
 	bus := NewMemBus()
-	cfg := DefaultAsyncConfig()
-	cfg.LocalSteps = 2
-	cfg.Policy = "poly:0.5+ssp:3"
-	cfg.PeerTTL = 200 * time.Millisecond
-	cfg.SnapshotEvery = time.Hour
+	cfg := sspConfig()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -484,11 +491,7 @@ func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
 func TestAsyncLyingPeerDoesNotHoldGate(t *testing.T) {
 	sh := shards(t, 1000, 1)
 	bus := NewMemBus()
-	cfg := DefaultAsyncConfig()
-	cfg.LocalSteps = 2
-	cfg.Policy = "poly:0.5+ssp:3"
-	cfg.PeerTTL = 200 * time.Millisecond
-	cfg.SnapshotEvery = time.Hour
+	cfg := sspConfig()
 	cfg.MaxSteps = 100
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
