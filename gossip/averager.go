@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/aggregate"
 )
 
 // errWrongAlgorithm: a peer got an exchange of the other averaging
@@ -97,8 +99,9 @@ type PairwisePeer struct {
 	mine   []float32
 	theirs []float32
 
-	mu sync.Mutex // guards x
-	x  []float32
+	mu   sync.Mutex // guards x and clip
+	x    []float32
+	clip *aggregate.DistanceClip
 }
 
 var _ Handler = (*PairwisePeer)(nil)
@@ -106,6 +109,35 @@ var _ Handler = (*PairwisePeer)(nil)
 // NewPairwisePeer returns a peer with role r whose model is x (not copied).
 func NewPairwisePeer(x []float32, r Role) *PairwisePeer {
 	return &PairwisePeer{role: r, x: x}
+}
+
+// SetClip makes the peer move each partner's model towards its own with c
+// before averaging (ClippedGossip): a lying or diverged partner then pulls
+// the model by at most c's radius per exchange. The pair no longer ends
+// equal when c clips. Call before the first exchange.
+func (p *PairwisePeer) SetClip(c *aggregate.DistanceClip) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.clip = c
+}
+
+// Clipped returns how many partners' models SetClip's clipper has moved.
+func (p *PairwisePeer) Clipped() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.clip == nil {
+		return 0
+	}
+	return p.clip.Clipped()
+}
+
+// average averages the model with theirs (from partner from), clipping
+// theirs first if SetClip was called; p.mu is held.
+func (p *PairwisePeer) average(from peer.ID, theirs []float32) error {
+	if p.clip != nil && len(theirs) == len(p.x) {
+		p.clip.Clip(theirs, p.x, string(from))
+	}
+	return PairwiseAverage(p.x, theirs)
 }
 
 // Role returns the peer's role.
@@ -128,7 +160,7 @@ func (p *PairwisePeer) HandleSwap(from peer.ID, theirs, mine []float32) error {
 		return fmt.Errorf("%w: reply buffer %d, model %d", ErrShape, len(mine), len(p.x))
 	}
 	copy(mine, p.x)
-	return PairwiseAverage(p.x, theirs)
+	return p.average(from, theirs)
 }
 
 // Exchange runs one AD-PSGD exchange with passive peer with: both models
@@ -147,7 +179,7 @@ func (p *PairwisePeer) Exchange(ctx context.Context, ex Exchanger, with peer.ID)
 	if err := ex.Swap(ctx, with, p.mine, p.theirs); err != nil {
 		return err
 	}
-	return PairwiseAverage(p.x, p.theirs)
+	return p.average(with, p.theirs)
 }
 
 // Model copies the local model into dst[:0] and returns it.

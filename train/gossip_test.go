@@ -266,12 +266,12 @@ func TestPushSumWeightFloor(t *testing.T) {
 }
 
 // TestPassiveServesActivesToTheEnd runs AD-PSGD with a fixed number of
-// steps, the active peer 4× slower than the passive one, each leaving the
+// steps, the active peer 10× slower than the passive one, each leaving the
 // network when RunGossip returns (as peer run closes its transport). The
 // passive peer, done first, must stay in the exchange until the active
 // one is done too: none of the active's exchanges may fail.
 func TestPassiveServesActivesToTheEnd(t *testing.T) {
-	const steps = 120
+	const steps = 80
 	sh := shards(t, 2000, 2)
 	mem, board := gossip.NewMemNetwork(), &StepBoard{}
 	ids := []peer.ID{"p0", "p1"} // p0 active, p1 passive
@@ -285,7 +285,7 @@ func TestPassiveServesActivesToTheEnd(t *testing.T) {
 	for i := range ids {
 		w := testWorker(t, sh[i], uint64(i+1))
 		if i == 0 {
-			w.cfg.Slowdown = 4
+			w.cfg.Slowdown = 10
 		}
 		net := &MemGossipNet{Net: mem, ID: ids[i], Board: board}
 		wg.Go(func() {
@@ -346,5 +346,61 @@ func TestPassiveServesActivesBounded(t *testing.T) {
 	}
 	if sum.Role != "passive" || sum.ServedS < 0.2 || sum.ServedS > 5 {
 		t.Fatalf("role %s served %.2fs, want a passive that waits about 0.3s", sum.Role, sum.ServedS)
+	}
+}
+
+// liarHandler is a passive AD-PSGD peer that answers every swap with a
+// finite but absurd model (every parameter 50).
+type liarHandler struct{}
+
+func (liarHandler) HandleShare(gossip.Share) error { return errors.New("no") }
+func (liarHandler) HandleSwap(_ peer.ID, _, mine []float32) error {
+	for i := range mine {
+		mine[i] = 50
+	}
+	return nil
+}
+
+// TestGossipByzantinePassive runs AD-PSGD among seven honest peers and a
+// lying passive one (p7, one passive peer in four) that answers with a
+// finite but absurd model: clipped towards their own models
+// (GossipConfig.ClipFactor), its answers cannot drag the others away, and
+// every honest peer still learns.
+func TestGossipByzantinePassive(t *testing.T) {
+	_, te := mnist(t)
+	const honest = 7
+	sh := shards(t, 7000, honest)
+	mem := gossip.NewMemNetwork()
+	ids := make([]peer.ID, honest+1)
+	for i := range ids {
+		ids[i] = peer.ID(fmt.Sprint("p", i))
+	}
+	mem.Join(ids[honest], liarHandler{})
+	cfg := DefaultGossipConfig()
+	cfg.MaxSteps, cfg.SnapshotEvery = 150, 0
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ws := make([]*Worker, honest)
+	sums := make([]*GossipSummary, honest)
+	errs := make([]error, honest)
+	var wg sync.WaitGroup
+	for i := range ws {
+		ws[i] = testWorker(t, sh[i], uint64(i+1))
+		net := &MemGossipNet{Net: mem, ID: ids[i]}
+		wg.Go(func() { sums[i], errs[i] = RunGossip(ctx, ws[i], net, ids, cfg, nil) })
+	}
+	wg.Wait()
+	for i, w := range ws {
+		if errs[i] != nil {
+			t.Fatalf("peer %d: %v", i, errs[i])
+		}
+		_, acc := w.Evaluate(te.Head(2000))
+		t.Logf("peer %d (%s): acc %.3f, %d exchanges, %d clipped", i, sums[i].Role, acc, sums[i].Exchanges, sums[i].Clipped)
+		if acc < 0.7 {
+			t.Errorf("peer %d: accuracy %.3f", i, acc)
+		}
+		if sums[i].Role == "active" && sums[i].Clipped == 0 {
+			t.Errorf("active peer %d clipped no answer of the liar", i)
+		}
 	}
 }
