@@ -6,8 +6,9 @@ import (
 )
 
 // DistanceClip bounds how far one peer's model can pull another's where
-// models are merged one at a time (AD-PSGD's exchanges) and no robust rule
-// sees several contributions at once: before it is merged, a
+// models are merged one at a time (AD-PSGD's exchanges, FedAsync's mixing)
+// and no robust rule sees several contributions at once: before it is
+// merged, a
 // contribution v is moved towards the receiver's model ref until
 // ‖v − ref‖ ≤ τ. This is the clipped gossip of He, Karimireddy and Jaggi
 // (2022, "Byzantine-robust decentralized learning via ClippedGossip"),
@@ -19,9 +20,9 @@ import (
 // training converges, and a minority sending models from far away (lying,
 // or diverged) move the model by at most τ each. It bounds each pull, not
 // their number: a sender merged far more often than the others still
-// drags the model (FedAsync under a flood does not use it for that
-// reason). Until another sender is known, τ is ‖ref‖. Not safe for
-// concurrent use.
+// drags the model, so callers also bound how often one sender is merged
+// (FedAsync: once per own round). Until another sender is known, τ is
+// ‖ref‖. Not safe for concurrent use.
 type DistanceClip struct {
 	Factor float64 // τ in medians (3)
 	// MaxSenders bounds the senders remembered (256); past it the one

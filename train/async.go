@@ -13,6 +13,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/staleness"
@@ -84,6 +85,14 @@ type AsyncConfig struct {
 	SnapshotEvery time.Duration
 	// MaxSteps stops after that many local steps (0: run until ctx ends).
 	MaxSteps int
+	// ClipFactor, in FedAsync, moves a model towards this peer's before
+	// mixing it in, to at most ClipFactor times the median distance of
+	// the other peers' latest models (aggregate.DistanceClip), so that a
+	// lying or diverged peer cannot drag the model far; with it, a peer's
+	// models are mixed in at most once per own round (DropRepeat), so
+	// that one flooding its models gets no more pulls than the others.
+	// 0 turns both off. 1.
+	ClipFactor float64
 }
 
 // DefaultAsyncConfig returns FedAsync with the documented defaults.
@@ -92,6 +101,7 @@ func DefaultAsyncConfig() AsyncConfig {
 		Mode: ModeFedAsync, Model: "default", LocalSteps: 10, Alpha: 0.5, Policy: "poly:0.5",
 		BufferK: 4, ServerLR: 1, Codec: "fp32", FetchTimeout: 10 * time.Second, Fetchers: 4,
 		Inbox: 64, MaxAhead: 1024, PeerTTL: 10 * time.Second, SnapshotEvery: 250 * time.Millisecond,
+		ClipFactor: 1,
 	}
 }
 
@@ -117,6 +127,8 @@ func (c AsyncConfig) Validate() error {
 		return bad("fetch timeout and peer TTL must be > 0, snapshot interval and round time ≥ 0")
 	case c.Fetchers < 1 || c.Inbox < 1 || c.MaxAhead < 1 || c.MaxSteps < 0:
 		return bad("fetchers, inbox and max-ahead must be ≥ 1, max steps ≥ 0")
+	case !(c.ClipFactor >= 0) || math.IsInf(c.ClipFactor, 0):
+		return bad("clip factor %v must be ≥ 0 (0: off)", c.ClipFactor)
 	}
 	if _, err := staleness.Parse(c.Policy); err != nil {
 		return fmt.Errorf("%w: async: %w", ErrStrategy, err)
@@ -144,11 +156,12 @@ const (
 	DropDecode                       // bytes that do not decode with their codec
 	DropOverflow                     // the inbox or the pull queue was full
 	DropSuperseded                   // FedAsync: a newer model from the same peer came before it was pulled
+	DropRepeat                       // FedAsync: another model from a peer already merged in this own round
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
-	"model", "kind", "shape", "replay", "future", "stale", "nonfinite", "fetch", "decode", "overflow", "superseded",
+	"model", "kind", "shape", "replay", "future", "stale", "nonfinite", "fetch", "decode", "overflow", "superseded", "repeat",
 }
 
 func (r DropReason) String() string {
@@ -210,6 +223,7 @@ type AsyncSummary struct {
 	Version   uint64            `json:"version"`     // final local version
 	MeanTau   float64           `json:"mean_tau"`    // over merged contributions
 	GateWaitS float64           `json:"gate_wait_s"` // time held by the SSP gate
+	Clipped   int               `json:"clipped"`     // models moved closer (ClipFactor)
 	Drops     map[string]uint64 `json:"drops"`
 	WallS     float64           `json:"wall_s"`
 }
@@ -249,10 +263,14 @@ type asyncPeer struct {
 	start time.Time
 	opts  asyncOptions
 
-	vc     *staleness.VersionClock
-	mixer  *staleness.Mixer  // FedAsync
-	buffer *staleness.Buffer // FedBuff
-	server []float32         // FedBuff: the peer's model; training runs on w.Model.Params
+	vc    *staleness.VersionClock
+	mixer *staleness.Mixer // FedAsync
+	// clip and roundFrom (the peers merged in this own round) are
+	// FedAsync's with ClipFactor > 0.
+	clip      *aggregate.DistanceClip
+	roundFrom map[peer.ID]bool
+	buffer    *staleness.Buffer // FedBuff
+	server    []float32         // FedBuff: the peer's model; training runs on w.Model.Params
 
 	local   atomic.Uint64 // vc.Local() for the receiver goroutine
 	peersMu sync.Mutex    // guards vc's peer table (Observe, Lag): both goroutines use it
@@ -275,6 +293,11 @@ func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts a
 	p := &asyncPeer{cfg: cfg, pol: pol, self: self, w: w, rec: rec, opts: opts, start: time.Now(),
 		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peer.ID]*seqWindow)}
 	p.vc.SetStall(3 * cfg.PeerTTL)
+	if cfg.Mode == ModeFedAsync && cfg.ClipFactor > 0 {
+		p.clip = aggregate.NewDistanceClip()
+		p.clip.Factor = cfg.ClipFactor
+		p.roundFrom = map[peer.ID]bool{}
+	}
 	var err error
 	if cfg.Mode == ModeFedAsync {
 		p.mixer, err = staleness.NewMixer(staleness.MixerConfig{Alpha: cfg.Alpha, Policy: pol}, p.vc)
@@ -394,6 +417,13 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 		w   float64
 	)
 	if p.mixer != nil {
+		if p.clip != nil && c.from != p.self {
+			if p.roundFrom[c.from] {
+				p.drop(DropRepeat, c.from, 0)
+				return
+			}
+			p.clip.Clip(c.vec, p.w.Model.Params, string(c.from))
+		}
 		d, err = p.mixer.Mix(p.w.Model.Params, c.vec, staleness.Version(c.base))
 		w = p.cfg.Alpha * d.Weight
 	} else {
@@ -419,6 +449,9 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 	default:
 		p.merged++
 		p.tauSum += float64(d.Tau)
+		if p.roundFrom != nil {
+			p.roundFrom[c.from] = true
+		}
 		p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "merge", Staleness: int(d.Tau), Weight: w})
 	}
 }
@@ -503,6 +536,7 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 			break
 		}
 		p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "round", Loss: loss})
+		clear(p.roundFrom)
 		vec := w.Model.Params
 		if p.server != nil {
 			delta = growVec(delta, len(vec))
@@ -537,6 +571,9 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 	snapshot(true)
 	sum.Steps = w.Steps
 	sum.Merged, sum.Flushes = p.merged, p.flushes
+	if p.clip != nil {
+		sum.Clipped = p.clip.Clipped()
+	}
 	sum.Version = uint64(p.vc.Local())
 	if p.merged > 0 {
 		sum.MeanTau = p.tauSum / float64(p.merged)
