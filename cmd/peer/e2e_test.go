@@ -380,6 +380,8 @@ func TestRunBadInput(t *testing.T) {
 		"negative wait":   {[]string{"run", "--wait", "-1s"}, "must not be negative"},
 		"negative limit":  {[]string{"run", "--limit", "-5"}, "must not be negative"},
 		"checkpoint dir":  {[]string{"run", "--checkpoint", filepath.Join(dir, "no", "ck")}, "no folder"},
+		"negative clip":   {[]string{"run", "--mode", "gossip", "--clip-peers", "-1"}, "clip factor"},
+		"clip federated":  {[]string{"run", "--clip-peers", "2"}, "--clip-peers applies to --mode async|gossip"},
 	}
 	for name, c := range cases {
 		var out, errb strings.Builder
