@@ -49,18 +49,19 @@ func NewDistanceClip() *DistanceClip {
 // applied to v − ref (1 when v was within τ). A v that is not finite is
 // left for the caller to refuse.
 func (c *DistanceClip) Clip(v, ref []float32, from string) float64 {
-	var sq, rsq float64
+	var sq float64
 	for i, x := range v {
 		d := float64(x) - float64(ref[i])
 		sq += d * d
-		r := float64(ref[i])
-		rsq += r * r
 	}
 	dist := math.Sqrt(sq)
 	if math.IsNaN(dist) || math.IsInf(dist, 0) {
 		return 1
 	}
-	tau := c.radius(from, math.Sqrt(rsq))
+	tau, ok := c.radius(from)
+	if !ok {
+		tau = norm(ref)
+	}
 	c.record(from, dist)
 	if dist <= tau {
 		return 1
@@ -77,8 +78,8 @@ func (c *DistanceClip) Clip(v, ref []float32, from string) float64 {
 func (c *DistanceClip) Clipped() int { return c.clipped }
 
 // radius is τ for a contribution from from: Factor times the lower median
-// of the other senders' latest distances, or norm when there is none.
-func (c *DistanceClip) radius(from string, norm float64) float64 {
+// of the other senders' latest distances (false when there is none).
+func (c *DistanceClip) radius(from string) (float64, bool) {
 	ds := make([]float64, 0, len(c.last))
 	for s, h := range c.last {
 		if s != from {
@@ -86,10 +87,18 @@ func (c *DistanceClip) radius(from string, norm float64) float64 {
 		}
 	}
 	if len(ds) == 0 {
-		return norm
+		return 0, false
 	}
 	slices.Sort(ds)
-	return c.Factor * ds[(len(ds)-1)/2]
+	return c.Factor * ds[(len(ds)-1)/2], true
+}
+
+func norm(x []float32) float64 {
+	var s float64
+	for _, v := range x {
+		s += float64(v) * float64(v)
+	}
+	return math.Sqrt(s)
 }
 
 func (c *DistanceClip) record(from string, d float64) {

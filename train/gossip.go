@@ -14,6 +14,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/staleness"
 )
 
 // Gossip-averaging algorithms of RunGossip.
@@ -260,8 +261,8 @@ var serveMin = time.Minute
 // serveActives keeps a passive peer that has done its MaxSteps in the
 // exchange while an active peer of the group is still on its way there:
 // alive, short of MaxSteps by its last count, and still counting (a count
-// that has not moved for the exchange timeout plus 3 s means the peer is
-// stuck or gone). Without it the actives, which are slower (they wait on
+// whose highest value has not grown for the exchange timeout plus 3 s
+// means the peer is stuck, gone or lying: staleness.VersionClock's stall). Without it the actives, which are slower (they wait on
 // their exchanges), would see their last exchanges fail. The passive's
 // model goes on being averaged with theirs meanwhile, as it would have
 // been while it trained. An active slower than 10× this peer, or one
@@ -269,29 +270,23 @@ var serveMin = time.Minute
 func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
 	ctx, cancel := context.WithTimeout(ctx, max(serveMin, 10*time.Since(g.start)))
 	defer cancel()
-	type count struct {
-		steps int
-		at    time.Time
-	}
-	seen := map[peer.ID]count{}
-	stall := g.cfg.Timeout + 3*time.Second
+	// The actives' counts, ignored once stuck (SetStall) or dead (Forget).
+	counts := staleness.NewVersionClock(0, 0)
+	counts.SetStall(g.cfg.Timeout + 3*time.Second)
 	start, served := time.Now(), false
 	for {
-		now, waiting := time.Now(), false
+		now := time.Now()
 		for i, p := range g.peers {
-			if i == g.me || gossip.RoleOf(i) != gossip.Active || !g.net.Alive(p) {
+			if i == g.me || gossip.RoleOf(i) != gossip.Active {
 				continue
 			}
-			s, ok := prog.Steps(p)
-			if !ok || s >= g.cfg.MaxSteps {
-				continue
+			if s, ok := prog.Steps(p); ok && g.net.Alive(p) {
+				counts.Observe(p.String(), staleness.Version(s), now)
+			} else {
+				counts.Forget(p.String())
 			}
-			if c, had := seen[p]; !had || c.steps != s {
-				seen[p] = count{s, now}
-			}
-			waiting = waiting || now.Sub(seen[p].at) < stall
 		}
-		if !waiting {
+		if _, v, ok := counts.Slowest(now); !ok || v >= staleness.Version(g.cfg.MaxSteps) {
 			break
 		}
 		if !served {
