@@ -174,7 +174,10 @@ func TestGossipLearns(t *testing.T) {
 		t.Run(algo, func(t *testing.T) {
 			cfg := DefaultGossipConfig()
 			cfg.Algorithm = algo
-			cfg.Period = 2 * time.Millisecond
+			// An exchange every 5 steps, not every few milliseconds: on a
+			// fast machine the 150 steps took 20 ms, so only ~10 exchanges
+			// ran and the models ended too far apart.
+			cfg.Every = 5
 			ws, sums, nets := runGossipPeers(t, 4, 150, cfg, nil)
 			wsum := 0.0
 			for i, w := range ws {
