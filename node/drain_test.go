@@ -175,3 +175,60 @@ func TestAdmitHook(t *testing.T) {
 		t.Fatalf("after removing the hook: %v", err)
 	}
 }
+
+// TestRecvGivingUpOnStalledSender: a Recv whose sender stops halfway
+// through a tensor gives up at its deadline, promptly, though its stripe
+// reader is blocked reading into its buffer; nothing writes into the
+// buffer once it returned; and the stream stays in step, so the rest of
+// the tensor, when it comes, is drained and the frame behind it arrives.
+func TestRecvGivingUpOnStalledSender(t *testing.T) {
+	a, b := newTestNode(t, nil), newTestNode(t, nil)
+	connect(t, a, b)
+	h := rawHeader(5, 1<<20)
+	payload := randBytes(int(h.length), 7)
+	frame := appendFrame(nil, &h, payload)
+	next := rawHeader(6, 1000)
+	nextPayload := randBytes(int(next.length), 8)
+
+	s, err := a.host.NewStream(ctxT(t, 5*time.Second), b.ID(), ProtocolID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Reset()
+	s.SetWriteDeadline(time.Now().Add(time.Minute))
+	dst := make([]byte, h.length)
+	errc := make(chan error, 1)
+	var took time.Duration
+	go func() {
+		start := time.Now()
+		_, err := b.Recv(ctxT(t, 300*time.Millisecond), a.ID(), 5, dst)
+		took = time.Since(start)
+		errc <- err
+	}()
+	waitPosted(t, b, mkey{a.ID(), 5})
+	half := fixedHeaderLen + 12 + len(payload)/2 // into the payload (the header is shorter)
+	if _, err := s.Write(frame[:half]); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Recv: %v, want its deadline", err)
+	}
+	if took > time.Second {
+		t.Fatalf("Recv gave up after %v: want its 300 ms and a little", took)
+	}
+	snap := bytes.Clone(dst)
+	if _, err := s.Write(append(frame[half:], appendFrame(nil, &next, nextPayload)...)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 6, nil)
+	if err != nil {
+		t.Fatalf("the frame behind the abandoned tensor: %v", err)
+	}
+	if !bytes.Equal(got.Payload, nextPayload) {
+		t.Fatal("the frame behind differs")
+	}
+	if !bytes.Equal(snap, dst) {
+		t.Fatal("dst was written after Recv returned")
+	}
+	t.Logf("Recv gave up after %v", took)
+}
