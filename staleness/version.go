@@ -141,5 +141,16 @@ func (c *VersionClock) Expire(now time.Time) []string {
 	return gone
 }
 
+// Live returns the number of peers heard from within ttl at time now.
+func (c *VersionClock) Live(now time.Time) int {
+	n := 0
+	for _, p := range c.peers {
+		if c.live(p, now) {
+			n++
+		}
+	}
+	return n
+}
+
 // Len returns the number of peers tracked (live or not yet expired).
 func (c *VersionClock) Len() int { return len(c.peers) }
