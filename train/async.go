@@ -93,6 +93,32 @@ type AsyncConfig struct {
 	// that one flooding its models gets no more pulls than the others.
 	// 0 turns both off. 1.
 	ClipFactor float64
+	// BufferRule is how FedBuff combines the K buffered deltas
+	// (aggregate.ParseRule; a rule of one pass): "median" (the default),
+	// "trimmed:β", or "mean", FedBuff as published. With a rule other than
+	// the mean, each delta is first cut to the median length of the
+	// buffer's (staleness.BufferConfig.Rule), and another peer may have at
+	// most ⌈K/S⌉ deltas in a buffer (S the live peers and this one; fewer
+	// than K/2): its further deltas are averaged and wait for the next
+	// buffer, so that one flooding its deltas cannot fill the buffer and
+	// outvote the rule. The price, on an honest swarm, is slower progress:
+	// a slow peer's own deltas are then needed to fill its buffer.
+	BufferRule string
+}
+
+// bufferRule parses BufferRule: nil for the mean (FedBuff's running sum).
+func (c AsyncConfig) bufferRule() (aggregate.Rule, error) {
+	r, err := aggregate.ParseRule(c.BufferRule)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := r.(aggregate.Mean); ok {
+		return nil, nil
+	}
+	if !r.Local() {
+		return nil, fmt.Errorf("%v is not coordinate-wise: want median, trimmed:β or mean", r)
+	}
+	return r, (staleness.BufferConfig{K: 1, ServerLR: 1, Rule: r}).Validate()
 }
 
 // DefaultAsyncConfig returns FedAsync with the documented defaults.
@@ -101,7 +127,7 @@ func DefaultAsyncConfig() AsyncConfig {
 		Mode: ModeFedAsync, Model: "default", LocalSteps: 10, Alpha: 0.5, Policy: "poly:0.5",
 		BufferK: 4, ServerLR: 1, Codec: "fp32", FetchTimeout: 10 * time.Second, Fetchers: 4,
 		Inbox: 64, MaxAhead: 1024, PeerTTL: 10 * time.Second, SnapshotEvery: 250 * time.Millisecond,
-		ClipFactor: 1,
+		ClipFactor: 1, BufferRule: "median",
 	}
 }
 
@@ -129,6 +155,9 @@ func (c AsyncConfig) Validate() error {
 		return bad("fetchers, inbox and max-ahead must be ≥ 1, max steps ≥ 0")
 	case !(c.ClipFactor >= 0) || math.IsInf(c.ClipFactor, 0):
 		return bad("clip factor %v must be ≥ 0 (0: off)", c.ClipFactor)
+	}
+	if _, err := c.bufferRule(); err != nil {
+		return bad("buffer rule: %v", err)
 	}
 	if _, err := staleness.Parse(c.Policy); err != nil {
 		return fmt.Errorf("%w: async: %w", ErrStrategy, err)
@@ -250,6 +279,7 @@ type contribution struct {
 	kind               gossip.PayloadKind
 	vec                []float32
 	pooled             bool // vec came from asyncPeer.vecs
+	n                  int  // FedBuff, held back: deltas averaged in vec (0: 1)
 }
 
 // asyncPeer is one peer's state. The run goroutine owns everything but the
@@ -271,6 +301,10 @@ type asyncPeer struct {
 	roundFrom map[peer.ID]bool
 	buffer    *staleness.Buffer // FedBuff
 	server    []float32         // FedBuff: the peer's model; training runs on w.Model.Params
+	// bufFrom counts each other peer's deltas in the buffer, with a
+	// robust BufferRule (nil otherwise).
+	bufFrom map[peer.ID]int
+	held    map[peer.ID]*contribution // a delta per peer whose share was full
 
 	local   atomic.Uint64 // vc.Local() for the receiver goroutine
 	peersMu sync.Mutex    // guards vc's peer table (Observe, Lag): both goroutines use it
@@ -303,7 +337,11 @@ func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts a
 		p.mixer, err = staleness.NewMixer(staleness.MixerConfig{Alpha: cfg.Alpha, Policy: pol}, p.vc)
 	} else {
 		p.server = append([]float32(nil), w.Model.Params...)
-		p.buffer, err = staleness.NewBuffer(len(p.server), staleness.BufferConfig{K: cfg.BufferK, ServerLR: cfg.ServerLR, Policy: pol}, p.vc)
+		rule, _ := cfg.bufferRule()
+		if rule != nil {
+			p.bufFrom, p.held = map[peer.ID]int{}, map[peer.ID]*contribution{}
+		}
+		p.buffer, err = staleness.NewBuffer(len(p.server), staleness.BufferConfig{K: cfg.BufferK, ServerLR: cfg.ServerLR, Policy: pol, Rule: rule}, p.vc)
 	}
 	if err != nil {
 		return nil, err
@@ -383,23 +421,53 @@ func (p *asyncPeer) screen(a *gossip.Announcement) (DropReason, bool) {
 	return 0, true
 }
 
+// mergeHeld merges the deltas held back while their peers' shares of the
+// buffer were full, into the new buffer.
+func (p *asyncPeer) mergeHeld() {
+	for from, c := range p.held {
+		delete(p.held, from)
+		p.merge(c)
+	}
+}
+
+// bufferShare is how many deltas another peer may have in a FedBuff
+// buffer with a robust rule: ⌈K/S⌉ for S live peers, this one included,
+// but always fewer than half of K (one at least), so that one peer is a
+// minority of the buffer even when it is the only other one heard yet (a
+// flooding liar is heard first).
+func (p *asyncPeer) bufferShare() int {
+	p.peersMu.Lock()
+	s := 1 + p.vc.Live(time.Now())
+	p.peersMu.Unlock()
+	k := p.cfg.BufferK
+	return max(1, min((k+s-1)/s, (k-1)/2))
+}
+
 // merge folds one contribution into the model, or drops it, and recycles
 // its vector. Run goroutine.
 func (p *asyncPeer) merge(c *contribution) {
-	p.mergeVec(c)
+	if p.mergeVec(c) {
+		return // held for the next FedBuff buffer
+	}
+	p.recycle(c)
+}
+
+func (p *asyncPeer) recycle(c *contribution) {
 	if c.pooled {
 		p.vecs.Put(&c.vec)
 	}
 }
 
-func (p *asyncPeer) mergeVec(c *contribution) {
+// mergeVec merges or drops c, or holds it for the next FedBuff buffer
+// (held: the caller must not recycle it).
+func (p *asyncPeer) mergeVec(c *contribution) (held bool) {
 	if len(c.vec) != len(p.w.Model.Params) {
 		p.drop(DropShape, c.from, 0)
-		return
+		return false
 	}
 	if c.kind != p.kind() {
 		p.drop(DropKind, c.from, 0)
-		return
+		return false
 	}
 	// Lamport merge: a contribution computed from a version we have not
 	// reached yet is fresh (τ = 0) and moves our clock forward; one beyond
@@ -407,7 +475,7 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 	if local := uint64(p.vc.Local()); c.base > local {
 		if c.base-local > p.cfg.MaxAhead {
 			p.drop(DropFuture, c.from, 0)
-			return
+			return false
 		}
 		p.vc.Set(staleness.Version(c.base))
 	}
@@ -420,18 +488,39 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 		if p.clip != nil && c.from != p.self {
 			if p.roundFrom[c.from] {
 				p.drop(DropRepeat, c.from, 0)
-				return
+				return false
 			}
 			p.clip.Clip(c.vec, p.w.Model.Params, string(c.from))
 		}
 		d, err = p.mixer.Mix(p.w.Model.Params, c.vec, staleness.Version(c.base))
 		w = p.cfg.Alpha * d.Weight
 	} else {
+		if p.bufFrom != nil && c.from != p.self && p.bufFrom[c.from] >= p.bufferShare() {
+			// Its share of this buffer is full: hold the delta for the
+			// next one, averaged with those already held from the peer
+			// (a flooding peer still gets its share, not more).
+			h := p.held[c.from]
+			if h == nil {
+				p.held[c.from] = c
+				return true
+			}
+			h.n = max(h.n, 1) + 1
+			f := 1 / float32(h.n)
+			for i, v := range c.vec {
+				h.vec[i] += f * (v - h.vec[i])
+			}
+			h.base = min(h.base, c.base) // the older base: τ is not understated
+			return false
+		}
 		var flushed bool
 		d, flushed, err = p.buffer.Add(p.server, c.vec, staleness.Version(c.base))
 		w = d.Weight
 		if flushed {
 			p.flushes++
+			clear(p.bufFrom)
+			defer p.mergeHeld() // after c's own accounting
+		} else if err == nil && d.Action == staleness.Accept && p.bufFrom != nil && c.from != p.self {
+			p.bufFrom[c.from]++
 		}
 	}
 	p.local.Store(uint64(p.vc.Local()))
@@ -454,6 +543,7 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 		}
 		p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "merge", Staleness: int(d.Tau), Weight: w})
 	}
+	return false
 }
 
 // RunAsync trains w asynchronously with the peers reachable through net,

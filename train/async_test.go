@@ -434,36 +434,60 @@ func TestAsyncAdversary(t *testing.T) {
 	}
 }
 
-// TestAsyncByzantineModel trains FedAsync peers while a lying peer floods
-// them with a finite but absurd model (every parameter 50), claiming ever
-// newer bases so that it is taken as fresh: mixed in at most once per
-// round and clipped towards each receiver's model (ClipFactor), it cannot
-// drag the honest peers away, and they still learn.
-func TestAsyncByzantineModel(t *testing.T) {
-	_, te := mnist(t)
-	cfg := DefaultAsyncConfig()
-	cfg.LocalSteps = 5
-	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
+// absurdFlood returns an adversary for runAsyncPeers: a lying peer that
+// floods the bus every 2 ms with a finite but absurd vector of kind (every
+// value 50) for a model of dim values, claiming ever newer bases so that
+// it is taken as fresh.
+func absurdFlood(model string, dim int, kind gossip.PayloadKind) func(context.Context, *MemBus, chan<- struct{}) {
 	fp32, _ := compression.Parse("fp32")
 	bad := make([]float32, dim)
 	for i := range bad {
 		bad[i] = 50
 	}
 	b := fp32.Encode(nil, bad)
-	adversary := func(ctx context.Context, bus *MemBus, started chan<- struct{}) {
+	return func(ctx context.Context, bus *MemBus, started chan<- struct{}) {
 		close(started)
 		for seq := uint64(1); ctx.Err() == nil; seq++ {
-			bus.Inject(gossip.Announcement{Peer: "liar", Seq: seq, Model: cfg.Model, Kind: gossip.KindModel, Codec: fp32.ID(), Base: seq,
+			bus.Inject(gossip.Announcement{Peer: "liar", Seq: seq, Model: model, Kind: kind, Codec: fp32.ID(), Base: seq,
 				Elems: uint32(dim), Size: uint64(len(b)), Digest: gossip.Digest(b), Key: fmt.Sprint(seq)}, b)
 			sleepCtx(ctx, 2*time.Millisecond)
 		}
 	}
-	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, adversary)
+}
+
+// TestAsyncByzantineModel trains FedAsync peers while a lying peer floods
+// them with absurd models (absurdFlood): mixed in at most once per round
+// and clipped towards each receiver's model (ClipFactor), it cannot drag
+// the honest peers away, and they still learn.
+func TestAsyncByzantineModel(t *testing.T) {
+	_, te := mnist(t)
+	cfg := DefaultAsyncConfig()
+	cfg.LocalSteps = 5
+	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
+	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, gossip.KindModel))
 	for i, w := range ws {
 		_, acc := w.Evaluate(te.Head(2000))
 		t.Logf("peer %d: acc %.3f, merged %d, clipped %d, drops %v", i, acc, sums[i].Merged, sums[i].Clipped, sums[i].Drops)
 		if acc < 0.7 || sums[i].Clipped == 0 || sums[i].Drops["repeat"] == 0 {
 			t.Errorf("peer %d: accuracy %.3f with %d contributions clipped and %d repeats dropped", i, acc, sums[i].Clipped, sums[i].Drops["repeat"])
+		}
+	}
+}
+
+// TestFedBuffByzantine: as TestAsyncByzantineModel, for FedBuff with its
+// default rule (median) and a liar flooding absurd deltas. The honest
+// peers must still learn (with the mean they end at 0.09–0.12).
+func TestFedBuffByzantine(t *testing.T) {
+	_, te := mnist(t)
+	cfg := DefaultAsyncConfig()
+	cfg.Mode, cfg.Policy, cfg.BufferK, cfg.LocalSteps = ModeFedBuff, "sqrt", 3, 5
+	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
+	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, gossip.KindDelta))
+	for i, w := range ws {
+		_, acc := w.Evaluate(te.Head(2000))
+		t.Logf("peer %d: acc %.3f, merged %d, flushes %d, drops %v", i, acc, sums[i].Merged, sums[i].Flushes, sums[i].Drops)
+		if acc < 0.7 || sums[i].Flushes == 0 {
+			t.Errorf("peer %d: accuracy %.3f with %d flushes", i, acc, sums[i].Flushes)
 		}
 	}
 }

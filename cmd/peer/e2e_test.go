@@ -373,15 +373,17 @@ func TestRunBadInput(t *testing.T) {
 		"resume without":     {[]string{"run", "--resume"}, "--checkpoint"},
 		"other model":        {[]string{"run", "--resume", "--checkpoint", wrongCk, "--limit", "100", "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}, "checkpoint is for model"},
 		// Refused before the peer starts, not after it waited for others.
-		"fraction":        {[]string{"run", "--fraction", "1.5"}, "fraction C must be in (0, 1]"},
-		"negative rounds": {[]string{"run", "--rounds", "-1"}, "rounds must be positive"},
-		"sync steps":      {[]string{"run", "--mode", "sync", "--steps", "0"}, "steps must be positive"},
-		"sync eval":       {[]string{"run", "--mode", "sync", "--eval-every", "0"}, "--eval-every must be positive"},
-		"negative wait":   {[]string{"run", "--wait", "-1s"}, "must not be negative"},
-		"negative limit":  {[]string{"run", "--limit", "-5"}, "must not be negative"},
-		"checkpoint dir":  {[]string{"run", "--checkpoint", filepath.Join(dir, "no", "ck")}, "no folder"},
-		"negative clip":   {[]string{"run", "--mode", "gossip", "--clip-peers", "-1"}, "clip factor"},
-		"clip federated":  {[]string{"run", "--clip-peers", "2"}, "--clip-peers applies to --mode async|gossip"},
+		"fraction":         {[]string{"run", "--fraction", "1.5"}, "fraction C must be in (0, 1]"},
+		"negative rounds":  {[]string{"run", "--rounds", "-1"}, "rounds must be positive"},
+		"sync steps":       {[]string{"run", "--mode", "sync", "--steps", "0"}, "steps must be positive"},
+		"sync eval":        {[]string{"run", "--mode", "sync", "--eval-every", "0"}, "--eval-every must be positive"},
+		"negative wait":    {[]string{"run", "--wait", "-1s"}, "must not be negative"},
+		"negative limit":   {[]string{"run", "--limit", "-5"}, "must not be negative"},
+		"checkpoint dir":   {[]string{"run", "--checkpoint", filepath.Join(dir, "no", "ck")}, "no folder"},
+		"negative clip":    {[]string{"run", "--mode", "gossip", "--clip-peers", "-1"}, "clip factor"},
+		"clip federated":   {[]string{"run", "--clip-peers", "2"}, "--clip-peers applies to --mode async|gossip"},
+		"buffer rule":      {[]string{"run", "--mode", "async", "--async", "fedbuff", "--buffer-rule", "krum:f=1"}, "not coordinate-wise"},
+		"buffer rule sync": {[]string{"run", "--mode", "sync", "--buffer-rule", "median"}, "--buffer-rule applies to --mode async"},
 	}
 	for name, c := range cases {
 		var out, errb strings.Builder

@@ -94,6 +94,8 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	alpha := fs.Float64("alpha", def.Async.Alpha, "fedasync: mixing rate α")
 	bufK := fs.Int("buffer-k", def.Async.BufferK, "fedbuff: contributions per server step K")
 	serverLR := fs.Float64("server-lr", def.Async.ServerLR, "fedbuff: server learning rate η")
+	bufRule := fs.String("buffer-rule", def.Async.BufferRule, bufferRuleUsage)
+	clipPeers := fs.Float64("clip-peers", def.Async.ClipFactor, "fedasync, adpsgd: "+clipPeersUsage)
 	codec := fs.String("compress", def.Async.Codec, "fedasync/fedbuff: codec of published vectors (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
 	fs.StringVar(codec, "codec", def.Async.Codec, "the older name of --compress")
 	every := fs.Int("gossip-every", def.Gossip.Every, "adpsgd/sgp: local steps between exchanges")
@@ -126,6 +128,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	cfg.Async.RoundTime = *roundTime
 	cfg.Async.LocalSteps, cfg.Async.Alpha, cfg.Async.BufferK, cfg.Async.ServerLR, cfg.Async.Codec = *localSteps, *alpha, *bufK, *serverLR, *codec
 	cfg.Gossip.Every, cfg.Gossip.Period = *every, *period
+	cfg.Async.BufferRule, cfg.Async.ClipFactor, cfg.Gossip.ClipFactor = *bufRule, *clipPeers, *clipPeers
 
 	// Every run's configuration, checked before anything starts.
 	if len(policies) == 0 {

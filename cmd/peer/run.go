@@ -191,14 +191,15 @@ func asyncFlags(fs *flag.FlagSet) func() peerrun.AsyncOptions {
 	every := fs.Int("gossip-every", d.Gossip.Every, "gossip: local steps between two exchanges")
 	period := fs.Duration("gossip-period", 0, "gossip: least time between two exchanges this peer starts (0: none)")
 	duration := fs.Duration("duration", 0, "async, gossip: stop training after this long (0: only --steps)")
-	clipPeers := fs.Float64("clip-peers", d.Async.ClipFactor, "async (fedasync), gossip (adpsgd): move a peer's model towards this one's, before merging it, to within this many times the median distance of the other peers' (robust to a lying peer; 0: off)")
+	clipPeers := fs.Float64("clip-peers", d.Async.ClipFactor, "async (fedasync), gossip (adpsgd): "+clipPeersUsage)
+	bufRule := fs.String("buffer-rule", d.Async.BufferRule, "async: "+bufferRuleUsage)
 	return func() peerrun.AsyncOptions {
 		o := d
 		o.Async.Mode, o.Async.Policy, o.Async.Alpha, o.Async.BufferK = *strategy, *policy, *alpha, *bufferK
 		o.Async.ServerLR, o.Async.LocalSteps, o.Async.RoundTime = *serverLR, *publish, *roundTime
 		o.Gossip.Algorithm, o.Gossip.Every, o.Gossip.Period = *algo, *every, *period
 		o.Steps, o.EvalEvery, o.Duration = intFlag(fs, "steps"), intFlag(fs, "eval-every"), *duration
-		o.Async.ClipFactor, o.Gossip.ClipFactor = *clipPeers, *clipPeers
+		o.Async.ClipFactor, o.Gossip.ClipFactor, o.Async.BufferRule = *clipPeers, *clipPeers, *bufRule
 		switch *algo {
 		case "pairwise":
 			o.Gossip.Algorithm = train.GossipPairwise
@@ -237,5 +238,12 @@ var modeOnlyFlags = map[string][]string{
 	"async": {"async"}, "policy": {"async"}, "alpha": {"async"}, "buffer-k": {"async"},
 	"server-lr": {"async"}, "publish-every": {"async"}, "round-time": {"async"},
 	"gossip": {"gossip"}, "gossip-every": {"gossip"}, "gossip-period": {"gossip"},
-	"duration": {"async", "gossip"}, "clip-peers": {"async", "gossip"},
+	"duration": {"async", "gossip"}, "clip-peers": {"async", "gossip"}, "buffer-rule": {"async"},
 }
+
+// Usage of the flags against lying peers, shared by peer run and peer
+// experiment.
+const (
+	clipPeersUsage  = "move a peer's model towards this one's, before merging it, to within this many times the median distance of the other peers' (robust to a lying peer; 0: off)"
+	bufferRuleUsage = "fedbuff: how the K buffered deltas combine: median, trimmed:β (both cut each delta to the median length first, and take at most ⌈K/peers⌉ deltas of a peer per buffer; robust to a lying peer) or mean (FedBuff as published)"
+)
