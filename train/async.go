@@ -101,8 +101,9 @@ type AsyncConfig struct {
 	// most ⌈K/S⌉ deltas in a buffer (S the live peers and this one; fewer
 	// than K/2): its further deltas are averaged and wait for the next
 	// buffer, so that one flooding its deltas cannot fill the buffer and
-	// outvote the rule. The price, on an honest swarm, is slower progress:
-	// a slow peer's own deltas are then needed to fill its buffer.
+	// outvote the rule; a buffer in which every live peer has its share
+	// is applied at once (scaled by n/K as on Flush). The price, on an
+	// honest swarm, is a noisier model: see the README.
 	BufferRule string
 }
 
@@ -443,6 +444,22 @@ func (p *asyncPeer) bufferShare() int {
 	return max(1, min((k+s-1)/s, (k-1)/2))
 }
 
+// sharesFull reports whether every other live peer has its full share in
+// the FedBuff buffer.
+func (p *asyncPeer) sharesFull() bool {
+	share := p.bufferShare()
+	full := 0
+	for _, n := range p.bufFrom {
+		if n >= share {
+			full++
+		}
+	}
+	p.peersMu.Lock()
+	live := p.vc.Live(time.Now())
+	p.peersMu.Unlock()
+	return full >= max(live, 2)
+}
+
 // merge folds one contribution into the model, or drops it, and recycles
 // its vector. Run goroutine.
 func (p *asyncPeer) merge(c *contribution) {
@@ -521,6 +538,14 @@ func (p *asyncPeer) mergeVec(c *contribution) (held bool) {
 			defer p.mergeHeld() // after c's own accounting
 		} else if err == nil && d.Action == staleness.Accept && p.bufFrom != nil && c.from != p.self {
 			p.bufFrom[c.from]++
+			if p.sharesFull() {
+				// Every live peer has its share in: a slow peer does not
+				// hold its own buffer until its next delta.
+				p.buffer.Flush(p.server)
+				p.flushes++
+				clear(p.bufFrom)
+				defer p.mergeHeld()
+			}
 		}
 	}
 	p.local.Store(uint64(p.vc.Local()))
