@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,20 +29,36 @@ func startPeer(t *testing.T, insecure bool) *swarm.Peer {
 	return p
 }
 
+// refusingPort returns a loopback TCP port that refuses connections for
+// the rest of the test: a socket is bound to it but does not listen, so
+// that no other process can take the port meanwhile (closing a listener
+// would leave it free for anyone).
+func refusingPort(t *testing.T) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
+}
+
 // TestConnectReportsCause: the retries after a refused dial fail with
 // libp2p's "dial backoff"; connect reports the refusal itself.
 func TestConnectReportsCause(t *testing.T) {
 	a, b := startPeer(t, false), startPeer(t, false)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close() // nothing listens there now
+	port := refusingPort(t)
 	addr := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", port, b.ID())
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
-	err = connect(ctx, a, addr)
+	err := connect(ctx, a, addr)
 	if err == nil || !strings.Contains(err.Error(), "refused") || strings.Contains(err.Error(), "backoff") {
 		t.Fatalf("connect to a closed port: %v, want the refusal", err)
 	}
