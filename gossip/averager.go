@@ -21,8 +21,12 @@ type PushSumPeer struct {
 	stepMu sync.Mutex // serialises Step (owns share)
 	share  []float32
 
-	mu sync.Mutex // guards st
-	st PushSum
+	mu   sync.Mutex // guards st, clip and the rest
+	st   PushSum
+	clip *aggregate.DistanceClip
+	maxW float64
+	// z and e are scratch for clipping: a share's X/W and our own.
+	z, e []float32
 }
 
 var _ Handler = (*PushSumPeer)(nil)
@@ -31,10 +35,54 @@ var _ Handler = (*PushSumPeer)(nil)
 // owns it from now on) with weight 1.
 func NewPushSumPeer(x []float32) *PushSumPeer { return &PushSumPeer{st: PushSum{X: x, W: 1}} }
 
+// SetClip makes the peer bound what one share can do before absorbing it
+// (ClippedGossip for push-sum): a share whose weight exceeds maxWeight is
+// refused (the weights of all peers add up to the group's size, so an
+// honest share never carries more), and the share's value X/W is moved
+// towards the peer's own X/W with c, its weight kept. A lying or diverged
+// sender then pulls the estimate by at most c's radius per share. Mass is
+// no longer conserved when c clips. Call before the first share.
+func (p *PushSumPeer) SetClip(c *aggregate.DistanceClip, maxWeight float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.clip, p.maxW = c, maxWeight
+}
+
+// Clipped returns how many shares SetClip's clipper has moved.
+func (p *PushSumPeer) Clipped() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.clip == nil {
+		return 0
+	}
+	return p.clip.Clipped()
+}
+
 // HandleShare absorbs a share (Handler).
 func (p *PushSumPeer) HandleShare(s Share) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.clip == nil {
+		return p.st.Absorb(s.X, s.W)
+	}
+	if s.W > p.maxW {
+		return fmt.Errorf("%w: share weight %v > %v, the group's whole", ErrBadWeight, s.W, p.maxW)
+	}
+	if err := p.st.check(s.X, s.W); err != nil {
+		return err
+	}
+	inv := 1 / s.W
+	p.z = growF32(p.z, len(s.X))
+	for i, v := range s.X {
+		p.z[i] = float32(float64(v) * inv)
+	}
+	p.e = p.st.Estimate(p.e)
+	if p.clip.Clip(p.z, p.e, string(s.From)) != 1 {
+		for i, v := range p.z {
+			p.z[i] = float32(float64(v) * s.W)
+		}
+		return p.st.Absorb(p.z, s.W)
+	}
 	return p.st.Absorb(s.X, s.W)
 }
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/aggregate"
 )
 
 // Consensus target of issue 6: max distance of any peer's model to the mean
@@ -482,5 +484,61 @@ func BenchmarkPushSumShareAbsorb(b *testing.B) {
 				b.Fatalf("Σw = %v", s0.W+s1.W)
 			}
 		})
+	}
+}
+
+// TestPushSumPeerClip: with SetClip, a share heavier than the group's
+// whole weight is refused and leaves the state alone; a share whose X/W
+// lies far from the peer's is moved to within the radius (its weight
+// kept); a share within the radius is absorbed exactly.
+func TestPushSumPeerClip(t *testing.T) {
+	p := NewPushSumPeer([]float32{1, 1, 1, 1})
+	c := aggregate.NewDistanceClip()
+	c.Factor = 1
+	p.SetClip(c, 4)
+	// Two honest senders set the radius: their X/W are 1 and 2 away.
+	for i, off := range []float32{1, 2} {
+		x := []float32{(1 + off) * 0.5, 0.5, 0.5, 0.5}
+		if err := p.HandleShare(Share{From: peer.ID(fmt.Sprint("h", i)), X: x, W: 0.5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := p.Estimate(nil)
+	w := p.Weight()
+	if err := p.HandleShare(Share{From: "liar", X: []float32{1, 1, 1, 1}, W: 5}); !errors.Is(err, ErrBadWeight) {
+		t.Fatalf("share of weight 5 in a group of 4: %v, want ErrBadWeight", err)
+	}
+	if got := p.Estimate(nil); !slices.Equal(got, before) || p.Weight() != w {
+		t.Fatal("a refused share changed the state")
+	}
+	clipped := p.Clipped()
+	far := []float32{1000 * 0.5, 0.5, 0.5, 0.5}
+	if err := p.HandleShare(Share{From: "liar", X: far, W: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	after := p.Estimate(nil)
+	var d float64
+	for i := range after {
+		d += float64(after[i]-before[i]) * float64(after[i]-before[i])
+	}
+	// The radius is the lower median of the other senders' distances
+	// (at most 2): the estimate moves by at most w/(W+w) of it.
+	if math.Sqrt(d) > 2*0.5/(w+0.5)+1e-6 || p.Weight() != w+0.5 || p.Clipped() != clipped+1 {
+		t.Fatalf("far share moved the estimate by %v (weight %v, clipped %d)", math.Sqrt(d), p.Weight(), p.Clipped())
+	}
+	near := p.Estimate(nil)
+	x := make([]float32, len(near))
+	for i, v := range near {
+		x[i] = v * 0.25
+	}
+	want := append([]float32(nil), p.st.X...)
+	for i := range want {
+		want[i] += x[i]
+	}
+	if err := p.HandleShare(Share{From: "h0", X: x, W: 0.25}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(p.st.X, want) || p.Clipped() != clipped+1 {
+		t.Fatalf("near share: X %v, want %v exactly", p.st.X, want)
 	}
 }

@@ -85,6 +85,18 @@ func (s *PushSum) Share(dst []float32, k int) ([]float32, float64) {
 // Inf (ErrNonFinite), or a weight that is not finite and > 0
 // (ErrBadWeight).
 func (s *PushSum) Absorb(x []float32, w float64) error {
+	if err := s.check(x, w); err != nil {
+		return err
+	}
+	for i, v := range x {
+		s.X[i] += v
+	}
+	s.W += w
+	return nil
+}
+
+// check is Absorb's check of a share.
+func (s *PushSum) check(x []float32, w float64) error {
 	if len(x) != len(s.X) {
 		return fmt.Errorf("%w: share has %d values, state %d", ErrShape, len(x), len(s.X))
 	}
@@ -94,10 +106,6 @@ func (s *PushSum) Absorb(x []float32, w float64) error {
 	if i := firstNonFinite(x); i >= 0 {
 		return fmt.Errorf("%w: share element %d is %v", ErrNonFinite, i, x[i])
 	}
-	for i, v := range x {
-		s.X[i] += v
-	}
-	s.W += w
 	return nil
 }
 

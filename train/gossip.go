@@ -54,7 +54,10 @@ type GossipConfig struct {
 	// ClipFactor, in AD-PSGD, moves a partner's model towards this
 	// peer's before averaging, to at most ClipFactor times the median
 	// distance of the other partners (aggregate.DistanceClip): a lying or
-	// diverged partner cannot drag the model far. 0 turns it off. 1: a
+	// diverged partner cannot drag the model far. In SGP it moves each
+	// received share's X/W towards this peer's X/W the same way, and
+	// refuses a share heavier than the group's whole weight
+	// (gossip.PushSumPeer.SetClip). 0 turns it off. 1: a
 	// liar is exchanged with as often as anyone, always pulling the same
 	// way, and 3 let one passive peer in four halve the others' accuracy
 	// (TestGossipByzantinePassive).
@@ -90,7 +93,7 @@ type GossipSummary struct {
 	Exchanges int     `json:"exchanges"`        // started by this peer and completed
 	Failed    int     `json:"failed"`           // started by this peer and failed
 	Skipped   int     `json:"skipped"`          // no live partner at that step
-	Clipped   int     `json:"clipped"`          // AD-PSGD: partners' models moved closer (ClipFactor)
+	Clipped   int     `json:"clipped"`          // partners' models (AD-PSGD) or shares (SGP) moved closer (ClipFactor)
 	Weight    float64 `json:"weight,omitempty"` // SGP: final push-sum weight
 	// ServedS is how long an AD-PSGD passive peer stayed in the exchange
 	// after its last step, for active peers still training (seconds).
@@ -325,12 +328,18 @@ const minPushWeight = 1.0 / 64
 func (g *gossipRun) pushSum(ctx context.Context) error {
 	w := g.w
 	ps := gossip.NewPushSumPeer(slices.Clone(w.Model.Params))
+	n := len(g.peers)
+	if g.cfg.ClipFactor > 0 {
+		c := aggregate.NewDistanceClip()
+		c.Factor = g.cfg.ClipFactor
+		ps.SetClip(c, float64(n))
+	}
 	ex := g.net.Bind(ps, len(w.Model.Params))
 	defer func() {
 		ps.Estimate(w.Model.Params)
 		g.sum.Weight = ps.Weight()
+		g.sum.Clipped = ps.Clipped()
 	}()
-	n := len(g.peers)
 	g.snapshot(true, ps.Estimate)
 	var k uint64
 	var prev []float32

@@ -371,18 +371,38 @@ func (liarHandler) HandleSwap(_ peer.ID, _, mine []float32) error {
 // every honest peer still learns.
 func TestGossipByzantinePassive(t *testing.T) {
 	_, te := mnist(t)
-	const honest = 7
-	sh := shards(t, 7000, honest)
+	cfg := DefaultGossipConfig()
+	cfg.MaxSteps, cfg.SnapshotEvery = 150, 0
+	ws, sums := runGossipWithLiar(t, 7, cfg, func(context.Context, gossip.Exchanger, []peer.ID) {})
+	for i, w := range ws {
+		_, acc := w.Evaluate(te.Head(2000))
+		t.Logf("peer %d (%s): acc %.3f, %d exchanges, %d clipped", i, sums[i].Role, acc, sums[i].Exchanges, sums[i].Clipped)
+		if acc < 0.7 {
+			t.Errorf("peer %d: accuracy %.3f", i, acc)
+		}
+		if sums[i].Role == "active" && sums[i].Clipped == 0 {
+			t.Errorf("active peer %d clipped no answer of the liar", i)
+		}
+	}
+}
+
+// runGossipWithLiar runs RunGossip with cfg among honest peers p0… on a
+// MemNetwork, and a liar (the last id) that answers swaps as liarHandler
+// and runs act with its Exchanger while the others train.
+func runGossipWithLiar(t *testing.T, honest int, cfg GossipConfig, act func(ctx context.Context, liar gossip.Exchanger, ids []peer.ID)) ([]*Worker, []*GossipSummary) {
+	t.Helper()
+	sh := shards(t, 1000*honest, honest)
 	mem := gossip.NewMemNetwork()
 	ids := make([]peer.ID, honest+1)
 	for i := range ids {
 		ids[i] = peer.ID(fmt.Sprint("p", i))
 	}
-	mem.Join(ids[honest], liarHandler{})
-	cfg := DefaultGossipConfig()
-	cfg.MaxSteps, cfg.SnapshotEvery = 150, 0
+	liar := mem.Join(ids[honest], liarHandler{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	lctx, lcancel := context.WithCancel(ctx)
+	var lwg sync.WaitGroup
+	lwg.Go(func() { act(lctx, liar, ids[:honest]) })
 	ws := make([]*Worker, honest)
 	sums := make([]*GossipSummary, honest)
 	errs := make([]error, honest)
@@ -393,17 +413,46 @@ func TestGossipByzantinePassive(t *testing.T) {
 		wg.Go(func() { sums[i], errs[i] = RunGossip(ctx, ws[i], net, ids, cfg, nil) })
 	}
 	wg.Wait()
-	for i, w := range ws {
-		if errs[i] != nil {
-			t.Fatalf("peer %d: %v", i, errs[i])
+	lcancel()
+	lwg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
 		}
+	}
+	return ws, sums
+}
+
+// TestGossipByzantineSGP runs SGP among six honest peers and a lying one
+// (p6) that pushes a share of a finite but absurd model (every parameter
+// 50, with a plausible weight) to an honest peer every 2 ms, far more
+// often than anyone: clipped towards each receiver's own estimate
+// (GossipConfig.ClipFactor), its shares cannot drag the others away (with
+// ClipFactor 0 they end at 0.13).
+func TestGossipByzantineSGP(t *testing.T) {
+	_, te := mnist(t)
+	cfg := DefaultGossipConfig()
+	cfg.Algorithm = GossipPushSum
+	cfg.MaxSteps, cfg.SnapshotEvery = 150, 0
+	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
+	bad := make([]float32, dim)
+	for i := range bad {
+		bad[i] = 50 * 0.5 // X of a share of weight 0.5 whose X/W is 50
+	}
+	ws, sums := runGossipWithLiar(t, 6, cfg, func(ctx context.Context, liar gossip.Exchanger, honest []peer.ID) {
+		for k := 0; ctx.Err() == nil; k++ {
+			liar.Push(ctx, honest[k%len(honest)], gossip.Share{Step: uint64(k), X: bad, W: 0.5})
+			sleepCtx(ctx, 2*time.Millisecond)
+		}
+	})
+	for i, w := range ws {
 		_, acc := w.Evaluate(te.Head(2000))
-		t.Logf("peer %d (%s): acc %.3f, %d exchanges, %d clipped", i, sums[i].Role, acc, sums[i].Exchanges, sums[i].Clipped)
+		t.Logf("peer %d: acc %.3f, %d exchanges, %d clipped, weight %.3f", i, acc, sums[i].Exchanges, sums[i].Clipped, sums[i].Weight)
 		if acc < 0.7 {
 			t.Errorf("peer %d: accuracy %.3f", i, acc)
 		}
-		if sums[i].Role == "active" && sums[i].Clipped == 0 {
-			t.Errorf("active peer %d clipped no answer of the liar", i)
+		if sums[i].Clipped == 0 {
+			t.Errorf("peer %d clipped no share of the liar", i)
 		}
 	}
 }

@@ -191,7 +191,7 @@ func asyncFlags(fs *flag.FlagSet) func() peerrun.AsyncOptions {
 	every := fs.Int("gossip-every", d.Gossip.Every, "gossip: local steps between two exchanges")
 	period := fs.Duration("gossip-period", 0, "gossip: least time between two exchanges this peer starts (0: none)")
 	duration := fs.Duration("duration", 0, "async, gossip: stop training after this long (0: only --steps)")
-	clipPeers := fs.Float64("clip-peers", d.Async.ClipFactor, "async (fedasync), gossip (adpsgd): "+clipPeersUsage)
+	clipPeers := fs.Float64("clip-peers", d.Async.ClipFactor, "async (fedasync), gossip (adpsgd, sgp): "+clipPeersUsage)
 	bufRule := fs.String("buffer-rule", d.Async.BufferRule, "async: "+bufferRuleUsage)
 	return func() peerrun.AsyncOptions {
 		o := d
