@@ -15,6 +15,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/staleness"
 )
@@ -425,8 +426,12 @@ func (p *asyncPeer) screen(a *gossip.Announcement) (DropReason, bool) {
 // mergeHeld merges the deltas held back while their peers' shares of the
 // buffer were full, into the new buffer.
 func (p *asyncPeer) mergeHeld() {
-	for from, c := range p.held {
-		delete(p.held, from)
+	held := make([]*contribution, 0, len(p.held))
+	for _, c := range p.held {
+		held = append(held, c)
+	}
+	clear(p.held)
+	for _, c := range held {
 		p.merge(c)
 	}
 }
@@ -521,6 +526,10 @@ func (p *asyncPeer) mergeVec(c *contribution) (held bool) {
 				p.held[c.from] = c
 				return true
 			}
+			if !device.AllFinite(c.vec) {
+				p.drop(DropNonFinite, c.from, 0)
+				return false
+			}
 			h.n = max(h.n, 1) + 1
 			f := 1 / float32(h.n)
 			for i, v := range c.vec {
@@ -541,10 +550,11 @@ func (p *asyncPeer) mergeVec(c *contribution) (held bool) {
 			if p.sharesFull() {
 				// Every live peer has its share in: a slow peer does not
 				// hold its own buffer until its next delta.
-				p.buffer.Flush(p.server)
-				p.flushes++
-				clear(p.bufFrom)
-				defer p.mergeHeld()
+				if ok, ferr := p.buffer.Flush(p.server); ok && ferr == nil {
+					p.flushes++
+					clear(p.bufFrom)
+					defer p.mergeHeld()
+				}
 			}
 		}
 	}

@@ -653,3 +653,53 @@ func TestPullQueue(t *testing.T) {
 		t.Fatalf("FedBuff queue coalesced")
 	}
 }
+
+// TestFedBuffShares walks a robust FedBuff buffer (K = 3, three other
+// live peers: a share of one delta each) through a flooding peer: its
+// first delta is buffered, the next waits, a non-finite one is dropped,
+// a fourth is averaged into the waiting one; once the two others have
+// their deltas in, every share is full and the buffer is applied, and
+// the waiting delta opens the next buffer.
+func TestFedBuffShares(t *testing.T) {
+	_, te := mnist(t)
+	w := testWorker(t, te.Head(100), 1)
+	cfg := DefaultAsyncConfig()
+	cfg.Mode, cfg.BufferK = ModeFedBuff, 3
+	p, err := newAsyncPeer(w, "self", cfg, nil, asyncOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, id := range []string{"a", "b", "liar"} {
+		p.vc.Observe(id, 0, now)
+	}
+	if got := p.bufferShare(); got != 1 {
+		t.Fatalf("share %d, want 1", got)
+	}
+	dim := len(w.Model.Params)
+	delta := func(from peer.ID, v float32) *contribution {
+		x := make([]float32, dim)
+		for i := range x {
+			x[i] = v
+		}
+		return &contribution{from: from, kind: gossip.KindDelta, vec: x}
+	}
+	p.merge(delta("liar", 1))
+	p.merge(delta("liar", 2))
+	p.merge(delta("liar", float32(math.NaN())))
+	p.merge(delta("liar", 4))
+	if h := p.held["liar"]; h == nil || h.n != 2 || h.vec[0] != 3 {
+		t.Fatalf("held: %+v, want the mean 3 of two deltas", h)
+	}
+	if got := p.drops[DropNonFinite].Load(); got != 1 {
+		t.Fatalf("%d non-finite drops, want 1", got)
+	}
+	if p.buffer.Len() != 1 || p.flushes != 0 {
+		t.Fatalf("buffer holds %d, %d flushes", p.buffer.Len(), p.flushes)
+	}
+	p.merge(delta("a", 0.1))
+	p.merge(delta("b", 0.1))
+	if p.flushes != 1 || p.buffer.Len() != 1 || p.bufFrom["liar"] != 1 || len(p.held) != 0 {
+		t.Fatalf("after every share: %d flushes, buffer %d, liar's count %d, %d held", p.flushes, p.buffer.Len(), p.bufFrom["liar"], len(p.held))
+	}
+}
