@@ -185,9 +185,7 @@ func syncStrategy(ctx context.Context, p *Peer) (any, error) {
 	if p.Config.Delay > 0 {
 		tr = &delayTransport{Transport: tr, p: p}
 	}
-	acfg := aggregate.DefaultConfig()
-	acfg.StallTimeout = cmp.Or(p.Config.StallTimeout, 2*time.Second) // see Config.StallTimeout
-	r, err := aggregate.NewRunner(p2p.ID(p.ID), tr, acfg)
+	r, err := aggregate.NewRunner(p2p.ID(p.ID), tr, syncAggregateConfig(p.Config))
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +208,14 @@ func syncStrategy(ctx context.Context, p *Peer) (any, error) {
 	})
 	sum.Steps, sum.WallS = p.Worker.Steps, time.Since(start).Seconds()
 	return sum, err
+}
+
+// syncAggregateConfig is the sync strategy's all-reduce configuration.
+func syncAggregateConfig(c *Config) aggregate.Config {
+	acfg := aggregate.DefaultConfig()
+	acfg.StallTimeout = cmp.Or(c.StallTimeout, 2*time.Second)     // see Config.StallTimeout
+	acfg.Algorithm, _ = aggregate.ParseAlgorithm(c.SyncAlgorithm) // checked by Validate
+	return acfg
 }
 
 // syncNet is a fixed synchronous job over one aggregate.Runner.

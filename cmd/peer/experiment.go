@@ -95,6 +95,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	bufK := fs.Int("buffer-k", def.Async.BufferK, "fedbuff: contributions per server step K")
 	serverLR := fs.Float64("server-lr", def.Async.ServerLR, "fedbuff: server learning rate η")
 	bufRule := fs.String("buffer-rule", def.Async.BufferRule, bufferRuleUsage)
+	syncAlgo := fs.String("sync-algo", def.SyncAlgorithm, "sync: all-reduce algorithm (auto, tree, butterfly, ring); butterfly suits the simulated network, where every pair of peers has a link of its own")
 	clipPeers := fs.Float64("clip-peers", def.Async.ClipFactor, "fedasync, adpsgd, sgp: "+clipPeersUsage)
 	codec := fs.String("compress", def.Async.Codec, "fedasync/fedbuff: codec of published vectors (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
 	fs.StringVar(codec, "codec", def.Async.Codec, "the older name of --compress")
@@ -129,6 +130,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	cfg.Async.LocalSteps, cfg.Async.Alpha, cfg.Async.BufferK, cfg.Async.ServerLR, cfg.Async.Codec = *localSteps, *alpha, *bufK, *serverLR, *codec
 	cfg.Gossip.Every, cfg.Gossip.Period = *every, *period
 	cfg.Async.BufferRule, cfg.Async.ClipFactor, cfg.Gossip.ClipFactor = *bufRule, *clipPeers, *clipPeers
+	cfg.SyncAlgorithm = *syncAlgo
 
 	// Every run's configuration, checked before anything starts.
 	if len(policies) == 0 {
