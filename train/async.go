@@ -95,8 +95,9 @@ type AsyncConfig struct {
 	// 0 turns both off. 1.
 	ClipFactor float64
 	// BufferRule is how FedBuff combines the K buffered deltas
-	// (aggregate.ParseRule; a rule of one pass): "median" (the default),
-	// "trimmed:β", or "mean", FedBuff as published. With a rule other than
+	// (aggregate.ParseRule; a rule of one pass): "mean", FedBuff as
+	// published (the default, which a lying peer can poison), "median" or
+	// "trimmed:β", robust to one. With a rule other than
 	// the mean, each delta is first cut to the median length of the
 	// buffer's (staleness.BufferConfig.Rule), and another peer may have at
 	// most ⌈K/S⌉ deltas in a buffer (S the live peers and this one; fewer
@@ -104,7 +105,9 @@ type AsyncConfig struct {
 	// buffer, so that one flooding its deltas cannot fill the buffer and
 	// outvote the rule; a buffer in which every live peer has its share
 	// is applied at once (scaled by n/K as on Flush). The price, on an
-	// honest swarm, is a noisier model: see the README.
+	// honest swarm, is slower progress and a point of accuracy (see the
+	// README): the shares, not the rule, cost it, and FedBuff's K is
+	// too small for looser ones.
 	BufferRule string
 }
 
@@ -129,7 +132,7 @@ func DefaultAsyncConfig() AsyncConfig {
 		Mode: ModeFedAsync, Model: "default", LocalSteps: 10, Alpha: 0.5, Policy: "poly:0.5",
 		BufferK: 4, ServerLR: 1, Codec: "fp32", FetchTimeout: 10 * time.Second, Fetchers: 4,
 		Inbox: 64, MaxAhead: 1024, PeerTTL: 10 * time.Second, SnapshotEvery: 250 * time.Millisecond,
-		ClipFactor: 1, BufferRule: "median",
+		ClipFactor: 1, BufferRule: "mean",
 	}
 }
 

