@@ -23,11 +23,7 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := randVec(r, dim)
-	ref := make([]float64, dim)
-	for i := range x {
-		ref[i] = float64(x[i])
-	}
+	x, ref := randVecRef(r, dim)
 	var pend [][]float64
 	step := func() {
 		n := len(pend)

@@ -283,6 +283,17 @@ func TestVersionClock(t *testing.T) {
 	}
 }
 
+// randVecRef returns randVec(r, n) and a float64 copy of it, the naive
+// reference a test updates alongside.
+func randVecRef(r *rand.Rand, n int) ([]float32, []float64) {
+	x := randVec(r, n)
+	ref := make([]float64, n)
+	for i, v := range x {
+		ref[i] = float64(v)
+	}
+	return x, ref
+}
+
 func randVec(r *rand.Rand, n int) []float32 {
 	v := make([]float32, n)
 	for i := range v {
@@ -303,11 +314,7 @@ func TestMixerMatchesNaive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		x := randVec(r, dim)
-		ref := make([]float64, dim)
-		for i := range x {
-			ref[i] = float64(x[i])
-		}
+		x, ref := randVecRef(r, dim)
 		for range 300 {
 			local := vc.Local()
 			base := local - Version(r.IntN(int(min(local, 10))+1))
@@ -407,11 +414,7 @@ func TestBufferMatchesNaive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := randVec(r, dim)
-	ref := make([]float64, dim)
-	for i := range x {
-		ref[i] = float64(x[i])
-	}
+	x, ref := randVecRef(r, dim)
 	pend := make([]float64, dim)
 	n, steps := 0, 0
 	for range 200 {
