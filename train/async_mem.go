@@ -184,5 +184,21 @@ func (n *MemGossipNet) Self() peer.ID { return n.ID }
 // Alive implements GossipNet.
 func (n *MemGossipNet) Alive(p peer.ID) bool { return n.Dead == nil || !n.Dead(p) }
 
-// Bind implements GossipNet.
-func (n *MemGossipNet) Bind(h gossip.Handler, _ int) gossip.Exchanger { return n.Net.Join(n.ID, h) }
+// Bind implements GossipNet. With a Board, the peer counts from then on
+// at step 0 until it sets its steps, as P2PNet's peers do from their first
+// heartbeat: a passive peer done before an active one's first step waits
+// for it.
+func (n *MemGossipNet) Bind(h gossip.Handler, _ int) gossip.Exchanger {
+	ex := n.Net.Join(n.ID, h)
+	if n.Board != nil {
+		n.Board.mu.Lock()
+		if n.Board.steps == nil {
+			n.Board.steps = map[peer.ID]int{}
+		}
+		if _, ok := n.Board.steps[n.ID]; !ok {
+			n.Board.steps[n.ID] = 0
+		}
+		n.Board.mu.Unlock()
+	}
+	return ex
+}

@@ -284,13 +284,21 @@ func TestPassiveServesActivesToTheEnd(t *testing.T) {
 	defer cancel()
 	sums := make([]*GossipSummary, 2)
 	errs := make([]error, 2)
+	// Both peers join before either trains: an exchange with a peer that
+	// has not joined yet fails, and a passive done before the active has
+	// joined has no one to wait for; the test is about the end.
+	var joined sync.WaitGroup
+	joined.Add(len(ids))
 	var wg sync.WaitGroup
 	for i := range ids {
 		w := testWorker(t, sh[i], uint64(i+1))
 		if i == 0 {
 			w.cfg.Slowdown = 10
 		}
-		net := &MemGossipNet{Net: mem, ID: ids[i], Board: board}
+		net := &bindHook{MemGossipNet: &MemGossipNet{Net: mem, ID: ids[i], Board: board}, bound: func() {
+			joined.Done()
+			joined.Wait()
+		}}
 		wg.Go(func() {
 			sums[i], errs[i] = RunGossip(ctx, w, net, ids, cfg, nil)
 			mem.Leave(ids[i])
@@ -316,6 +324,19 @@ func TestPassiveServesActivesToTheEnd(t *testing.T) {
 	if p.ServedS <= 0 {
 		t.Errorf("passive did not wait for the active (served %.2fs)", p.ServedS)
 	}
+}
+
+// bindHook is a MemGossipNet that calls bound once its handler has
+// joined, before Bind returns.
+type bindHook struct {
+	*MemGossipNet
+	bound func()
+}
+
+func (n *bindHook) Bind(h gossip.Handler, d int) gossip.Exchanger {
+	ex := n.MemGossipNet.Bind(h, d)
+	n.bound()
+	return ex
 }
 
 // creepingNet is a sinkNet whose other peers report another step count
