@@ -77,13 +77,15 @@ func (p *PushSumPeer) HandleShare(s Share) error {
 		p.z[i] = float32(float64(v) * inv)
 	}
 	p.e = p.st.Estimate(p.e)
+	x := s.X
 	if p.clip.Clip(p.z, p.e, string(s.From)) != 1 {
 		for i, v := range p.z {
 			p.z[i] = float32(float64(v) * s.W)
 		}
-		return p.st.Absorb(p.z, s.W)
+		x = p.z
 	}
-	return p.st.Absorb(s.X, s.W)
+	p.st.add(x, s.W)
+	return nil
 }
 
 // HandleSwap refuses: push-sum peers do not swap (Handler).

@@ -88,11 +88,16 @@ func (s *PushSum) Absorb(x []float32, w float64) error {
 	if err := s.check(x, w); err != nil {
 		return err
 	}
+	s.add(x, w)
+	return nil
+}
+
+// add adds a share that passed check.
+func (s *PushSum) add(x []float32, w float64) {
 	for i, v := range x {
 		s.X[i] += v
 	}
 	s.W += w
-	return nil
 }
 
 // check is Absorb's check of a share.

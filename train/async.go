@@ -333,8 +333,7 @@ func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts a
 		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peer.ID]*seqWindow)}
 	p.vc.SetStall(3 * cfg.PeerTTL)
 	if cfg.Mode == ModeFedAsync && cfg.ClipFactor > 0 {
-		p.clip = aggregate.NewDistanceClip()
-		p.clip.Factor = cfg.ClipFactor
+		p.clip = distanceClip(cfg.ClipFactor)
 		p.roundFrom = map[peer.ID]bool{}
 	}
 	var err error
@@ -439,32 +438,32 @@ func (p *asyncPeer) mergeHeld() {
 	}
 }
 
-// bufferShare is how many deltas another peer may have in a FedBuff
-// buffer with a robust rule: ⌈K/S⌉ for S live peers, this one included,
-// but always fewer than half of K (one at least), so that one peer is a
-// minority of the buffer even when it is the only other one heard yet (a
-// flooding liar is heard first).
-func (p *asyncPeer) bufferShare() int {
+// liveOthers returns how many other peers are live.
+func (p *asyncPeer) liveOthers() int {
 	p.peersMu.Lock()
-	s := 1 + p.vc.Live(time.Now())
-	p.peersMu.Unlock()
-	k := p.cfg.BufferK
+	defer p.peersMu.Unlock()
+	return p.vc.Live(time.Now())
+}
+
+// bufferShare is how many deltas another peer may have in a FedBuff
+// buffer with a robust rule, with live other peers: ⌈K/S⌉ for S = live+1
+// peers, this one included, but always fewer than half of K (one at
+// least), so that one peer is a minority of the buffer even when it is
+// the only other one heard yet (a flooding liar is heard first).
+func (p *asyncPeer) bufferShare(live int) int {
+	s, k := live+1, p.cfg.BufferK
 	return max(1, min((k+s-1)/s, (k-1)/2))
 }
 
-// sharesFull reports whether every other live peer has its full share in
-// the FedBuff buffer.
-func (p *asyncPeer) sharesFull() bool {
-	share := p.bufferShare()
-	full := 0
+// sharesFull reports whether every one of the live other peers has its
+// full share in the FedBuff buffer.
+func (p *asyncPeer) sharesFull(live int) bool {
+	share, full := p.bufferShare(live), 0
 	for _, n := range p.bufFrom {
 		if n >= share {
 			full++
 		}
 	}
-	p.peersMu.Lock()
-	live := p.vc.Live(time.Now())
-	p.peersMu.Unlock()
 	return full >= max(live, 2)
 }
 
@@ -520,7 +519,11 @@ func (p *asyncPeer) mergeVec(c *contribution) (held bool) {
 		d, err = p.mixer.Mix(p.w.Model.Params, c.vec, staleness.Version(c.base))
 		w = p.cfg.Alpha * d.Weight
 	} else {
-		if p.bufFrom != nil && c.from != p.self && p.bufFrom[c.from] >= p.bufferShare() {
+		live := 0
+		if p.bufFrom != nil && c.from != p.self {
+			live = p.liveOthers()
+		}
+		if p.bufFrom != nil && c.from != p.self && p.bufFrom[c.from] >= p.bufferShare(live) {
 			// Its share of this buffer is full: hold the delta for the
 			// next one, averaged with those already held from the peer
 			// (a flooding peer still gets its share, not more).
@@ -544,21 +547,18 @@ func (p *asyncPeer) mergeVec(c *contribution) (held bool) {
 		var flushed bool
 		d, flushed, err = p.buffer.Add(p.server, c.vec, staleness.Version(c.base))
 		w = d.Weight
+		if !flushed && err == nil && d.Action == staleness.Accept && p.bufFrom != nil && c.from != p.self {
+			p.bufFrom[c.from]++
+			if p.sharesFull(live) {
+				// Every live peer has its share in: a slow peer does not
+				// hold its own buffer until its next delta.
+				flushed, _ = p.buffer.Flush(p.server) // the model's length is the buffer's
+			}
+		}
 		if flushed {
 			p.flushes++
 			clear(p.bufFrom)
 			defer p.mergeHeld() // after c's own accounting
-		} else if err == nil && d.Action == staleness.Accept && p.bufFrom != nil && c.from != p.self {
-			p.bufFrom[c.from]++
-			if p.sharesFull() {
-				// Every live peer has its share in: a slow peer does not
-				// hold its own buffer until its next delta.
-				if ok, ferr := p.buffer.Flush(p.server); ok && ferr == nil {
-					p.flushes++
-					clear(p.bufFrom)
-					defer p.mergeHeld()
-				}
-			}
 		}
 	}
 	p.local.Store(uint64(p.vc.Local()))

@@ -159,12 +159,19 @@ func (n *MemGossipNet) SetSteps(steps int) {
 	if n.Board == nil {
 		return
 	}
-	n.Board.mu.Lock()
-	defer n.Board.mu.Unlock()
-	if n.Board.steps == nil {
-		n.Board.steps = map[peer.ID]int{}
+	n.Board.set(n.ID, steps, false)
+}
+
+// set records p's steps; with first, only if p has none yet.
+func (b *StepBoard) set(p peer.ID, steps int, first bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.steps == nil {
+		b.steps = map[peer.ID]int{}
 	}
-	n.Board.steps[n.ID] = steps
+	if _, ok := b.steps[p]; !first || !ok {
+		b.steps[p] = steps
+	}
 }
 
 // Steps implements GossipProgress: what p last set, if p is alive.
@@ -191,14 +198,7 @@ func (n *MemGossipNet) Alive(p peer.ID) bool { return n.Dead == nil || !n.Dead(p
 func (n *MemGossipNet) Bind(h gossip.Handler, _ int) gossip.Exchanger {
 	ex := n.Net.Join(n.ID, h)
 	if n.Board != nil {
-		n.Board.mu.Lock()
-		if n.Board.steps == nil {
-			n.Board.steps = map[peer.ID]int{}
-		}
-		if _, ok := n.Board.steps[n.ID]; !ok {
-			n.Board.steps[n.ID] = 0
-		}
-		n.Board.mu.Unlock()
+		n.Board.set(n.ID, 0, true)
 	}
 	return ex
 }

@@ -669,7 +669,7 @@ func TestFedBuffShares(t *testing.T) {
 	for _, id := range []string{"a", "b", "liar"} {
 		p.vc.Observe(id, 0, now)
 	}
-	if got := p.bufferShare(); got != 1 {
+	if got := p.bufferShare(p.liveOthers()); got != 1 {
 		t.Fatalf("share %d, want 1", got)
 	}
 	dim := len(w.Model.Params)

@@ -207,11 +207,7 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 	role := gossip.RoleOf(g.me)
 	g.sum.Role = role.String()
 	pp := gossip.NewPairwisePeer(slices.Clone(w.Model.Params), role)
-	if g.cfg.ClipFactor > 0 {
-		c := aggregate.NewDistanceClip()
-		c.Factor = g.cfg.ClipFactor
-		pp.SetClip(c)
-	}
+	pp.SetClip(distanceClip(g.cfg.ClipFactor))
 	ex := g.net.Bind(pp, len(w.Model.Params))
 	defer func() {
 		pp.Model(w.Model.Params)
@@ -255,6 +251,17 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 	}
 	g.snapshot(true, pp.Model)
 	return ctx.Err()
+}
+
+// distanceClip returns a DistanceClip of factor f, or nil (no clipping)
+// for f = 0.
+func distanceClip(f float64) *aggregate.DistanceClip {
+	if f <= 0 {
+		return nil
+	}
+	c := aggregate.NewDistanceClip()
+	c.Factor = f
+	return c
 }
 
 // serveMin is the least time serveActives may wait in all; it may wait up
@@ -329,11 +336,7 @@ func (g *gossipRun) pushSum(ctx context.Context) error {
 	w := g.w
 	ps := gossip.NewPushSumPeer(slices.Clone(w.Model.Params))
 	n := len(g.peers)
-	if g.cfg.ClipFactor > 0 {
-		c := aggregate.NewDistanceClip()
-		c.Factor = g.cfg.ClipFactor
-		ps.SetClip(c, float64(n))
-	}
+	ps.SetClip(distanceClip(g.cfg.ClipFactor), float64(n))
 	ex := g.net.Bind(ps, len(w.Model.Params))
 	defer func() {
 		ps.Estimate(w.Model.Params)
