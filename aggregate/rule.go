@@ -94,8 +94,10 @@ type localRule interface {
 
 // scratch is reusable memory for local reductions.
 type scratch struct {
-	w32 []float32
-	col []float32
+	w32  []float32
+	col  []float32
+	blk  []float32   // sortBlock's rows
+	rows [][]float32 // views of blk
 }
 
 func (s *scratch) weights(n int) []float32 {
@@ -110,6 +112,49 @@ func (s *scratch) column(n int) []float32 {
 		s.col = make([]float32, n)
 	}
 	return s.col[:n]
+}
+
+// netMax is the most contributions whose columns sortBlock sorts; more
+// go through sortSmall one column at a time. A network makes n²/2
+// compare-exchanges a column: with AVX-512 (16 columns each) it beats
+// insertion sorting up to 32 values and beyond, without only up to 8.
+var netMax = 8
+
+func init() {
+	if device.MinMaxVectorized() {
+		netMax = 32
+	}
+}
+
+// colBlock is how many coordinates sortBlock sorts at once: n rows of it
+// stay in the L1 cache.
+const colBlock = 256
+
+// sortBlock copies coordinates [lo, lo+m) of every src into n rows of
+// scratch and sorts each column across the rows, which it returns. It
+// runs an odd–even transposition network (n rounds of compare-exchanges
+// of neighbouring rows) on whole rows at once, as min and max: no
+// branches, where sorting each column on its own mispredicts on about
+// every other comparison of real data (BenchmarkReduce/median, 5
+// contributions: 4× faster in Go, 28× with AVX-512). n ≤ netMax,
+// m ≤ colBlock.
+func (s *scratch) sortBlock(srcs [][]float32, lo, m int) [][]float32 {
+	n := len(srcs)
+	if cap(s.blk) < n*colBlock {
+		s.blk = make([]float32, n*colBlock)
+	}
+	s.rows = s.rows[:0]
+	for i, src := range srcs {
+		r := s.blk[i*colBlock : i*colBlock+m]
+		copy(r, src[lo:lo+m])
+		s.rows = append(s.rows, r)
+	}
+	for round := range n {
+		for i := round % 2; i+1 < n; i += 2 {
+			device.MinMax(s.rows[i], s.rows[i+1])
+		}
+	}
+	return s.rows
 }
 
 func checkInputs(d int, srcs [][]float32, w []float64) error {
@@ -244,6 +289,21 @@ func (r Median) Start(srcs [][]float32, w []float64) (Pass, error) { return star
 
 func (Median) reduceLocal(dst []float32, srcs [][]float32, _ []float64, s *scratch) error {
 	n := len(srcs)
+	if n <= netMax {
+		for lo := 0; lo < len(dst); lo += colBlock {
+			out := dst[lo:min(lo+colBlock, len(dst))]
+			rows := s.sortBlock(srcs, lo, len(out))
+			if n%2 == 1 {
+				copy(out, rows[n/2])
+				continue
+			}
+			a, b := rows[n/2-1], rows[n/2]
+			for k := range out {
+				out[k] = float32((float64(a[k]) + float64(b[k])) / 2) // medianSorted's
+			}
+		}
+		return nil
+	}
 	col := s.column(n)
 	for k := range dst {
 		for i, src := range srcs {
@@ -314,8 +374,22 @@ func (r Trimmed) reduceLocal(dst []float32, srcs [][]float32, _ []float64, s *sc
 	}
 	n := len(srcs)
 	k := trimCount(r.Beta, n)
-	col := s.column(n)
 	inv := 1 / float64(n-2*k)
+	if n <= netMax {
+		for lo := 0; lo < len(dst); lo += colBlock {
+			out := dst[lo:min(lo+colBlock, len(dst))]
+			rows := s.sortBlock(srcs, lo, len(out))[k : n-k]
+			for c := range out {
+				var acc float64
+				for _, row := range rows {
+					acc += float64(row[c])
+				}
+				out[c] = float32(acc * inv)
+			}
+		}
+		return nil
+	}
+	col := s.column(n)
 	for c := range dst {
 		for i, src := range srcs {
 			col[i] = src[c]

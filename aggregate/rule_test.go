@@ -263,6 +263,9 @@ func TestRulesMatchNaive(t *testing.T) {
 		t.Run(tc.rule.String(), func(t *testing.T) {
 			for trial := range 150 {
 				n := 1 + rng.IntN(12)
+				if trial%10 == 5 {
+					n = 13 + rng.IntN(30) // both sides of netMax
+				}
 				d := rng.IntN(70)
 				if trial%25 == 0 {
 					d = 1000 + rng.IntN(100)

@@ -52,3 +52,6 @@ func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, 
 
 //go:noescape
 func nonFiniteAVX512(x *float32, n int) bool
+
+//go:noescape
+func minMaxAVX512(a, b *float32, n int)

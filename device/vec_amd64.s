@@ -843,3 +843,71 @@ fin_done:
 	SETNE    ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func minMaxAVX512(a, b *float32, n int)
+// sets a[i], b[i] to the smaller and the larger of the two.
+TEXT ·minMaxAVX512(SB), NOSPLIT, $0-24
+	MOVQ a+0(FP), SI
+	MOVQ b+8(FP), DI
+	MOVQ n+16(FP), CX
+
+mm_64:
+	CMPQ    CX, $64
+	JL      mm_16
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	VMOVUPS 128(SI), Z2
+	VMOVUPS 192(SI), Z3
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	VMOVUPS 128(DI), Z6
+	VMOVUPS 192(DI), Z7
+	VMINPS  Z4, Z0, Z8
+	VMINPS  Z5, Z1, Z9
+	VMINPS  Z6, Z2, Z10
+	VMINPS  Z7, Z3, Z11
+	VMAXPS  Z4, Z0, Z4
+	VMAXPS  Z5, Z1, Z5
+	VMAXPS  Z6, Z2, Z6
+	VMAXPS  Z7, Z3, Z7
+	VMOVUPS Z8, (SI)
+	VMOVUPS Z9, 64(SI)
+	VMOVUPS Z10, 128(SI)
+	VMOVUPS Z11, 192(SI)
+	VMOVUPS Z4, (DI)
+	VMOVUPS Z5, 64(DI)
+	VMOVUPS Z6, 128(DI)
+	VMOVUPS Z7, 192(DI)
+	ADDQ    $256, SI
+	ADDQ    $256, DI
+	SUBQ    $64, CX
+	JMP     mm_64
+
+mm_16:
+	CMPQ    CX, $16
+	JL      mm_tail
+	VMOVUPS (SI), Z0
+	VMOVUPS (DI), Z1
+	VMINPS  Z1, Z0, Z2
+	VMAXPS  Z1, Z0, Z1
+	VMOVUPS Z2, (SI)
+	VMOVUPS Z1, (DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	JMP     mm_16
+
+mm_tail:
+	TESTQ     CX, CX
+	JE        mm_done
+	TAIL
+	VMOVUPS.Z (SI), K1, Z0
+	VMOVUPS.Z (DI), K1, Z1
+	VMINPS    Z1, Z0, Z2
+	VMAXPS    Z1, Z0, Z1
+	VMOVUPS   Z2, K1, (SI)
+	VMOVUPS   Z1, K1, (DI)
+
+mm_done:
+	VZEROUPPER
+	RET
