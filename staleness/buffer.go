@@ -22,11 +22,15 @@ type BufferConfig struct {
 	// Rule, if not nil, combines the buffered weighted deltas in place of
 	// their mean: a robust rule (aggregate.Median, aggregate.Trimmed) so
 	// that a lying contributor cannot move the model far. The buffer then
-	// keeps the K deltas rather than their sum, cuts each delta longer
-	// than the lower median of their norms to that length, and a step
-	// applies x ← x + η·(n/K)·Rule(clip(s(τ_i)·Δ_i)) for the n deltas
-	// buffered (n = K but on Flush). With fewer than half of the deltas
-	// from liars, neither their lengths nor their values lead.
+	// keeps one vote per contributor (AddFrom's voter; each of Add's
+	// deltas is a voter of its own): the mean v_p of its weighted deltas
+	// s(τ_i)·Δ_i. A step cuts each vote longer than the lower median of
+	// their norms to that length and applies x ← x + η·(min(n, K)/K)·
+	// Rule(clip(v_p)) for the n deltas buffered. A full buffer (n ≥ K)
+	// waits for votes from Quorum voters (SetQuorum) before it steps, so
+	// a contributor that floods deltas is still one vote among them, and
+	// with fewer than half of the votes from liars neither their lengths
+	// nor their values lead.
 	Rule aggregate.Rule
 }
 
@@ -67,12 +71,24 @@ type Buffer struct {
 	cfg   BufferConfig
 	clock *VersionClock
 	dim   int
-	sum   []float64   // without a Rule
-	kept  [][]float32 // with a Rule: the weighted deltas, kept[:n] in use
-	ones  []float64   // with a Rule: its weights (it ignores them)
-	out   []float32   // with a Rule: its result
+	sum   []float64 // without a Rule
 	n     int
 	stats Stats
+
+	// With a Rule:
+	votes  []*vote          // in order of arrival
+	byFrom map[string]*vote // AddFrom's voters
+	spare  []*vote          // recycled
+	quorum int
+	rows   [][]float32 // the votes' means, for the rule
+	ones   []float64   // its weights (it ignores them)
+	out    []float32   // its result
+}
+
+// vote is one contributor's weighted deltas in a Buffer with a Rule.
+type vote struct {
+	sum []float32
+	n   int
 }
 
 // NewBuffer returns a buffer for models of dim values that reads and ticks
@@ -90,8 +106,25 @@ func NewBuffer(dim int, cfg BufferConfig, clock *VersionClock) (*Buffer, error) 
 	b := &Buffer{cfg: cfg, clock: clock, dim: dim}
 	if cfg.Rule == nil {
 		b.sum = make([]float64, dim)
+	} else {
+		b.byFrom = make(map[string]*vote)
 	}
 	return b, nil
+}
+
+// SetQuorum sets how many voters' deltas a full buffer with a Rule waits
+// for before it steps (1 at first): callers with a changing set of
+// contributors set it before each AddFrom, to a majority of them. Without
+// a Rule it has no effect.
+func (b *Buffer) SetQuorum(q int) { b.quorum = q }
+
+// Voters returns how many voters have deltas in the buffer (with a Rule;
+// without one every delta counts as a voter).
+func (b *Buffer) Voters() int {
+	if b.cfg.Rule == nil {
+		return b.n
+	}
+	return len(b.votes)
 }
 
 // Config returns the buffer's configuration.
@@ -108,8 +141,19 @@ func (b *Buffer) Len() int { return b.n }
 // have the buffer's dim. Errors (ErrShape, ErrNonFinite, ErrFutureVersion)
 // mean the delta was dropped and counted; a rejection by the SSP bound is
 // not an error (Decision.Action == Reject). x changes only on a flush. Add
-// does not retain delta.
+// does not retain delta. With a Rule, the delta is a vote of its own.
 func (b *Buffer) Add(x, delta []float32, base Version) (d Decision, flushed bool, err error) {
+	return b.add(x, delta, base, "", false)
+}
+
+// AddFrom is Add for a delta from voter from: with a Rule, it joins the
+// voter's other deltas in the buffer as one vote, and a full buffer steps
+// only once Quorum voters are in (see BufferConfig.Rule).
+func (b *Buffer) AddFrom(x, delta []float32, base Version, from string) (d Decision, flushed bool, err error) {
+	return b.add(x, delta, base, from, true)
+}
+
+func (b *Buffer) add(x, delta []float32, base Version, from string, keyed bool) (d Decision, flushed bool, err error) {
 	if len(x) != b.dim {
 		return Decision{Action: Reject}, false, fmt.Errorf("%w: model has %d values, buffer %d", ErrShape, len(x), b.dim)
 	}
@@ -127,17 +171,20 @@ func (b *Buffer) Add(x, delta []float32, base Version) (d Decision, flushed bool
 			b.sum[i] += w * float64(v)
 		}
 	} else {
-		if b.n == len(b.kept) {
-			b.kept = append(b.kept, make([]float32, b.dim))
-			b.ones = append(b.ones, 1)
+		v := b.byFrom[from]
+		if v == nil || !keyed {
+			v = b.newVote()
+			if keyed {
+				b.byFrom[from] = v
+			}
 		}
-		k := b.kept[b.n]
-		for i, v := range delta {
-			k[i] = float32(w * float64(v))
+		for i, x := range delta {
+			v.sum[i] += float32(w * float64(x))
 		}
+		v.n++
 	}
 	b.n++
-	if b.n < b.cfg.K {
+	if b.n < b.cfg.K || b.cfg.Rule != nil && len(b.votes) < b.quorum {
 		return d, false, nil
 	}
 	b.flush(x)
@@ -158,6 +205,18 @@ func (b *Buffer) Flush(x []float32) (bool, error) {
 	return true, nil
 }
 
+// newVote returns a zeroed vote appended to b.votes.
+func (b *Buffer) newVote() *vote {
+	var v *vote
+	if n := len(b.spare); n > 0 {
+		v, b.spare = b.spare[n-1], b.spare[:n-1]
+	} else {
+		v = &vote{sum: make([]float32, b.dim)}
+	}
+	b.votes = append(b.votes, v)
+	return v
+}
+
 func (b *Buffer) flush(x []float32) {
 	scale := b.cfg.ServerLR / float64(b.cfg.K)
 	if b.cfg.Rule == nil {
@@ -169,29 +228,46 @@ func (b *Buffer) flush(x []float32) {
 		if b.out == nil {
 			b.out = make([]float32, b.dim)
 		}
+		b.rows, b.ones = b.rows[:0], b.ones[:0]
+		for _, v := range b.votes {
+			if v.n > 1 {
+				f := 1 / float32(v.n)
+				for i := range v.sum {
+					v.sum[i] *= f
+				}
+			}
+			b.rows, b.ones = append(b.rows, v.sum), append(b.ones, 1)
+		}
 		b.clipNorms()
 		// The deltas were checked finite, a weight is at most 1 and
 		// Validate tried the rule: it cannot fail but on a bug.
-		if err := aggregate.Reduce(b.cfg.Rule, b.out, b.kept[:b.n], b.ones[:b.n]); err != nil {
+		if err := aggregate.Reduce(b.cfg.Rule, b.out, b.rows, b.ones); err != nil {
 			panic("staleness: buffer rule failed on checked deltas: " + err.Error())
 		}
-		scale *= float64(b.n)
+		scale *= float64(min(b.n, b.cfg.K))
 		for i, v := range b.out {
 			x[i] = float32(float64(x[i]) + scale*float64(v))
 		}
+		for _, v := range b.votes {
+			clear(v.sum)
+			v.n = 0
+		}
+		b.spare = append(b.spare, b.votes...)
+		b.votes = b.votes[:0]
+		clear(b.byFrom)
 	}
 	b.n = 0
 	b.clock.Tick()
 }
 
-// clipNorms scales each buffered delta longer than the lower median of
-// their norms down to that length, before the rule runs: a coordinate-
-// wise rule alone bounds an absurd delta by the honest values of each
-// coordinate, but it still biases every coordinate the liar pushes the
-// same way, step after step; cut to an honest length and spread over the
-// whole model, the liar's values sit among the honest ones instead.
+// clipNorms scales each vote longer than the lower median of their norms
+// down to that length, before the rule runs: a coordinate-wise rule alone
+// bounds an absurd delta by the honest values of each coordinate, but it
+// still biases every coordinate the liar pushes the same way, step after
+// step; cut to an honest length and spread over the whole model, the
+// liar's values sit among the honest ones instead.
 func (b *Buffer) clipNorms() {
-	kept := b.kept[:b.n]
+	kept := b.rows
 	norms := make([]float64, len(kept))
 	for i, k := range kept {
 		var ss float64

@@ -2,6 +2,7 @@ package staleness
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -12,81 +13,129 @@ import (
 )
 
 // TestBufferRuleMatchesNaive checks the robust FedBuff step against the
-// formula x ← x + η·(n/K)·median(clip(s(τ_i)·Δ_i)), clip cutting a delta
-// to the lower median of the n norms, on full buffers and on a partial
+// formula x ← x + η·(min(n, K)/K)·median(clip(v_p)), v_p the mean of voter
+// p's weighted deltas s(τ_i)·Δ_i and clip cutting a vote to the lower
+// median of the votes' norms, a full buffer stepping once it holds votes
+// from the quorum: on anonymous deltas (Add: each its own voter), on
+// deltas from a few voters with a quorum (AddFrom), and on a partial
 // Flush.
 func TestBufferRuleMatchesNaive(t *testing.T) {
-	r := rand.New(rand.NewPCG(5, 6))
-	const dim, k, lr = 23, 5, 0.7
-	vc := NewVersionClock(20, 0)
-	b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: aggregate.Median{}}, vc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, ref := randVecRef(r, dim)
-	var pend [][]float64
-	step := func() {
-		n := len(pend)
-		norms := make([]float64, n)
-		for j, p := range pend {
-			for _, v := range p {
-				norms[j] += v * v
+	for _, tc := range []struct {
+		name   string
+		voters int // 0: Add
+		quorum int
+	}{{"anonymous", 0, 0}, {"voters", 5, 3}, {"voters/quorum-all", 4, 4}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(5, uint64(tc.voters)))
+			const dim, k, lr = 23, 5, 0.7
+			vc := NewVersionClock(20, 0)
+			b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: aggregate.Median{}}, vc)
+			if err != nil {
+				t.Fatal(err)
 			}
-			norms[j] = math.Sqrt(norms[j])
-		}
-		sorted := slices.Clone(norms)
-		slices.Sort(sorted)
-		r := sorted[(n-1)/2]
-		for j, p := range pend {
-			if norms[j] > r {
-				for i := range p {
-					p[i] *= r / norms[j]
+			b.SetQuorum(tc.quorum)
+			x, ref := randVecRef(r, dim)
+			var (
+				order []string
+				pend  = map[string][][]float64{}
+				n     int
+				steps int
+			)
+			step := func() {
+				var rows [][]float64
+				for _, from := range order {
+					m := make([]float64, dim)
+					for _, p := range pend[from] {
+						for i, v := range p {
+							m[i] += v
+						}
+					}
+					for i := range m {
+						m[i] = float64(float32(m[i]) / float32(len(pend[from])))
+					}
+					rows = append(rows, m)
+				}
+				nv := len(rows)
+				norms := make([]float64, nv)
+				for j, p := range rows {
+					for _, v := range p {
+						norms[j] += v * v
+					}
+					norms[j] = math.Sqrt(norms[j])
+				}
+				sorted := slices.Clone(norms)
+				slices.Sort(sorted)
+				cut := sorted[(nv-1)/2]
+				for j, p := range rows {
+					if norms[j] > cut {
+						for i := range p {
+							p[i] *= cut / norms[j]
+						}
+					}
+				}
+				for i := range ref {
+					col := make([]float64, nv)
+					for j := range rows {
+						col[j] = rows[j][i]
+					}
+					slices.Sort(col)
+					m := col[nv/2]
+					if nv%2 == 0 {
+						m = (col[nv/2-1] + col[nv/2]) / 2
+					}
+					ref[i] += lr * float64(min(n, k)) / k * m
+				}
+				order, n = order[:0], 0
+				clear(pend)
+				steps++
+			}
+			for j := range 103 {
+				base := vc.Local() - Version(r.IntN(4))
+				tau := uint64(vc.Local() - base)
+				d := randVec(r, dim)
+				var (
+					flushed bool
+					err     error
+					from    = fmt.Sprint("anon", j)
+				)
+				if tc.voters == 0 {
+					_, flushed, err = b.Add(x, d, base)
+				} else {
+					// Voter 0 floods: half of all deltas.
+					from = fmt.Sprint("v", max(0, r.IntN(2*tc.voters)-tc.voters))
+					_, flushed, err = b.AddFrom(x, d, base, from)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				w := 1 / math.Sqrt(1+float64(tau))
+				p := make([]float64, dim)
+				for i, v := range d {
+					p[i] = float64(float32(w * float64(v)))
+				}
+				if pend[from] == nil {
+					order = append(order, from)
+				}
+				pend[from] = append(pend[from], p)
+				n++
+				if want := n >= k && len(order) >= tc.quorum; flushed != want {
+					t.Fatalf("delta %d: flushed %v with %d deltas from %d voters", j, flushed, n, len(order))
+				}
+				if flushed {
+					step()
 				}
 			}
-		}
-		for i := range ref {
-			col := make([]float64, n)
-			for j := range pend {
-				col[j] = pend[j][i]
+			if ok, err := b.Flush(x); !ok || err != nil {
+				t.Fatalf("Flush: %v, %v", ok, err)
 			}
-			slices.Sort(col)
-			m := col[n/2]
-			if n%2 == 0 {
-				m = (col[n/2-1] + col[n/2]) / 2
-			}
-			ref[i] += lr * float64(n) / k * m
-		}
-		pend = pend[:0]
-	}
-	for range 103 { // 20 full buffers and 3 left over
-		base := vc.Local() - Version(r.IntN(4))
-		tau := uint64(vc.Local() - base)
-		d := randVec(r, dim)
-		_, flushed, err := b.Add(x, d, base)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := 1 / math.Sqrt(1+float64(tau))
-		p := make([]float64, dim)
-		for i, v := range d {
-			p[i] = float64(float32(w * float64(v)))
-		}
-		pend = append(pend, p)
-		if len(pend) == k {
 			step()
-			if !flushed {
-				t.Fatal("a full buffer did not flush")
+			t.Logf("%d steps", steps)
+			for i := range ref {
+				if math.Abs(float64(x[i])-ref[i]) > 1e-4 {
+					t.Fatalf("x[%d] = %v, naive %v", i, x[i], ref[i])
+				}
 			}
-		}
-	}
-	if ok, err := b.Flush(x); !ok || err != nil {
-		t.Fatalf("Flush: %v, %v", ok, err)
-	}
-	step()
-	for i := range ref {
-		if math.Abs(float64(x[i])-ref[i]) > 1e-4 {
-			t.Fatalf("x[%d] = %v, naive %v", i, x[i], ref[i])
-		}
+		})
 	}
 }
 
@@ -122,6 +171,51 @@ func TestBufferRuleBoundsLiar(t *testing.T) {
 	}
 	if m := run(nil); m < 1e5 {
 		t.Errorf("mean: largest value %v; the test's liar is too weak", m)
+	}
+}
+
+// TestBufferRuleFlood: a voter that floods absurd deltas is one vote. The
+// buffer, full of its deltas, waits for the quorum of 3 voters, and the
+// step it then takes is bounded by the two honest votes.
+func TestBufferRuleFlood(t *testing.T) {
+	const dim, k = 10, 4
+	b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: 1, Policy: Constant(), Rule: aggregate.Median{}}, NewVersionClock(20, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetQuorum(3)
+	x := make([]float32, dim)
+	liar := make([]float32, dim)
+	for i := range liar {
+		liar[i] = 1e6
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	add := func(from string, d []float32) bool {
+		_, flushed, err := b.AddFrom(x, d, 0, from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return flushed
+	}
+	for j := range 20 {
+		if add("liar", liar) {
+			t.Fatalf("flushed on the liar's delta %d alone", j)
+		}
+	}
+	if add("a", randVec(r, dim)) {
+		t.Fatal("flushed with 2 voters of a quorum of 3")
+	}
+	if b.Voters() != 2 || b.Len() != 21 {
+		t.Fatalf("%d voters, %d deltas", b.Voters(), b.Len())
+	}
+	if !add("b", randVec(r, dim)) {
+		t.Fatal("no step with the quorum in")
+	}
+	if m := slices.Max(x); m > 5 {
+		t.Errorf("the liar moved a value to %v", m)
+	}
+	if b.Len() != 0 || b.Voters() != 0 {
+		t.Errorf("after the step: %d deltas from %d voters", b.Len(), b.Voters())
 	}
 }
 
