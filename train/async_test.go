@@ -551,6 +551,54 @@ func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
 	t.Logf("%+v", *sumA)
 }
 
+// TestFedBuffQuorumAfterPeersLeave: four robust FedBuff peers, two of
+// which stop after 20 steps and leave. Until their versions expire
+// (PeerTTL) the survivors count them live and wait for a quorum of 3
+// votes that only 2 peers can give; then the quorum drops to 2 and their
+// buffers step again: they finish their steps, most of their server
+// steps after the others left.
+func TestFedBuffQuorumAfterPeersLeave(t *testing.T) {
+	sh := shards(t, 4000, 4)
+	bus := NewMemBus()
+	cfg := DefaultAsyncConfig()
+	cfg.Mode, cfg.LocalSteps, cfg.PeerTTL, cfg.SnapshotEvery = ModeFedBuff, 2, 100*time.Millisecond, time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	sums, errs := make([]*AsyncSummary, 4), make([]error, 4)
+	for i := range 4 {
+		id := peer.ID(fmt.Sprint("p", i))
+		w, net := testWorker(t, sh[i], uint64(i+1)), bus.Join(id, cfg.Model, 256)
+		wg.Go(func() {
+			c := cfg
+			c.MaxSteps = 1500
+			if i >= 2 {
+				c.MaxSteps = 20
+			}
+			sums[i], errs[i] = RunAsync(ctx, w, net, c, nil)
+			if i >= 2 {
+				bus.Leave(id)
+			}
+		})
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("hung: %v", ctx.Err())
+	}
+	for i := range 2 {
+		if errs[i] != nil || sums[i].Steps != 1500 {
+			t.Fatalf("peer %d: %v after %d steps", i, errs[i], sums[i].Steps)
+		}
+		// 750 rounds of 2 steps from two peers: 1,500 deltas, K = 8, or
+		// about 180 server steps. While the quorum was stuck at 3 they
+		// took 5 or 6 in 300 steps.
+		if sums[i].Flushes < 50 {
+			t.Errorf("peer %d: %d server steps; the quorum did not drop with the peers gone", i, sums[i].Flushes)
+		}
+		t.Logf("peer %d: %d merged, %d server steps, drops %v", i, sums[i].Merged, sums[i].Flushes, sums[i].Drops)
+	}
+}
+
 // TestAsyncLyingPeerDoesNotHoldGate runs a peer with an SSP bound while
 // another keeps announcing, every 20 ms, that it works from version 0.
 // Heard from all the time, it never expires; the gate must still open once
