@@ -107,7 +107,10 @@ type AsyncConfig struct {
 	// votes and the rule combines them (staleness.BufferConfig.Rule). A
 	// full buffer (K deltas) waits for the votes of a strict majority of
 	// the live peers, this one included (bufferQuorum), so that one
-	// flooding its deltas is still one vote among honest ones.
+	// flooding its deltas is still one vote among honest ones. A peer
+	// that left counts as live until PeerTTL passes: when half of the
+	// others leave at once, buffers wait that long for the quorum
+	// (TestFedBuffQuorumAfterPeersLeave).
 	BufferRule string
 }
 
