@@ -445,19 +445,26 @@ func TestPipelinedThroughput(t *testing.T) {
 // aggtest network (no latency, no bandwidth limit): the cost of the driver
 // itself, copies included. Not a network figure.
 func BenchmarkAllReduce(b *testing.B) {
-	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly} {
+	for _, c := range []struct {
+		algo aggregate.Algorithm
+		rule aggregate.Rule
+	}{{aggregate.Tree, aggregate.Mean{}}, {aggregate.Butterfly, aggregate.Mean{}}, {aggregate.Butterfly, aggregate.Median{}}} {
+		algo, rule, name := c.algo, c.rule, c.algo.String()
+		if _, ok := rule.(aggregate.Mean); !ok {
+			name += "/" + rule.String()
+		}
 		for _, n := range []int{4, 8} {
 			for _, size := range []int{4 << 10, 1 << 20, 16 << 20} {
 				if algo == aggregate.Tree && size > 1<<20 && n > 4 {
 					continue
 				}
-				b.Run(fmt.Sprintf("%v/n=%d/bytes=%d", algo, n, size), func(b *testing.B) {
+				b.Run(fmt.Sprintf("%s/n=%d/bytes=%d", name, n, size), func(b *testing.B) {
 					cfg := aggregate.DefaultConfig()
-					cfg.Algorithm = algo
+					cfg.Algorithm, cfg.Rule = algo, rule
 					s := newSwarm(b, n, aggtest.Config{}, cfg)
 					d := size / 4
 					srcs, w := randVecs(rand.New(rand.NewPCG(1, 1)), n, d)
-					want := expected(b, aggregate.Mean{}, s.group(b, 0), s.ids, srcs, w)
+					want := expected(b, rule, s.group(b, 0), s.ids, srcs, w)
 					b.SetBytes(int64(size))
 					b.ReportAllocs()
 					var outs []aggtest.Outcome
