@@ -346,6 +346,25 @@ func TestDemoSmall(t *testing.T) {
 	}
 }
 
+// TestDemoPeerFails: a peer that exits on bad flags ends the demo with an
+// error that names it and quotes its log, not with the cancellation of
+// the others ("context canceled", before).
+func TestDemoPeerFails(t *testing.T) {
+	bin := binary(t)
+	out := t.TempDir()
+	cmd := exec.Command(bin, "demo", "--peers", "2", "--rounds", "2", "--out", out,
+		"--peer-flag=--mode=async", "--timeout", "1m")
+	b, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("the demo succeeded with peers that cannot start:\n%s", b)
+	}
+	for _, want := range []string{"demo: peer ", " failed", "--rounds applies to --mode federated", ".log)"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("output lacks %q:\n%s", want, b)
+		}
+	}
+}
+
 func TestRunBadInput(t *testing.T) {
 	dir := t.TempDir()
 	badCfg := filepath.Join(dir, "bad.json")

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -119,6 +120,10 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, err
 	lines := make(chan line, 1024)
 	var wg sync.WaitGroup
 	errs := make([]error, o.Peers)
+	var (
+		failMu sync.Mutex
+		failed = -1 // the first peer that failed while the demo ran
+	)
 	logs := make([]*os.File, o.Peers)
 	start := time.Now()
 	for i := 0; i < o.Peers; i++ {
@@ -167,6 +172,11 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, err
 			if errs[i] != nil && ctx.Err() == nil {
 				// One peer failing ends the demo: the others would wait
 				// for it until their deadlines.
+				failMu.Lock()
+				if failed < 0 {
+					failed = i
+				}
+				failMu.Unlock()
 				cancel()
 			}
 		}(i)
@@ -210,18 +220,47 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, err
 	if err := writeOutputs(o.Out, res); err != nil {
 		return res, err
 	}
+	peerErr := func(i int) error {
+		log := filepath.Join(o.Out, fmt.Sprintf("peer%d.log", i))
+		return fmt.Errorf("demo: peer %d failed (%v): %s (log: %s)", i, errs[i], lastLine(log), log)
+	}
+	// The peer that failed first, not the others it stopped, nor the
+	// cancellation it caused.
+	if failed >= 0 {
+		return res, peerErr(failed)
+	}
 	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return res, ctx.Err()
 	}
 	for i, err := range errs {
 		if err != nil {
-			return res, fmt.Errorf("demo: peer %d failed (log: %s): %v", i, filepath.Join(o.Out, fmt.Sprintf("peer%d.log", i)), err)
+			return res, peerErr(i)
 		}
 	}
 	if len(res.Curve) < o.Rounds {
 		return res, fmt.Errorf("demo: finished %d of %d rounds", len(res.Curve), o.Rounds)
 	}
 	return res, nil
+}
+
+// lastLine returns the last non-empty line of the file at path (at most
+// its last 4 KiB), or a note that there is none.
+func lastLine(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "no log"
+	}
+	defer f.Close()
+	var buf [4096]byte
+	if fi, err := f.Stat(); err == nil && fi.Size() > int64(len(buf)) {
+		f.Seek(fi.Size()-int64(len(buf)), io.SeekStart)
+	}
+	n, _ := io.ReadFull(f, buf[:])
+	lines := strings.Split(strings.TrimSpace(string(buf[:n])), "\n")
+	if last := strings.TrimSpace(lines[len(lines)-1]); last != "" {
+		return last
+	}
+	return "its log is empty"
 }
 
 func writeOutputs(dir string, res *Result) error {
