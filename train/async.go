@@ -628,6 +628,11 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		net.SetStatus(uint64(p.vc.Local()), float32(float64(w.Samples)/max(p.since().Seconds(), 1e-9)))
 		snapshot(false)
 	}
+	if p.server != nil {
+		// FedBuff trains on a copy of the peer's model: the worker ends
+		// holding the model, not its last round's local one.
+		copy(w.Model.Params, p.server)
+	}
 	snapshot(true)
 	sum.Steps = w.Steps
 	sum.Merged, sum.Flushes = p.merged, p.flushes

@@ -599,6 +599,48 @@ func TestFedBuffQuorumAfterPeersLeave(t *testing.T) {
 	}
 }
 
+// lastSnap keeps the parameters of the last snapshot it was given.
+type lastSnap struct {
+	mu     sync.Mutex
+	params []float32
+}
+
+func (l *lastSnap) Snapshot(_ string, _ time.Duration, _ int, params []float32) {
+	l.mu.Lock()
+	l.params = append(l.params[:0], params...)
+	l.mu.Unlock()
+}
+
+func (*lastSnap) Event(Event) {}
+
+// TestFedBuffEndsWithItsModel: FedBuff trains each round on a copy of the
+// peer's model; when the run ends the worker must hold the model (the
+// last snapshot's), not the last round's local copy, which peer run
+// reported and checkpointed as the final model before.
+func TestFedBuffEndsWithItsModel(t *testing.T) {
+	sh := shards(t, 2000, 2)
+	bus := NewMemBus()
+	cfg := DefaultAsyncConfig()
+	cfg.Mode, cfg.LocalSteps, cfg.MaxSteps, cfg.BufferK = ModeFedBuff, 3, 40, 2
+	var wg sync.WaitGroup
+	ws := []*Worker{testWorker(t, sh[0], 1), testWorker(t, sh[1], 2)}
+	recs := []*lastSnap{{}, {}}
+	errs := make([]error, 2)
+	for i := range 2 {
+		net := bus.Join(peer.ID(fmt.Sprint("p", i)), cfg.Model, 64)
+		wg.Go(func() { _, errs[i] = RunAsync(t.Context(), ws[i], net, cfg, recs[i]) })
+	}
+	wg.Wait()
+	for i := range 2 {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if !slices.Equal(ws[i].Model.Params, recs[i].params) {
+			t.Errorf("peer %d: the worker's parameters are not the model of the last snapshot", i)
+		}
+	}
+}
+
 // TestAsyncLyingPeerDoesNotHoldGate runs a peer with an SSP bound while
 // another keeps announcing, every 20 ms, that it works from version 0.
 // Heard from all the time, it never expires; the gate must still open once
