@@ -476,8 +476,8 @@ func TestAsyncByzantineModel(t *testing.T) {
 }
 
 // TestFedBuffByzantine: as TestAsyncByzantineModel, for FedBuff with the
-// median rule (the default) and a liar flooding absurd deltas. The honest
-// peers must still learn; with the mean they end at 0.09–0.12.
+// median rule and a liar flooding absurd deltas. The honest peers must
+// still learn; with the mean (the default) they end at 0.09–0.12.
 func TestFedBuffByzantine(t *testing.T) {
 	_, te := mnist(t)
 	cfg := DefaultAsyncConfig()
@@ -562,6 +562,7 @@ func TestFedBuffQuorumAfterPeersLeave(t *testing.T) {
 	bus := NewMemBus()
 	cfg := DefaultAsyncConfig()
 	cfg.Mode, cfg.LocalSteps, cfg.PeerTTL, cfg.SnapshotEvery = ModeFedBuff, 2, 100*time.Millisecond, time.Hour
+	cfg.BufferRule, cfg.BufferK = "median", 8
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup

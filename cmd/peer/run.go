@@ -245,5 +245,5 @@ var modeOnlyFlags = map[string][]string{
 // experiment.
 const (
 	clipPeersUsage  = "move a peer's model towards this one's, before merging it, to within this many times the median distance of the other peers' (robust to a lying peer; 0: off)"
-	bufferRuleUsage = "fedbuff: how the buffered deltas combine: median (each peer's deltas one vote, cut to the votes' median length; a full buffer waits for the votes of a majority of the live peers: robust to a minority of lying peers) or trimmed:β likewise, or mean (FedBuff as published, a little faster; one lying peer poisons it)"
+	bufferRuleUsage = "fedbuff: how the buffered deltas combine: mean (FedBuff as published; one lying peer poisons it), median or trimmed:β (each peer's deltas one vote, cut to the votes' median length; a full buffer waits for the votes of a majority of the live peers: robust to a minority of lying peers, but peers' models can drift apart, see the README; use --buffer-k 8)"
 )
