@@ -32,6 +32,13 @@ type BufferConfig struct {
 	// with fewer than half of the votes from liars neither their lengths
 	// nor their values lead.
 	Rule aggregate.Rule
+	// Models, with a Rule, takes models rather than deltas: a vote is the
+	// weighted mean m_p of a voter's models, and a step uses s̄_p·(m_p − x)
+	// for it, s̄_p the mean of their staleness weights, instead of a mean
+	// delta. A peer whose model drifted from the others' then gets votes
+	// that pull it back towards them: deltas, each from its sender's own
+	// model, cannot (the peers of a swarm each keep a model of their own).
+	Models bool
 }
 
 // DefaultBufferConfig returns K = 10, η = 1 and the 1/√(1+τ) policy.
@@ -46,6 +53,9 @@ func (c BufferConfig) Validate() error {
 	}
 	if !(c.ServerLR > 0) || math.IsInf(c.ServerLR, 0) {
 		return fmt.Errorf("%w: buffer server learning rate %v not a finite number > 0", ErrBadConfig, c.ServerLR)
+	}
+	if c.Models && c.Rule == nil {
+		return fmt.Errorf("%w: a buffer of models needs a rule", ErrBadConfig)
 	}
 	if c.Rule != nil {
 		// A local rule on one finite value: what fails here is the rule's
@@ -89,6 +99,7 @@ type Buffer struct {
 type vote struct {
 	sum []float32
 	n   int
+	w   float64 // Models: the sum of the weights
 }
 
 // NewBuffer returns a buffer for models of dim values that reads and ticks
@@ -182,6 +193,7 @@ func (b *Buffer) add(x, delta []float32, base Version, from string, keyed bool) 
 			v.sum[i] += float32(w * float64(x))
 		}
 		v.n++
+		v.w += w
 	}
 	b.n++
 	if b.n < b.cfg.K || b.cfg.Rule != nil && len(b.votes) < b.quorum {
@@ -230,7 +242,16 @@ func (b *Buffer) flush(x []float32) {
 		}
 		b.rows, b.ones = b.rows[:0], b.ones[:0]
 		for _, v := range b.votes {
-			if v.n > 1 {
+			switch {
+			case b.cfg.Models && v.w > 0:
+				// s̄·(Σ wᵢmᵢ/Σ wᵢ − x), s̄ = Σ wᵢ/n.
+				f, s := 1/v.w, v.w/float64(v.n)
+				for i, m := range v.sum {
+					v.sum[i] = float32(s * (f*float64(m) - float64(x[i])))
+				}
+			case b.cfg.Models:
+				clear(v.sum) // every weight 0: no pull
+			case v.n > 1:
 				f := 1 / float32(v.n)
 				for i := range v.sum {
 					v.sum[i] *= f
@@ -250,7 +271,7 @@ func (b *Buffer) flush(x []float32) {
 		}
 		for _, v := range b.votes {
 			clear(v.sum)
-			v.n = 0
+			v.n, v.w = 0, 0
 		}
 		b.spare = append(b.spare, b.votes...)
 		b.votes = b.votes[:0]

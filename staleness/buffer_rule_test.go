@@ -24,12 +24,13 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 		name   string
 		voters int // 0: Add
 		quorum int
-	}{{"anonymous", 0, 0}, {"voters", 5, 3}, {"voters/quorum-all", 4, 4}} {
+		models bool
+	}{{"anonymous", 0, 0, false}, {"voters", 5, 3, false}, {"voters/quorum-all", 4, 4, false}, {"models", 5, 3, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, uint64(tc.voters)))
 			const dim, k, lr = 23, 5, 0.7
 			vc := NewVersionClock(20, 0)
-			b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: aggregate.Median{}}, vc)
+			b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: aggregate.Median{}, Models: tc.models}, vc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,6 +39,7 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 			var (
 				order []string
 				pend  = map[string][][]float64{}
+				wsum  = map[string]float64{}
 				n     int
 				steps int
 			)
@@ -51,7 +53,11 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 						}
 					}
 					for i := range m {
-						m[i] = float64(float32(m[i]) / float32(len(pend[from])))
+						if tc.models { // s̄·(Σ wᵢmᵢ/Σ wᵢ − x), s̄ = Σ wᵢ/n
+							m[i] = wsum[from] / float64(len(pend[from])) * (float64(float32(m[i]))/wsum[from] - ref[i])
+						} else {
+							m[i] = float64(float32(m[i]) / float32(len(pend[from])))
+						}
 					}
 					rows = append(rows, m)
 				}
@@ -87,6 +93,7 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 				}
 				order, n = order[:0], 0
 				clear(pend)
+				clear(wsum)
 				steps++
 			}
 			for j := range 103 {
@@ -117,6 +124,7 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 					order = append(order, from)
 				}
 				pend[from] = append(pend[from], p)
+				wsum[from] += w
 				n++
 				if want := n >= k && len(order) >= tc.quorum; flushed != want {
 					t.Fatalf("delta %d: flushed %v with %d deltas from %d voters", j, flushed, n, len(order))
@@ -229,6 +237,10 @@ func TestBufferRuleValidate(t *testing.T) {
 	c := BufferConfig{K: 4, ServerLR: 1, Policy: Constant(), Rule: aggregate.Trimmed{Beta: 0.25}}
 	if err := c.Validate(); err != nil {
 		t.Errorf("trimmed 0.25: %v", err)
+	}
+	c = BufferConfig{K: 4, ServerLR: 1, Policy: Constant(), Models: true}
+	if err := c.Validate(); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("models without a rule: %v, want ErrBadConfig", err)
 	}
 }
 

@@ -485,7 +485,11 @@ func TestFedBuffByzantine(t *testing.T) {
 	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
 	for _, rule := range []string{"median", "mean"} {
 		cfg.BufferRule = rule
-		ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, gossip.KindDelta))
+		kind := gossip.KindModel // the robust rules' votes are models
+		if rule == "mean" {
+			kind = gossip.KindDelta
+		}
+		ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, kind))
 		worst := 1.0
 		for i, w := range ws {
 			_, acc := w.Evaluate(te.Head(2000))
@@ -749,7 +753,7 @@ func TestPullQueue(t *testing.T) {
 }
 
 // TestFedBuffVotes walks a robust FedBuff buffer (K = 3, three other live
-// peers: a quorum of 3 votes) through a flooding peer: its deltas fill the
+// peers: a quorum of 3 votes) through a flooding peer: its models fill the
 // buffer but are one vote (a non-finite one is dropped); the buffer waits
 // for the votes of the two others and then steps by no more than theirs.
 func TestFedBuffVotes(t *testing.T) {
@@ -768,15 +772,14 @@ func TestFedBuffVotes(t *testing.T) {
 	if got := bufferQuorum(p.liveOthers()); got != 3 {
 		t.Fatalf("quorum %d, want 3", got)
 	}
-	dim := len(w.Model.Params)
-	delta := func(from peer.ID, v float32) *contribution {
-		x := make([]float32, dim)
-		for i := range x {
-			x[i] = v
-		}
-		return &contribution{from: from, kind: gossip.KindDelta, vec: x}
-	}
 	before := slices.Clone(p.server)
+	delta := func(from peer.ID, v float32) *contribution { // the model before + v
+		x := slices.Clone(before)
+		for i := range x {
+			x[i] += v
+		}
+		return &contribution{from: from, kind: gossip.KindModel, vec: x}
+	}
 	for _, v := range []float32{100, 200, float32(math.NaN()), 400} {
 		p.merge(delta("liar", v))
 	}

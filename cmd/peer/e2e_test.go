@@ -402,6 +402,7 @@ func TestRunBadInput(t *testing.T) {
 		"negative clip":    {[]string{"run", "--mode", "gossip", "--clip-peers", "-1"}, "clip factor"},
 		"clip federated":   {[]string{"run", "--clip-peers", "2"}, "--clip-peers applies to --mode async|gossip"},
 		"buffer rule":      {[]string{"run", "--mode", "async", "--async", "fedbuff", "--buffer-rule", "krum:f=1"}, "not coordinate-wise"},
+		"robust sparse":    {[]string{"run", "--mode", "async", "--async", "fedbuff", "--buffer-rule", "median", "--compress", "topk:0.01,ef"}, "sends models"},
 		"buffer rule sync": {[]string{"run", "--mode", "sync", "--buffer-rule", "median"}, "--buffer-rule applies to --mode async"},
 	}
 	for name, c := range cases {

@@ -245,5 +245,5 @@ var modeOnlyFlags = map[string][]string{
 // experiment.
 const (
 	clipPeersUsage  = "move a peer's model towards this one's, before merging it, to within this many times the median distance of the other peers' (robust to a lying peer; 0: off)"
-	bufferRuleUsage = "fedbuff: how the buffered deltas combine: mean (FedBuff as published; one lying peer poisons it), median or trimmed:β (each peer's deltas one vote, cut to the votes' median length; a full buffer waits for the votes of a majority of the live peers: robust to a minority of lying peers, but peers' models can drift apart, see the README; use --buffer-k 8)"
+	bufferRuleUsage = "fedbuff: how buffered contributions combine: mean (FedBuff as published: deltas; one lying peer poisons it) or median or trimmed:β (peers publish models; each peer's are one vote, cut to the votes' median length; a full buffer waits for the votes of a majority of the live peers: robust to a minority of lying peers; use --buffer-k 8 and a dense --compress; see the README)"
 )
