@@ -32,12 +32,16 @@ type BufferConfig struct {
 	// with fewer than half of the votes from liars neither their lengths
 	// nor their values lead.
 	Rule aggregate.Rule
-	// Models, with a Rule, takes models rather than deltas: a vote is the
-	// weighted mean m_p of a voter's models, and a step uses s̄_p·(m_p − x)
-	// for it, s̄_p the mean of their staleness weights, instead of a mean
-	// delta. A peer whose model drifted from the others' then gets votes
-	// that pull it back towards them: deltas, each from its sender's own
-	// model, cannot (the peers of a swarm each keep a model of their own).
+	// Models, with a Rule, takes models rather than deltas. With AddFrom,
+	// a voter's latest model m_p, from base b_p, is a standing vote
+	// s(τ_p)·(m_p − x), τ_p its staleness at the step, until the voter
+	// sends another model or standingSteps steps pass; a step needs K
+	// models since the last one, from the quorum of voters. (Add's
+	// anonymous models vote in one step only, as the weighted mean of
+	// the voter's models minus x, times the mean weight.) A peer whose
+	// model drifted from the others' then gets votes that pull it back
+	// towards them: deltas, each from its sender's own model, cannot (the
+	// peers of a swarm each keep a model of their own).
 	Models bool
 }
 
@@ -90,9 +94,11 @@ type Buffer struct {
 	byFrom map[string]*vote // AddFrom's voters
 	spare  []*vote          // recycled
 	quorum int
-	rows   [][]float32 // the votes' means, for the rule
-	ones   []float64   // its weights (it ignores them)
-	out    []float32   // its result
+	fresh  int         // votes new or renewed since the last step
+	rows   [][]float32 // the votes, for the rule
+	rowBuf [][]float32
+	ones   []float64 // its weights (it ignores them)
+	out    []float32 // its result
 }
 
 // vote is one contributor's weighted deltas in a Buffer with a Rule.
@@ -100,7 +106,20 @@ type vote struct {
 	sum []float32
 	n   int
 	w   float64 // Models: the sum of the weights
+	// standing (Models, AddFrom): sum is the voter's latest model, from
+	// base, and the vote stands across steps until the voter sends
+	// another (fresh) or it expires (idle steps without one).
+	standing bool
+	fresh    bool
+	base     Version
+	idle     int
 }
+
+// standingSteps is how many steps a standing vote outlives its last
+// renewal: a peer that stopped, or a straggler between its models, still
+// votes, weighed by the staleness of its model; after that many steps
+// without a new model it no longer does.
+const standingSteps = 16
 
 // NewBuffer returns a buffer for models of dim values that reads and ticks
 // clock.
@@ -181,10 +200,26 @@ func (b *Buffer) add(x, delta []float32, base Version, from string, keyed bool) 
 		for i, v := range delta {
 			b.sum[i] += w * float64(v)
 		}
+	} else if b.cfg.Models && keyed {
+		// The voter's latest model replaces its earlier one; its weight
+		// is taken at the step, from its staleness then.
+		v := b.byFrom[from]
+		if v == nil {
+			v = b.newVote()
+			v.standing = true
+			b.byFrom[from] = v
+		}
+		copy(v.sum, delta)
+		v.base, v.n, v.idle = base, 1, 0
+		if !v.fresh {
+			v.fresh = true
+			b.fresh++
+		}
 	} else {
 		v := b.byFrom[from]
 		if v == nil || !keyed {
 			v = b.newVote()
+			b.fresh++
 			if keyed {
 				b.byFrom[from] = v
 			}
@@ -196,7 +231,7 @@ func (b *Buffer) add(x, delta []float32, base Version, from string, keyed bool) 
 		v.w += w
 	}
 	b.n++
-	if b.n < b.cfg.K || b.cfg.Rule != nil && len(b.votes) < b.quorum {
+	if b.n < b.cfg.K || b.cfg.Rule != nil && b.fresh < b.quorum {
 		return d, false, nil
 	}
 	b.flush(x)
@@ -215,6 +250,19 @@ func (b *Buffer) Flush(x []float32) (bool, error) {
 	}
 	b.flush(x)
 	return true, nil
+}
+
+// drop recycles v, which the caller removes from b.votes.
+func (b *Buffer) drop(v *vote) {
+	for from, u := range b.byFrom {
+		if u == v {
+			delete(b.byFrom, from)
+			break
+		}
+	}
+	clear(v.sum)
+	*v = vote{sum: v.sum}
+	b.spare = append(b.spare, v)
 }
 
 // newVote returns a zeroed vote appended to b.votes.
@@ -241,41 +289,64 @@ func (b *Buffer) flush(x []float32) {
 			b.out = make([]float32, b.dim)
 		}
 		b.rows, b.ones = b.rows[:0], b.ones[:0]
+		keep := b.votes[:0]
 		for _, v := range b.votes {
+			if len(b.rowBuf) == len(b.rows) {
+				b.rowBuf = append(b.rowBuf, make([]float32, b.dim))
+			}
+			r := b.rowBuf[len(b.rows)]
 			switch {
+			case v.standing:
+				tau, err := b.clock.Staleness(v.base)
+				if err != nil {
+					tau = 0
+				}
+				d := b.cfg.Policy.Decide(tau)
+				if d.Action != Accept {
+					b.drop(v) // beyond the staleness bound
+					continue
+				}
+				for i, m := range v.sum {
+					r[i] = float32(d.Weight * (float64(m) - float64(x[i])))
+				}
 			case b.cfg.Models && v.w > 0:
 				// s̄·(Σ wᵢmᵢ/Σ wᵢ − x), s̄ = Σ wᵢ/n.
-				f, s := 1/v.w, v.w/float64(v.n)
+				f, sc := 1/v.w, v.w/float64(v.n)
 				for i, m := range v.sum {
-					v.sum[i] = float32(s * (f*float64(m) - float64(x[i])))
+					r[i] = float32(sc * (f*float64(m) - float64(x[i])))
 				}
 			case b.cfg.Models:
-				clear(v.sum) // every weight 0: no pull
-			case v.n > 1:
+				clear(r) // every weight 0: no pull
+			default:
 				f := 1 / float32(v.n)
-				for i := range v.sum {
-					v.sum[i] *= f
+				for i, m := range v.sum {
+					r[i] = m * f
 				}
 			}
-			b.rows, b.ones = append(b.rows, v.sum), append(b.ones, 1)
+			b.rows, b.ones = append(b.rows, r), append(b.ones, 1)
+			if v.standing && v.idle < standingSteps {
+				v.fresh = false
+				v.idle++
+				keep = append(keep, v)
+			} else {
+				b.drop(v)
+			}
 		}
-		b.clipNorms()
-		// The deltas were checked finite, a weight is at most 1 and
-		// Validate tried the rule: it cannot fail but on a bug.
-		if err := aggregate.Reduce(b.cfg.Rule, b.out, b.rows, b.ones); err != nil {
-			panic("staleness: buffer rule failed on checked deltas: " + err.Error())
+		clear(b.votes[len(keep):])
+		b.votes = keep
+		b.fresh = 0
+		if len(b.rows) > 0 {
+			b.clipNorms()
+			// The deltas were checked finite, a weight is at most 1 and
+			// Validate tried the rule: it cannot fail but on a bug.
+			if err := aggregate.Reduce(b.cfg.Rule, b.out, b.rows, b.ones); err != nil {
+				panic("staleness: buffer rule failed on checked deltas: " + err.Error())
+			}
+			scale *= float64(min(b.n, b.cfg.K))
+			for i, v := range b.out {
+				x[i] = float32(float64(x[i]) + scale*float64(v))
+			}
 		}
-		scale *= float64(min(b.n, b.cfg.K))
-		for i, v := range b.out {
-			x[i] = float32(float64(x[i]) + scale*float64(v))
-		}
-		for _, v := range b.votes {
-			clear(v.sum)
-			v.n, v.w = 0, 0
-		}
-		b.spare = append(b.spare, b.votes...)
-		b.votes = b.votes[:0]
-		clear(b.byFrom)
 	}
 	b.n = 0
 	b.clock.Tick()

@@ -25,7 +25,7 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 		voters int // 0: Add
 		quorum int
 		models bool
-	}{{"anonymous", 0, 0, false}, {"voters", 5, 3, false}, {"voters/quorum-all", 4, 4, false}, {"models", 5, 3, true}} {
+	}{{"anonymous", 0, 0, false}, {"voters", 5, 3, false}, {"voters/quorum-all", 4, 4, false}, {"models/anonymous", 0, 0, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, uint64(tc.voters)))
 			const dim, k, lr = 23, 5, 0.7
@@ -61,36 +61,7 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 					}
 					rows = append(rows, m)
 				}
-				nv := len(rows)
-				norms := make([]float64, nv)
-				for j, p := range rows {
-					for _, v := range p {
-						norms[j] += v * v
-					}
-					norms[j] = math.Sqrt(norms[j])
-				}
-				sorted := slices.Clone(norms)
-				slices.Sort(sorted)
-				cut := sorted[(nv-1)/2]
-				for j, p := range rows {
-					if norms[j] > cut {
-						for i := range p {
-							p[i] *= cut / norms[j]
-						}
-					}
-				}
-				for i := range ref {
-					col := make([]float64, nv)
-					for j := range rows {
-						col[j] = rows[j][i]
-					}
-					slices.Sort(col)
-					m := col[nv/2]
-					if nv%2 == 0 {
-						m = (col[nv/2-1] + col[nv/2]) / 2
-					}
-					ref[i] += lr * float64(min(n, k)) / k * m
-				}
+				naiveStep(ref, rows, lr*float64(min(n, k))/k)
 				order, n = order[:0], 0
 				clear(pend)
 				clear(wsum)
@@ -180,6 +151,138 @@ func TestBufferRuleBoundsLiar(t *testing.T) {
 	if m := run(nil); m < 1e5 {
 		t.Errorf("mean: largest value %v; the test's liar is too weak", m)
 	}
+}
+
+// naiveStep is the robust buffer's step written plainly: it cuts every
+// row longer than the lower median of the rows' norms to that length
+// (in place), takes the coordinate-wise median and adds scale times it
+// to ref.
+func naiveStep(ref []float64, rows [][]float64, scale float64) {
+	nv := len(rows)
+	norms := make([]float64, nv)
+	for j, p := range rows {
+		for _, v := range p {
+			norms[j] += v * v
+		}
+		norms[j] = math.Sqrt(norms[j])
+	}
+	sorted := slices.Clone(norms)
+	slices.Sort(sorted)
+	cut := sorted[(nv-1)/2]
+	for j, p := range rows {
+		if norms[j] > cut {
+			for i := range p {
+				p[i] *= cut / norms[j]
+			}
+		}
+	}
+	for i := range ref {
+		col := make([]float64, nv)
+		for j := range rows {
+			col[j] = rows[j][i]
+		}
+		slices.Sort(col)
+		m := col[nv/2]
+		if nv%2 == 0 {
+			m = (col[nv/2-1] + col[nv/2]) / 2
+		}
+		ref[i] += scale * m
+	}
+}
+
+// TestBufferModelsMatchNaive checks a buffer of models (AddFrom) against
+// the formula: each voter's latest model m_p, from base b_p, is a
+// standing vote s(τ_p)·(m_p − x), τ_p taken at the step; the votes are cut
+// to the lower median of their norms and x ← x + η·(min(n, K)/K)·median;
+// a step needs K models since the last one from the quorum of voters; a
+// vote not renewed for standingSteps steps is gone.
+func TestBufferModelsMatchNaive(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	const dim, k, lr, quorum = 23, 5, 0.7, 3
+	vc := NewVersionClock(20, 0)
+	b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: aggregate.Median{}, Models: true}, vc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetQuorum(quorum)
+	x, ref := randVecRef(r, dim)
+	type standing struct {
+		m    []float64
+		base Version
+		idle int
+	}
+	var (
+		order []string
+		votes = map[string]*standing{}
+		fresh = map[string]bool{}
+		n     int
+		steps int
+	)
+	step := func(local Version) {
+		var rows [][]float64
+		kept := order[:0]
+		for _, from := range order {
+			v := votes[from]
+			w := 1 / math.Sqrt(1+float64(local-v.base))
+			row := make([]float64, dim)
+			for i := range row {
+				row[i] = float64(float32(w * (v.m[i] - float64(float32(ref[i])))))
+			}
+			rows = append(rows, row)
+			if v.idle < standingSteps {
+				v.idle++
+				kept = append(kept, from)
+			} else {
+				delete(votes, from)
+			}
+		}
+		order = kept
+		naiveStep(ref, rows, lr*float64(min(n, k))/k)
+		n = 0
+		clear(fresh)
+		steps++
+	}
+	for j := range 300 {
+		local := vc.Local()
+		base := local - Version(r.IntN(4))
+		// Voter 0 sends half of all models; voter 4 stops after 100.
+		from := fmt.Sprint("v", max(0, r.IntN(8)-4))
+		if j >= 100 && from == "v4" {
+			from = "v0"
+		}
+		m := randVec(r, dim)
+		_, flushed, err := b.AddFrom(x, m, base, from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := votes[from]
+		if v == nil {
+			v = &standing{}
+			votes[from] = v
+			order = append(order, from)
+		}
+		v.m, v.base, v.idle = make([]float64, dim), base, 0
+		for i, x := range m {
+			v.m[i] = float64(x)
+		}
+		fresh[from] = true
+		n++
+		if want := n >= k && len(fresh) >= quorum; flushed != want {
+			t.Fatalf("model %d: flushed %v with %d models from %d fresh voters", j, flushed, n, len(fresh))
+		}
+		if flushed {
+			step(local)
+		}
+		for i := range ref {
+			if math.Abs(float64(x[i])-ref[i]) > 1e-4 {
+				t.Fatalf("after model %d: x[%d] = %v, naive %v", j, i, x[i], ref[i])
+			}
+		}
+	}
+	if _, ok := votes["v4"]; ok || b.Voters() != len(votes) {
+		t.Errorf("the stopped voter's vote stands (%d votes, naive %d)", b.Voters(), len(votes))
+	}
+	t.Logf("%d steps, %d votes at the end", steps, b.Voters())
 }
 
 // TestBufferRuleFlood: a voter that floods absurd deltas is one vote. The

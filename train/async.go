@@ -54,11 +54,10 @@ type AsyncConfig struct {
 	// an optional SSP bound: "poly:0.5+ssp:16".
 	Policy string
 	// BufferK is FedBuff's K: contributions per server step (at least
-	// that many with a robust BufferRule). 4 ≈ one per peer of a small
-	// swarm; FedBuff's experiments use 10 on large ones. A robust rule
-	// wants 8 or so, each peer's vote then being a mean of deltas: with
-	// the median, 4 peers and one slow, 4 took 1.3× the time to 97 % of
-	// 8 and ended up to 0.6 pp lower.
+	// that many with a robust BufferRule). 8, about two per peer of a
+	// small swarm; FedBuff's experiments use 10 on large ones. With the
+	// mean, 4 reaches a target sooner on small swarms (2.3 s against 2.8 s
+	// to 97 % in the straggler experiment of docs/results).
 	BufferK int
 	// ServerLR is FedBuff's server learning rate η. 1 applies the mean
 	// weighted delta as is.
@@ -99,28 +98,33 @@ type AsyncConfig struct {
 	// 0 turns both off. 1.
 	ClipFactor float64
 	// BufferRule is how FedBuff combines the buffered contributions
-	// (aggregate.ParseRule; a rule of one pass): "mean", FedBuff as
-	// published (the default), which one lying peer can poison, or
-	// "median" or "trimmed:β", robust to a minority of liars. With a rule
-	// other than the mean, peers publish their models rather than deltas
-	// (so the codec must be dense: fp32, fp16, bf16 or int8, without
-	// error feedback), each peer's models in the buffer are one vote, the
-	// vote counts as s̄·(its mean model − this peer's model), each vote is
-	// cut to the median length of the votes and the rule combines them
-	// (staleness.BufferConfig.Rule, Models). A full buffer (K models)
-	// waits for the votes of a strict majority of the live peers, this
-	// one included (bufferQuorum), so that one flooding is still one vote
-	// among honest ones. A peer that left counts as live until PeerTTL
-	// passes: when half of the others leave at once, buffers wait that
-	// long for the quorum (TestFedBuffQuorumAfterPeersLeave).
+	// (aggregate.ParseRule; a rule of one pass): "median" (the default)
+	// or "trimmed:β", robust to a minority of liars, or "mean", FedBuff
+	// as published, which one lying peer can poison. With a rule other
+	// than the mean, peers publish their models rather than deltas (so
+	// the codec must be dense: fp32, fp16, bf16 or int8, without error
+	// feedback). Each peer's latest model is a standing vote, counted as
+	// s(τ)·(its model − this peer's model) with τ its staleness at the
+	// step, until it sends another or standingSteps (16) steps pass; the
+	// votes are cut to their median length and the rule combines them
+	// (staleness.BufferConfig.Rule, Models). A step needs K new models
+	// from a strict majority of the live peers, this one included
+	// (bufferQuorum), so that one flooding is still one vote among honest
+	// ones. A peer that left counts as live until PeerTTL passes: when
+	// half of the others leave at once, buffers wait that long for the
+	// quorum (TestFedBuffQuorumAfterPeersLeave).
 	//
-	// Votes on models, not deltas: every peer keeps a model of its own,
-	// and a delta, taken from its sender's model, cannot pull a receiver's
-	// model back towards the others'. With votes on deltas, one peer of
-	// three real processes drifted off and stalled in 5 of 6 runs; with
-	// the mean, which applies every delta everywhere alike, none did on
-	// IID data, but on non-IID data (dirichlet:0.5) every peer stalled,
-	// at 0.70–0.89, each at its own.
+	// Why models, and why standing votes: every peer keeps a model of its
+	// own, and a delta, taken from its sender's model, cannot pull a
+	// receiver's model back towards the others'. With votes on deltas one
+	// peer of three real processes drifted off and stalled in 5 of 6 runs;
+	// the mean, which applies every delta everywhere alike, kept IID runs
+	// together but on non-IID shards (dirichlet:0.5) every peer stalled at
+	// its own accuracy, 0.70–0.89. Votes on models pull the peers
+	// together; standing votes keep a stopped peer's or a straggler's
+	// model in every step, where votes cleared at each step had two peers
+	// of three lose 9 points in the last steps of a non-IID run, taken
+	// after the first peer stopped.
 	BufferRule string
 }
 
@@ -143,9 +147,9 @@ func (c AsyncConfig) bufferRule() (aggregate.Rule, error) {
 func DefaultAsyncConfig() AsyncConfig {
 	return AsyncConfig{
 		Mode: ModeFedAsync, Model: "default", LocalSteps: 10, Alpha: 0.5, Policy: "poly:0.5",
-		BufferK: 4, ServerLR: 1, Codec: "fp32", FetchTimeout: 10 * time.Second, Fetchers: 4,
+		BufferK: 8, ServerLR: 1, Codec: "fp32", FetchTimeout: 10 * time.Second, Fetchers: 4,
 		Inbox: 64, MaxAhead: 1024, PeerTTL: 10 * time.Second, SnapshotEvery: 250 * time.Millisecond,
-		ClipFactor: 1, BufferRule: "mean",
+		ClipFactor: 1, BufferRule: "median",
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -335,19 +336,24 @@ func maxDist(ws []*Worker) float64 {
 }
 
 // TestAsyncLearns runs three FedAsync and three FedBuff peers (one of them
-// 3× slower) on a MemBus: each reaches a useful accuracy and contributions
-// are merged.
+// 3× slower; FedBuff with its default median of model votes and with the
+// published mean of deltas) on a MemBus: each reaches a useful accuracy
+// and contributions are merged.
 func TestAsyncLearns(t *testing.T) {
 	_, te := mnist(t)
 	test := te.Head(2000)
-	for _, mode := range []string{ModeFedAsync, ModeFedBuff} {
-		t.Run(mode, func(t *testing.T) {
+	for _, name := range []string{ModeFedAsync, ModeFedBuff, ModeFedBuff + "/mean"} {
+		mode, rule, _ := strings.Cut(name, "/")
+		t.Run(name, func(t *testing.T) {
 			cfg := DefaultAsyncConfig()
 			cfg.Mode = mode
 			cfg.LocalSteps = 5
 			if mode == ModeFedBuff {
 				cfg.Policy = "sqrt"
 				cfg.BufferK = 3
+				if rule != "" {
+					cfg.BufferRule = rule
+				}
 			}
 			ws, sums := runAsyncPeers(t, 3, 150, cfg, map[int]float64{2: 3}, nil)
 			for i, w := range ws {

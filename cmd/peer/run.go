@@ -245,5 +245,5 @@ var modeOnlyFlags = map[string][]string{
 // experiment.
 const (
 	clipPeersUsage  = "move a peer's model towards this one's, before merging it, to within this many times the median distance of the other peers' (robust to a lying peer; 0: off)"
-	bufferRuleUsage = "fedbuff: how buffered contributions combine: mean (FedBuff as published: deltas; one lying peer poisons it) or median or trimmed:β (peers publish models; each peer's are one vote, cut to the votes' median length; a full buffer waits for the votes of a majority of the live peers: robust to a minority of lying peers; use --buffer-k 8 and a dense --compress; see the README)"
+	bufferRuleUsage = "fedbuff: how buffered contributions combine: median or trimmed:β (peers publish models; each peer's latest is a standing vote, cut to the votes' median length; a step waits for new models from a majority of the live peers: robust to a minority of lying peers, needs a dense --compress) or mean (FedBuff as published: deltas; sooner on IID data, but one lying peer poisons it and peers stall on non-IID data; see the README)"
 )
