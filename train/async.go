@@ -118,9 +118,11 @@ type AsyncConfig struct {
 	// own, and a delta, taken from its sender's model, cannot pull a
 	// receiver's model back towards the others'. With votes on deltas one
 	// peer of three real processes drifted off and stalled in 5 of 6 runs;
-	// the mean, which applies every delta everywhere alike, kept IID runs
-	// together but on non-IID shards (dirichlet:0.5) every peer stalled at
-	// its own accuracy, 0.70–0.89. Votes on models pull the peers
+	// the mean kept IID runs together but on non-IID shards (dirichlet:0.5)
+	// every peer stalled at its own accuracy, 0.70–0.89: a peer's own
+	// deltas are always the freshest, so a staleness policy weighs them
+	// above the others' (with "const" the mean holds, but a liar poisons
+	// it). Votes on models pull the peers
 	// together; standing votes keep a stopped peer's or a straggler's
 	// model in every step, where votes cleared at each step had two peers
 	// of three lose 9 points in the last steps of a non-IID run, taken
