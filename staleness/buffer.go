@@ -103,9 +103,10 @@ type Buffer struct {
 
 // vote is one contributor's weighted deltas in a Buffer with a Rule.
 type vote struct {
-	sum []float32
-	n   int
-	w   float64 // Models: the sum of the weights
+	from string // its key in byFrom ("" for Add's votes)
+	sum  []float32
+	n    int
+	w    float64 // Models: the sum of the weights
 	// standing (Models, AddFrom): sum is the voter's latest model, from
 	// base, and the vote stands across steps until the voter sends
 	// another (fresh) or it expires (idle steps without one).
@@ -206,7 +207,7 @@ func (b *Buffer) add(x, delta []float32, base Version, from string, keyed bool) 
 		v := b.byFrom[from]
 		if v == nil {
 			v = b.newVote()
-			v.standing = true
+			v.standing, v.from = true, from
 			b.byFrom[from] = v
 		}
 		copy(v.sum, delta)
@@ -221,6 +222,7 @@ func (b *Buffer) add(x, delta []float32, base Version, from string, keyed bool) 
 			v = b.newVote()
 			b.fresh++
 			if keyed {
+				v.from = from
 				b.byFrom[from] = v
 			}
 		}
@@ -254,11 +256,8 @@ func (b *Buffer) Flush(x []float32) (bool, error) {
 
 // drop recycles v, which the caller removes from b.votes.
 func (b *Buffer) drop(v *vote) {
-	for from, u := range b.byFrom {
-		if u == v {
-			delete(b.byFrom, from)
-			break
-		}
+	if b.byFrom[v.from] == v {
+		delete(b.byFrom, v.from)
 	}
 	clear(v.sum)
 	*v = vote{sum: v.sum}

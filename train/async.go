@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,17 +183,28 @@ func (c AsyncConfig) Validate() error {
 	if err != nil {
 		return bad("buffer rule: %v", err)
 	}
-	if name, _, _ := strings.Cut(c.Codec, ":"); c.Mode == ModeFedBuff && rule != nil &&
-		(strings.Contains(c.Codec, ",ef") || !slices.Contains([]string{"fp32", "fp16", "bf16", "int8"}, name)) {
-		return bad("buffer rule %s sends models, which codec %q cannot carry: want fp32, fp16, bf16 or int8, without error feedback", c.BufferRule, c.Codec)
-	}
 	if _, err := staleness.Parse(c.Policy); err != nil {
 		return fmt.Errorf("%w: async: %w", ErrStrategy, err)
 	}
-	if _, err := compression.Parse(c.Codec); err != nil {
+	enc, err := compression.Parse(c.Codec)
+	if err != nil {
 		return fmt.Errorf("%w: async: %w", ErrStrategy, err)
 	}
+	if c.Mode == ModeFedBuff && rule != nil && !carriesModels(enc) {
+		return bad("buffer rule %s sends models, which codec %q cannot carry: want fp32, fp16, bf16 or int8, without error feedback", c.BufferRule, c.Codec)
+	}
 	return nil
+}
+
+// carriesModels reports whether enc sends whole models faithfully: a
+// dense codec (an entropy stage on top is fine), without error feedback,
+// whose residual is meant for deltas.
+func carriesModels(enc compression.Codec) bool {
+	if e, ok := enc.(*compression.Entropy); ok {
+		enc = e.Inner()
+	}
+	_, ef := enc.(*compression.ErrorFeedback)
+	return !ef && enc.ID() <= compression.IDInt8
 }
 
 // DropReason says why an asynchronous contribution never reached the model.

@@ -806,3 +806,24 @@ func TestFedBuffVotes(t *testing.T) {
 		}
 	}
 }
+
+// TestRobustFedBuffCodecs: a robust FedBuff sends models, so its codec
+// must be dense and without error feedback; an entropy stage on top is
+// fine. (A check on the spec's text, looking for ",ef", let "fp16:ef"
+// through.)
+func TestRobustFedBuffCodecs(t *testing.T) {
+	for spec, ok := range map[string]bool{
+		"fp32": true, "fp16": true, "bf16": true, "int8:block=256": true, "fp16:entropy=zstd": true,
+		"fp16:ef": false, "int8:block=256,ef": false, "topk:0.01": false, "topk:0.01,ef": false, "sign": false, "powersgd:4": false,
+	} {
+		cfg := DefaultAsyncConfig()
+		cfg.Mode, cfg.Codec = ModeFedBuff, spec
+		if err := cfg.Validate(); (err == nil) != ok {
+			t.Errorf("%s: %v, want ok %v", spec, err, ok)
+		}
+		cfg.BufferRule = "mean" // deltas: any codec
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s with the mean: %v", spec, err)
+		}
+	}
+}
