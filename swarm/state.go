@@ -183,6 +183,7 @@ func (s *stateService) handle(st network.Stream) {
 	wait := min(time.Duration(req.waitMS)*time.Millisecond, maxWait)
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
+	gone := watchGone(st)
 	var p *published
 	for {
 		var ch chan struct{}
@@ -194,6 +195,9 @@ func (s *stateService) handle(st network.Stream) {
 		case <-ch:
 			continue
 		case <-deadline.C:
+		case <-gone: // the asker gave up: no one to answer
+			st.Reset()
+			return
 		}
 		break
 	}
@@ -242,6 +246,23 @@ func (s *stateService) handle(st network.Stream) {
 	}
 }
 
+// watchGone returns a channel closed when st's asker resets the stream (it
+// gave up, or its connection closed) or sends anything after its request,
+// which the protocol has no place for. An asker sends nothing more until it
+// has read the reply. One that closes its write side after the request (as
+// askers did before this check) reads as staying: the wait then ends with
+// its deadline. The watch ends when handle closes st.
+func watchGone(st network.Stream) <-chan struct{} {
+	gone := make(chan struct{})
+	go func() {
+		var b [1]byte
+		if _, err := st.Read(b[:]); err != io.EOF {
+			close(gone)
+		}
+	}()
+	return gone
+}
+
 type stateHead struct {
 	version uint64
 	total   uint64
@@ -270,11 +291,13 @@ func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst
 	} else {
 		st.SetDeadline(time.Now().Add(s.timeout + time.Duration(req.waitMS)*time.Millisecond))
 	}
+	// The write side stays open until the reply is read: the holder takes
+	// its reset (on ctx's end) as the sign to stop waiting for the version
+	// (watchGone).
 	if _, err := st.Write(req.encode()); err != nil {
 		st.Reset()
 		return h, err
 	}
-	st.CloseWrite()
 	sr := &stallReader{st: st, stall: s.stall}
 	defer sr.stop()
 	r := bufio.NewReaderSize(sr, 1<<20)

@@ -88,3 +88,55 @@ func TestFetchGoesOnWithoutStuckHolders(t *testing.T) {
 		t.Logf("%s: fetched in %v", name, took)
 	}
 }
+
+// TestAbandonedWaitEnds asks a peer for a version it does not have and
+// gives up: the holder must stop waiting for that version when the asker
+// leaves, not hold the request (and so StateIdle, which keeps a finished
+// peer up) until the wait the asker asked for runs out.
+func TestAbandonedWaitEnds(t *testing.T) {
+	ps := newSwarm(t, 2)
+	ps[1].Publish(1, vec(10, 0))
+	// The asker offers to wait 29 s and gives up after 300 ms.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	time.AfterFunc(300*time.Millisecond, cancel)
+	if _, err := ps[0].Fetch(ctx, []string{ps[1].ID()}, 9, make([]float32, 10)); err == nil {
+		t.Fatal("fetched a version nobody has")
+	}
+	gaveUp := time.Now()
+	for !ps[1].StateIdle(0) {
+		if time.Since(gaveUp) > 3*time.Second {
+			t.Fatalf("the holder still serves an abandoned request %v after the asker gave up", time.Since(gaveUp))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("holder idle %v after the asker gave up", time.Since(gaveUp))
+}
+
+// TestAskerClosingWriteStillServed: an asker that closes its write side
+// after the request (as askers did before watchGone) is still waited for
+// and answered.
+func TestAskerClosingWriteStillServed(t *testing.T) {
+	ps := newSwarm(t, 2)
+	ps[1].Publish(1, vec(10, 0))
+	time.AfterFunc(300*time.Millisecond, func() { ps[1].Publish(2, vec(10, 5)) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := ps[0].state.h.NewStream(ctx, ps[1].state.h.ID(), StateProtocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	st.SetDeadline(time.Now().Add(10 * time.Second))
+	req := stateReq{version: 2, waitMS: 5000}
+	if _, err := st.Write(req.encode()); err != nil {
+		t.Fatal(err)
+	}
+	st.CloseWrite()
+	head := make([]byte, replyHead)
+	if _, err := io.ReadFull(st, head); err != nil {
+		t.Fatal(err)
+	}
+	if head[0] != stOK || binary.BigEndian.Uint64(head[1:]) != 2 {
+		t.Fatalf("status %d version %d, want the version published while it waited", head[0], binary.BigEndian.Uint64(head[1:]))
+	}
+}
