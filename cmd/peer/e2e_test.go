@@ -550,3 +550,45 @@ func TestFreePortUnique(t *testing.T) {
 		seen[p] = true
 	}
 }
+
+// TestFreezeAndThaw stops one of three federated peers (SIGSTOP: its
+// connections stay up, it neither sends nor reads, as behind a partition)
+// and continues it later: the other two must go on without it while it is
+// frozen, and all three must end on the same global state.
+func TestFreezeAndThaw(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	const n, rounds = 3, 40
+	sw := swarmFlags(t, dir, n)
+	procs := make([]*proc, n)
+	for i := range procs {
+		procs[i] = start(t, bin, append(common(rounds), sw(i)...)...)
+	}
+	at := procs[2].waitRound(t, 3, 60*time.Second)
+	procs[2].cmd.Process.Signal(syscall.SIGSTOP)
+	frozen := time.Now()
+	// While it is stopped the others complete rounds without it.
+	pr := procs[0].waitRound(t, at.Round+5, 60*time.Second)
+	t.Logf("peer 0 at round %d %v after peer 2 froze at round %d", pr.Round, time.Since(frozen), at.Round)
+	time.Sleep(2 * time.Second)
+	procs[2].cmd.Process.Signal(syscall.SIGCONT)
+	for _, p := range procs {
+		p.wait(t, 120*time.Second)
+	}
+	var ref []float32
+	for i := range n {
+		c, err := train.LoadCheckpoint(filepath.Join(dir, fmt.Sprintf("c%d", i)), 1<<24)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("peer %d: version %d", i, c.Version)
+		if c.Version != rounds {
+			t.Errorf("peer %d ended at version %d, want %d", i, c.Version, rounds)
+		}
+		if ref == nil {
+			ref = c.State
+		} else if !slices.Equal(ref, c.State) {
+			t.Errorf("peer %d's final state differs; its log ends:\n%s", i, procs[i].stderr.tail(4000))
+		}
+	}
+}
