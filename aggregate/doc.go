@@ -77,6 +77,17 @@
 // fire late are allowed for: a wait that is overdue when the data phase
 // stops counts as timed out, and a ring member then waiting for input says
 // so in its vote (starved), which keeps a timeout on it from excluding it.
+// A wait of more than one StallTimeout cannot tell a silent member from a
+// starved one, but a probe can: with a transport that implements Prober
+// (p2p sends a libp2p ping, which a live peer's host answers whatever it
+// waits for), a member silent for half a StallTimeout is probed, and one
+// that then neither answers nor sends anything for a whole StallTimeout is
+// blamed as stalled, a hard blame that spares the others the wait for its
+// vote. A frozen process (SIGSTOP) or one cut off by a partition is so out
+// of the round after 1.5 StallTimeouts instead of four (a dependent wait
+// of two, then two for its vote). A probe that overlapped a send of ours
+// to that member proves nothing (it may have queued behind our data on a
+// slow link) and the wait goes on as without probes.
 // A transport that sees a peer's connections close (p2p does, after a
 // short grace; a killed process) fails the waits on it with
 // ErrDisconnected: its vote is not awaited, and the round goes on without

@@ -263,8 +263,12 @@ type attempt struct {
 	fault     groupFault
 	fatal     error
 	lastHeard []atomic.Int64
-	lanes     atomic.Int64 // lanes still to complete
-	bad       atomic.Bool  // a lane failed
+	// sends[j] counts Sends to rank j begun, sending[j] those not yet
+	// returned: a probe of j is conclusive only if neither moved while it
+	// ran (see probe).
+	sends, sending []atomic.Int64
+	lanes          atomic.Int64 // lanes still to complete
+	bad            atomic.Bool  // a lane failed
 
 	votes []peerVote
 }
@@ -277,6 +281,7 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 		cfg: configHash(r.cfg.Rule, algo, r.cfg.ChunkElems, len(src), r.comp),
 		src: src, dst: dst, weight: weight, stall: r.cfg.StallTimeout,
 		blame: make([]kind, n), lastHeard: make([]atomic.Int64, n), votes: make([]peerVote, n),
+		sends: make([]atomic.Int64, n), sending: make([]atomic.Int64, n),
 	}
 	a.start = time.Now().UnixNano()
 	a.base = a.start
@@ -366,6 +371,10 @@ func (a *attempt) laneDone() { a.lanes.Add(-1) }
 // errSilent is the cause with which a watchdog ends a lane's context.
 var errSilent = errors.New("aggregate: no progress from the peer within the stall timeout")
 
+// errUnresponsive is the cause with which a probe ends a lane's context:
+// the peer sent nothing and did not answer a probe within a stall timeout.
+var errUnresponsive = errors.New("aggregate: the peer did not answer a probe within the stall timeout")
+
 // watch returns a context for waiting on rank j that ends (with cause
 // errSilent) once nothing has been heard from j for mult stall timeouts,
 // counted from the attempt's base at the earliest. Progress on any lane
@@ -396,12 +405,81 @@ func (a *attempt) watch(j, mult int) (context.Context, func()) {
 	mu.Lock()
 	timer = time.AfterFunc(time.Duration(max(a.base, time.Now().UnixNano())+span+int64(a.r.late)-time.Now().UnixNano()), check)
 	mu.Unlock()
+	if p, ok := a.r.t.(Prober); ok && mult > 1 {
+		go a.probe(ctx, p, j, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if !done {
+				done = true
+				timer.Stop()
+				cancel(errUnresponsive)
+			}
+		})
+	}
 	return ctx, func() {
 		mu.Lock()
 		done = true
 		timer.Stop()
 		mu.Unlock()
 		cancel(nil)
+	}
+}
+
+// probe runs beside a wait of several stall timeouts on rank j (one that
+// depends on other members too, so that a silence there is only a soft
+// timeout, see kindTimeout) until ctx ends. Whenever j has been silent for
+// half a stall timeout it probes j, once a stall timeout at most; if j
+// neither answers nor sends anything within a stall timeout, j is not
+// starved but stalled itself (frozen, or cut off), and unresponsive ends
+// the wait, which blames j with kindStall: a hard blame, which lets the
+// others stop waiting for its vote. So a frozen member is out after 1.5
+// stall timeouts instead of a dependent wait's two and a vote window's
+// two more. A probe that cannot be made (another error) ends the probing;
+// one that overlapped a Send of ours to j proves nothing (on a slow link
+// it may have waited behind our data, which j may be reading) and the wait
+// goes on as without probes.
+func (a *attempt) probe(ctx context.Context, p Prober, j int, unresponsive func()) {
+	last := int64(0) // when the last probe began
+	for {
+		heard := max(a.base, a.lastHeard[j].Load())
+		next := max(heard+int64(a.stall)/2, last+int64(a.stall)) + int64(a.r.late)
+		if d := time.Duration(next - time.Now().UnixNano()); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
+		if max(a.base, a.lastHeard[j].Load()) != heard {
+			continue // j was heard from meanwhile
+		}
+		last = time.Now().UnixNano()
+		sends := a.sends[j].Load()
+		idle := a.sending[j].Load() == 0
+		pctx, cancel := context.WithTimeout(ctx, a.stall+a.r.late)
+		err := p.Probe(pctx, a.g.members[j])
+		timedOut := pctx.Err() != nil
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			continue
+		case !(timedOut || errors.Is(err, ErrUnreachable)):
+			a.r.log.Debug("aggregate: probe failed", "self", a.r.self, "peer", a.g.members[j], "err", err)
+			return
+		case !idle || a.sending[j].Load() != 0 || a.sends[j].Load() != sends:
+			// Our own data to j was on the way: the probe may have
+			// queued behind it on a slow link. Inconclusive.
+			continue
+		}
+		if max(a.base, a.lastHeard[j].Load()) == heard {
+			a.r.log.Debug("aggregate: unresponsive", "self", a.r.self, "group", a.g.String(), "peer", a.g.members[j], "err", err)
+			unresponsive()
+			return
+		}
 	}
 }
 
@@ -421,6 +499,9 @@ func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []fl
 		return false
 	case context.Cause(ctx) == errSilent:
 		a.accuse(j, k)
+		return false
+	case context.Cause(ctx) == errUnresponsive:
+		a.accuse(j, kindStall)
 		return false
 	}
 	a.recvFailed(j, err)
@@ -520,7 +601,10 @@ func (a *attempt) send(j int, s Step, c uint32, data []float32, mult int) bool {
 	start := max(time.Now().UnixNano(), a.base)
 	deadline := time.Unix(0, start+int64(mult)*int64(a.stall))
 	ctx, cancel := context.WithDeadline(a.dataCtx, deadline.Add(a.r.late))
+	a.sends[j].Add(1)
+	a.sending[j].Add(1)
 	err := a.r.t.Send(ctx, a.g.members[j], a.tag(s, c), data)
+	a.sending[j].Add(-1)
 	cancel()
 	if err == nil {
 		return true

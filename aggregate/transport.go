@@ -99,6 +99,20 @@ type Transport interface {
 	Recv(ctx context.Context, from PeerID, tag Tag, dst []float32) error
 }
 
+// Prober is implemented by transports that can ask whether a peer still
+// answers at all, apart from the data it owes (node/'s p2p transport sends
+// a libp2p ping). A wait that depends on other members too (the ring's
+// later chunks, the tree's sums) cannot tell a silent member from one
+// starved by someone else; a probe can, since a live member answers it
+// whatever it waits for. See attempt.watch.
+type Prober interface {
+	// Probe returns nil once p has answered, ctx's error if it has not
+	// when ctx ends, or another error when the probe could not be made
+	// (which tells nothing about p). A transport that knows p is gone may
+	// fail at once with an error wrapping ErrUnreachable.
+	Probe(ctx context.Context, p PeerID) error
+}
+
 // Scoper is implemented by transports that can refuse chunks from peers
 // outside a round's group. *Mailbox implements it, so a transport that
 // embeds one does too. The driver calls Scope at the start of every attempt

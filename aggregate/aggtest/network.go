@@ -97,6 +97,7 @@ type Endpoint struct {
 var (
 	_ aggregate.Transport = (*Endpoint)(nil)
 	_ aggregate.Scoper    = (*Endpoint)(nil)
+	_ aggregate.Prober    = (*Endpoint)(nil)
 )
 
 // Join attaches a new peer (or returns the existing endpoint of id).
@@ -236,16 +237,42 @@ func (e *Endpoint) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.
 	n.mu.Unlock()
 
 	time.AfterFunc(rxEnd.Sub(now), func() { _ = deliver(dst, e.id, tag, buf) })
-	if d := txEnd.Sub(now); d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	return sleep(ctx, txEnd.Sub(now))
+}
+
+// sleep waits d, or returns ctx's error if it ends first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
 	}
-	return nil
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Probe implements aggregate.Prober: a live peer answers after a round
+// trip, a frozen one (Stall) not until it is resumed, and a dead one
+// fails at once.
+func (e *Endpoint) Probe(ctx context.Context, p aggregate.PeerID) error {
+	n := e.net
+	n.mu.Lock()
+	dst := n.eps[p]
+	n.mu.Unlock()
+	if dst == nil {
+		return fmt.Errorf("%w: no peer %s", aggregate.ErrUnreachable, p)
+	}
+	if err := dst.waitThawed(ctx); err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		return fmt.Errorf("%w: %s is down", aggregate.ErrUnreachable, p)
+	}
+	return sleep(ctx, 2*n.cfg.Latency)
 }
 
 func deliver(dst *Endpoint, from aggregate.PeerID, tag aggregate.Tag, buf []float32) error {

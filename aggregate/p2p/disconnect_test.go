@@ -113,3 +113,26 @@ func TestRecvSurvivesBlip(t *testing.T) {
 		t.Fatal("Recv across a reconnect did not return")
 	}
 }
+
+// TestProbe: a connected live peer answers a probe; once its node has
+// closed, a probe of it fails at once as unreachable, not as a timeout.
+func TestProbe(t *testing.T) {
+	ctx, nodes := loopbackNodes(t, 2)
+	a := p2p.New(nodes[0])
+	defer a.Close()
+	idB := p2p.ID(nodes[1].ID())
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := a.Probe(pctx, idB); err != nil {
+		t.Fatalf("probe of a live peer: %v", err)
+	}
+	nodes[1].Close()
+	start := time.Now()
+	err := a.Probe(pctx, idB)
+	if !errors.Is(err, aggregate.ErrUnreachable) {
+		t.Fatalf("probe of a closed peer: %v, want ErrUnreachable", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("probe of a closed peer took %v", took)
+	}
+}

@@ -42,6 +42,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/node"
@@ -323,6 +324,32 @@ func (t *Transport) Recv(ctx context.Context, from aggregate.PeerID, tag aggrega
 		return &aggregate.MismatchError{Peer: from, Got: tn.Step, Want: tag.Digest}
 	}
 	return nil
+}
+
+// Probe implements aggregate.Prober with a libp2p ping, which the peer's
+// host answers whatever its all-reduce waits for; a frozen or cut-off
+// process does not. A dial that fails is ErrUnreachable.
+func (t *Transport) Probe(ctx context.Context, p aggregate.PeerID) error {
+	pid, err := t.peerID(p)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	select {
+	case res, ok := <-ping.Ping(ctx, t.n.Host(), pid):
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !ok:
+			return fmt.Errorf("aggregate/p2p: ping %s ended without an answer", pid)
+		case res.Error != nil && t.n.Host().Network().Connectedness(pid) != network.Connected:
+			return &aggregate.PeerError{Peer: p, Err: fmt.Errorf("%w: ping: %w", aggregate.ErrUnreachable, res.Error)}
+		}
+		return res.Error
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func sendErr(to aggregate.PeerID, err error) error {
