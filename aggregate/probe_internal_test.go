@@ -2,20 +2,26 @@ package aggregate
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 )
 
-// silentProber answers no probe: each waits for its context to end.
+// silentProber answers no probe: each waits for its context to end, or,
+// with unreachable, fails at once as if there were no connection.
 type silentProber struct {
 	Transport
-	probes atomic.Int64
+	unreachable bool
+	probes      atomic.Int64
 }
 
 func (s *silentProber) Probe(ctx context.Context, p PeerID) error {
 	s.probes.Add(1)
+	if s.unreachable {
+		return fmt.Errorf("%w: no connection", ErrUnreachable)
+	}
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -23,12 +29,15 @@ func (s *silentProber) Probe(ctx context.Context, p PeerID) error {
 // TestProbeVerdict runs a probe loop on a member that answers nothing and
 // sends nothing: it is found unresponsive after 1.5 stall timeouts of
 // silence, unless a send of ours to it overlaps every probe (the probe may
-// have queued behind our data): then no verdict, however long the wait.
+// have queued behind our data), or the probes fail at once for want of a
+// connection (the transport's disconnect handling speaks for that): then
+// no verdict, however long the wait, and the probes go on.
 func TestProbeVerdict(t *testing.T) {
-	for _, sending := range []bool{false, true} {
+	for _, c := range []struct{ sending, unreachable bool }{{false, false}, {true, false}, {false, true}} {
+		noVerdict := c.sending || c.unreachable
 		synctest.Test(t, func(t *testing.T) {
 			const stall = time.Second
-			sp := &silentProber{}
+			sp := &silentProber{unreachable: c.unreachable}
 			cfg := DefaultConfig()
 			cfg.StallTimeout = stall
 			r, err := NewRunner("a", sp, cfg)
@@ -41,7 +50,7 @@ func TestProbeVerdict(t *testing.T) {
 			}
 			a := r.newAttempt(g, make([]float32, 4), make([]float32, 4), 1, false)
 			j := g.Rank("b")
-			if sending {
+			if c.sending {
 				a.sends[j].Add(1)
 				a.sending[j].Add(1)
 			}
@@ -51,11 +60,11 @@ func TestProbeVerdict(t *testing.T) {
 			var at time.Duration
 			a.probe(ctx, sp, j, func() { at = time.Since(start) })
 			switch {
-			case !sending && at != 3*stall/2:
+			case !noVerdict && at != 3*stall/2:
 				t.Errorf("silent member found unresponsive after %v, want %v", at, 3*stall/2)
-			case sending && at != 0:
-				t.Errorf("a probe overlapping our send blamed the member after %v", at)
-			case sending && sp.probes.Load() < 5:
+			case noVerdict && at != 0:
+				t.Errorf("%+v: the member was blamed after %v", c, at)
+			case noVerdict && sp.probes.Load() < 5:
 				t.Errorf("%d probes in 10 stall timeouts: probing stopped", sp.probes.Load())
 			}
 		})

@@ -434,7 +434,10 @@ func (a *attempt) watch(j, mult int) (context.Context, func()) {
 // the wait, which blames j with kindStall: a hard blame, which lets the
 // others stop waiting for its vote. So a frozen member is out after 1.5
 // stall timeouts instead of a dependent wait's two and a vote window's
-// two more. A probe that cannot be made (another error) ends the probing;
+// two more. Only silence convicts: a probe that fails at once as
+// ErrUnreachable (no connection) is tried again a stall timeout later,
+// since a closed connection is the transport's to report (kindGone, which
+// is soft); one that cannot be made (another error) ends the probing;
 // one that overlapped a Send of ours to j proves nothing (on a slow link
 // it may have waited behind our data, which j may be reading) and the wait
 // goes on as without probes.
@@ -467,7 +470,12 @@ func (a *attempt) probe(ctx context.Context, p Prober, j int, unresponsive func(
 			return
 		case err == nil:
 			continue
-		case !(timedOut || errors.Is(err, ErrUnreachable)):
+		case !timedOut && errors.Is(err, ErrUnreachable):
+			// No connection: the transport's own disconnect handling
+			// (ErrDisconnected) or the watchdog speaks for a gone peer,
+			// and a connection that comes back is probed again.
+			continue
+		case !timedOut:
 			a.r.log.Debug("aggregate: probe failed", "self", a.r.self, "peer", a.g.members[j], "err", err)
 			return
 		case !idle || a.sending[j].Load() != 0 || a.sends[j].Load() != sends:

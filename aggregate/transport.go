@@ -108,8 +108,9 @@ type Transport interface {
 type Prober interface {
 	// Probe returns nil once p has answered, ctx's error if it has not
 	// when ctx ends, or another error when the probe could not be made
-	// (which tells nothing about p). A transport that knows p is gone may
-	// fail at once with an error wrapping ErrUnreachable.
+	// (which tells nothing about p). A transport that has no connection
+	// to p may fail at once with an error wrapping ErrUnreachable, which
+	// the driver takes as "try again later", not as silence.
 	Probe(ctx context.Context, p PeerID) error
 }
 
