@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -71,6 +72,7 @@ type Peer struct {
 	cfg   Config
 	state *stateService
 	own   bool
+	left  sync.Map // peer ID string → struct{}: peers seen to announce that they stopped
 }
 
 // Start builds a libp2p host from cfg.Node (with discovery) and the rest
@@ -161,6 +163,9 @@ func (p *Peer) Members() []string {
 	for _, pi := range p.Control.Peers() {
 		if !stopped(pi.Version) {
 			out = append(out, pi.ID.String())
+			p.left.Delete(pi.ID.String()) // back (restarted)
+		} else {
+			p.left.Store(pi.ID.String(), struct{}{})
 		}
 	}
 	slices.Sort(out)
@@ -203,8 +208,9 @@ func (p *Peer) Fetch(ctx context.Context, peers []string, version uint64, dst []
 }
 
 var (
-	_ train.Versioned = fedNet{}
-	_ train.Leaver    = fedNet{}
+	_ train.Versioned  = fedNet{}
+	_ train.Leaver     = fedNet{}
+	_ train.Departures = fedNet{}
 )
 
 // FedNet returns the peer as a train.FedNet.
@@ -231,6 +237,21 @@ func (f fedNet) Versions() map[string]uint64 {
 func (f fedNet) Leave(ctx context.Context, version uint64) error {
 	f.p.Control.SetStatus(version&^joiningBit|doneBit, 0)
 	return f.p.Control.Beat(ctx)
+}
+
+// Departed implements train.Departures: id's heartbeats said it stopped,
+// now or when Members last looked (a stopped peer drops out of the view
+// once its heartbeats end).
+func (f fedNet) Departed(id string) bool {
+	if _, ok := f.p.left.Load(id); ok {
+		return true
+	}
+	pid, err := peer.Decode(id)
+	if err != nil {
+		return false
+	}
+	pi, ok := f.p.Control.Peer(pid)
+	return ok && stopped(pi.Version)
 }
 
 func (f fedNet) Members(ctx context.Context, round uint64) ([]string, error) {

@@ -222,6 +222,77 @@ type Leaver interface {
 	Leave(ctx context.Context, version uint64) error
 }
 
+// Departures is implemented by FedNets that learn which peers announced
+// that they stopped (Leaver). Federated does not count them among the
+// peers whose majority it needs to go on (see quorate).
+type Departures interface {
+	// Departed reports whether peer announced that it stopped.
+	Departed(peer string) bool
+}
+
+// quorate reports whether members hold a strict majority of ref (less the
+// peers that announced their departure); an empty ref is no constraint.
+// ref is the group of the last round this peer completed: a peer cut off
+// from most of it is on the minority side of a partition, or the others
+// died; it cannot tell which, so it waits (awaitMajority) rather than
+// train rounds of its own, whose state, numbered as the global rounds
+// are, would later pass for the newest and replace the majority's.
+func quorate(net FedNet, members, ref []string) bool {
+	dep, _ := net.(Departures)
+	in, total := 0, 0
+	for _, p := range ref {
+		if dep != nil && p != net.Self() && dep.Departed(p) {
+			continue
+		}
+		total++
+		if slices.Contains(members, p) {
+			in++
+		}
+	}
+	return total == 0 || 2*in > total
+}
+
+// awaitMajority waits, up to cfg.RoundTimeout, until the members at round
+// r hold a majority of ref again, and returns them. After the wait it goes
+// on with the members it sees, which it returns with ok false: the others
+// are taken for dead (a peer of two whose partner died waits this long).
+func awaitMajority(ctx context.Context, net FedNet, cfg FedConfig, rec Recorder, start time.Time, r uint64, ref, members []string) (_ []string, ok bool, err error) {
+	event := func(kind, detail string) {
+		if rec != nil {
+			rec.Event(Event{Peer: net.Self(), At: time.Since(start), Kind: kind, Detail: detail})
+		}
+	}
+	event("minority", fmt.Sprintf("round %d: %d of the last round's %d peers reachable; waiting up to %v for a majority of them", r, countIn(members, ref), len(ref), cfg.RoundTimeout))
+	deadline := time.Now().Add(cfg.RoundTimeout)
+	for {
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return nil, false, err
+		}
+		if members, err = net.Members(ctx, r); err != nil {
+			return nil, false, fmt.Errorf("round %d: %w", r, err)
+		}
+		if quorate(net, members, ref) {
+			event("majority", fmt.Sprintf("round %d: a majority of the last round's peers is back", r))
+			return members, true, nil
+		}
+		if time.Now().After(deadline) {
+			event("minority", fmt.Sprintf("round %d: no majority of the last round's %d peers within %v; going on with %d", r, len(ref), cfg.RoundTimeout, len(members)))
+			return members, false, nil
+		}
+	}
+}
+
+// countIn returns how many of ps are in list.
+func countIn(list, ps []string) int {
+	n := 0
+	for _, p := range ps {
+		if slices.Contains(list, p) {
+			n++
+		}
+	}
+	return n
+}
+
 // Versioned is implemented by FedNets that know the state version each
 // live peer last published (from heartbeats, say). Federated uses it to
 // line a peer up with the others after it starts or fails a round.
@@ -347,6 +418,9 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	}
 	start := time.Now()
 	self := net.Self()
+	// ref is the group of the last round this peer completed, else the
+	// first view of the others it had (see quorate).
+	var ref []string
 	if cfg.Resume != nil {
 		if len(cfg.Resume.State) != len(state) {
 			return fmt.Errorf("%w: checkpointed state has %d values, %s with %s needs %d", ErrStrategy, len(cfg.Resume.State), w.Model.Arch, cfg.Strategy, len(state))
@@ -366,6 +440,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 				return err
 			}
 			if others := othersOf(self, members); len(others) > 0 {
+				ref = members // see quorate
 				if v, err := fetchState(ctx, net, others, version+1, state, 1500*time.Millisecond); err == nil {
 					copy(st, state[n:])
 					version = v
@@ -413,6 +488,23 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)
 		}
+		if ref == nil {
+			// Before a first completed round (or after giving up on the
+			// last group), the view at the start of the first round it
+			// tries: a peer cut off before that round completes waits
+			// for it too.
+			ref = members
+		}
+		if !quorate(net, members, ref) {
+			var back bool
+			if members, back, err = awaitMajority(ctx, net, cfg, rec, start, r, ref, members); err != nil {
+				return err
+			}
+			if !back {
+				ref = nil // the others are taken for dead
+			}
+			align = true // the majority may be rounds ahead
+		}
 		sampled := Sample(cfg.Seed, r, members, cfg.Fraction)
 		if !slices.Contains(sampled, self) {
 			continue
@@ -452,6 +544,9 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "round-failed", Detail: err.Error()})
 			}
 			align = true
+		}
+		if err == nil && !synced {
+			ref = info.Participants
 		}
 		if version == before {
 			continue // no new state (a fetch for round r−1 failed)

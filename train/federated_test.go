@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -296,6 +297,98 @@ func TestStrategiesLearn(t *testing.T) {
 			_, after := w.Evaluate(te.Head(2000))
 			if after < 0.8 || after < before+0.3 {
 				t.Fatalf("accuracy %.3f → %.3f after 5 rounds", before, after)
+			}
+		})
+	}
+}
+
+// partNet cuts its peer off from the others while *cut is set (peer02
+// then sees only itself; the others see each other): membership,
+// versions and state fetches all stop at the cut. It counts the
+// all-reduces its peer starts with a group of one.
+type partNet struct {
+	FedNet
+	self  string
+	cut   *atomic.Bool
+	from  func(round uint64) // peer00 calls it with each round it starts
+	solos *atomic.Int64
+}
+
+func (n partNet) side(all []string) []string {
+	if !n.cut.Load() {
+		return all
+	}
+	return slices.DeleteFunc(slices.Clone(all), func(p string) bool { return (p == "peer02") != (n.self == "peer02") })
+}
+
+func (n partNet) Members(ctx context.Context, round uint64) ([]string, error) {
+	if n.from != nil {
+		defer n.from(round)
+	}
+	m, err := n.FedNet.Members(ctx, round)
+	return n.side(m), err
+}
+
+func (n partNet) Versions() map[string]uint64 {
+	vs := n.FedNet.(Versioned).Versions()
+	for p := range vs {
+		if !slices.Contains(n.side([]string{p}), p) {
+			delete(vs, p)
+		}
+	}
+	return vs
+}
+
+func (n partNet) Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error) {
+	if peers = n.side(peers); len(peers) == 0 {
+		<-ctx.Done()
+		return 0, fmt.Errorf("%w: %w", ErrNoState, ctx.Err())
+	}
+	return n.FedNet.Fetch(ctx, peers, version, dst)
+}
+
+func (n partNet) AllReduce(ctx context.Context, round uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
+	if len(group) < 2 {
+		n.solos.Add(1)
+	}
+	return n.FedNet.AllReduce(ctx, round, group, dst, src, weight)
+}
+
+// TestFederatedMinorityWaits cuts one peer of three off from the others
+// for about ten of the majority's rounds: from the majority's round 5, or
+// from the start of the cut-off peer's first round (before any round
+// completed). The majority goes on; the cut-off peer, a minority of the
+// group it last saw, must not train rounds of its own (a divergent state
+// with higher version numbers, which the majority took as the newest when
+// the cut healed, throwing its own rounds away), but wait and then take
+// the majority's state. All three end on the same final state.
+func TestFederatedMinorityWaits(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		who       string // whose Members call at round from cuts (after it returns)
+		from, end uint64 // the cut spans [from, end) of peer00's rounds
+	}{{"mid-run", "peer00", 5, 15}, {"first-round", "peer02", 1, 10}} {
+		t.Run(c.name, func(t *testing.T) {
+			small, shards, cfg, wcfg := logregFed(t, 3, 900, 30, 20*time.Second)
+			var cut, began atomic.Bool
+			var solos atomic.Int64
+			finals := runFedWrapped(t, 3, shards, small, cfg, wcfg, "", func(id string, net FedNet) FedNet {
+				pn := partNet{FedNet: net, self: id, cut: &cut, solos: &solos}
+				pn.from = func(round uint64) {
+					if id == c.who && round == c.from && !began.Swap(true) {
+						cut.Store(true)
+					}
+					if id == "peer00" && round == c.end {
+						cut.Store(false)
+					}
+				}
+				return pn
+			})
+			if n := solos.Load(); n > 0 {
+				t.Errorf("%d all-reduces with a group of one: the cut-off peer trained alone", n)
+			}
+			if len(finals) != 3 || !slices.Equal(finals["peer00"], finals["peer01"]) || !slices.Equal(finals["peer00"], finals["peer02"]) {
+				t.Fatalf("the peers end on different states (%d finished)", len(finals))
 			}
 		})
 	}

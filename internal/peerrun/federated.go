@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/starling-ml/starling/train"
 )
@@ -21,7 +23,8 @@ func runFederated(ctx context.Context, env *Env) error {
 	}
 	eval := env.Worker
 	var lastErr error
-	err := train.Federated(ctx, env.Worker, env.Peer.FedNet(), cfg, env.Recorder, func(ri train.RoundInfo) bool {
+	rec := loggedEvents{Recorder: env.Recorder, log: env.Log}
+	err := train.Federated(ctx, env.Worker, env.Peer.FedNet(), cfg, rec, func(ri train.RoundInfo) bool {
 		ck := &train.Checkpoint{Strategy: cfg.Strategy, Version: ri.Round, State: ri.State}
 		ck.Capture(env.Worker)
 		if err := env.Save(ck); err != nil {
@@ -62,4 +65,30 @@ func runFederated(ctx context.Context, env *Env) error {
 		return err
 	}
 	return err
+}
+
+// loggedEvents logs the events a user should see as they happen: a peer
+// cut off from most of the last round's group waits for it (train's
+// awaitMajority), which looks like a hang unless it says so.
+type loggedEvents struct {
+	train.Recorder
+	log *slog.Logger
+}
+
+func (l loggedEvents) Event(e train.Event) {
+	switch e.Kind {
+	case "minority":
+		l.log.Warn("federated: " + e.Detail)
+	case "majority":
+		l.log.Info("federated: " + e.Detail)
+	}
+	if l.Recorder != nil {
+		l.Recorder.Event(e)
+	}
+}
+
+func (l loggedEvents) Snapshot(peer string, at time.Duration, updates int, params []float32) {
+	if l.Recorder != nil {
+		l.Recorder.Snapshot(peer, at, updates, params)
+	}
 }
