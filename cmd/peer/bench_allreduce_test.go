@@ -65,12 +65,16 @@ func TestBenchAllReduceProcesses(t *testing.T) {
 	dir := t.TempDir()
 	line := regexp.MustCompile(`^starling world=3 bytes=2000000 time_s=[0-9.]+ algbw_MBps=[0-9.]+ busbw_MBps=[0-9.]+\n$`)
 	const n = 3
-	ports := []int{freePort(t), freePort(t), freePort(t)}
+	// Each subtest takes fresh ports: one left unbound between subtests
+	// could be taken by another test binary's peer, and with SO_REUSEPORT
+	// both would then listen on it.
+	var ports []int
 	keys, addrs := make([]string, n), make([]string, n)
-	for i := range keys {
-		keys[i], addrs[i] = identity(t, dir, i, ports[i])
-	}
 	run := func(t *testing.T, args func(i int) []string) []string {
+		ports = []int{freePort(t), freePort(t), freePort(t)}
+		for i := range keys {
+			keys[i], addrs[i] = identity(t, dir, i, ports[i])
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
 		outs := make([]string, n)
