@@ -223,6 +223,7 @@ func TestFederatedPeerStopsOverMocknet(t *testing.T) {
 	last := make([]uint64, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
+	start := time.Now()
 	for i, p := range ps {
 		wg.Go(func() {
 			errs[i] = train.Federated(ctx, workers[i], p.FedNet(), cfg, nil, func(ri train.RoundInfo) bool {
@@ -235,6 +236,11 @@ func TestFederatedPeerStopsOverMocknet(t *testing.T) {
 	wg.Wait()
 	if errs[0] != nil || errs[1] != nil || last[0] != 12 || last[1] != 3 {
 		t.Fatalf("peers ended at rounds %v with %v, want 12 and 3", last, errs)
+	}
+	// Peer 1 announced its stop: peer 0, alone of the last round's two,
+	// is no minority waiting for it (train's quorate, fedNet.Departed).
+	if took := time.Since(start); took > cfg.RoundTimeout*3/4 {
+		t.Errorf("took %v: peer 0 waited for the peer that had stopped", took)
 	}
 	if m := ps[0].Members(); len(m) != 1 || len(ps[0].Control.Peers()) != 1 {
 		t.Fatalf("peer 0's members %v with %d live peers; want itself alone, the stopped peer still live", m, len(ps[0].Control.Peers()))
