@@ -232,9 +232,9 @@ type Departures interface {
 
 // quorate reports whether members hold a strict majority of ref (less the
 // peers that announced their departure); an empty ref is no constraint.
-// ref is the group of the last round this peer completed: a peer cut off
-// from most of it is on the minority side of a partition, or the others
-// died; it cannot tell which, so it waits (awaitMajority) rather than
+// ref is the membership of the last round this peer completed: a peer cut
+// off from most of it is on the minority side of a partition, or the
+// others died; it cannot tell which, so it waits (awaitMajority) rather than
 // train rounds of its own, whose state, numbered as the global rounds
 // are, would later pass for the newest and replace the majority's.
 func quorate(net FedNet, members, ref []string) bool {
@@ -418,8 +418,8 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	}
 	start := time.Now()
 	self := net.Self()
-	// ref is the group of the last round this peer completed, else the
-	// first view of the others it had (see quorate).
+	// ref is the membership of the last round this peer completed, else
+	// the first view of the others it had (see quorate).
 	var ref []string
 	if cfg.Resume != nil {
 		if len(cfg.Resume.State) != len(state) {
@@ -546,7 +546,11 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			align = true
 		}
 		if err == nil && !synced {
-			ref = info.Participants
+			// The federation as this peer saw it for a round it
+			// completed: the members, not the round's sample (with
+			// Fraction < 1 a sample is a few peers, whose loss would
+			// look like a partition).
+			ref = members
 		}
 		if version == before {
 			continue // no new state (a fetch for round r−1 failed)

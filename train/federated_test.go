@@ -396,3 +396,32 @@ func TestFederatedMinorityWaits(t *testing.T) {
 		})
 	}
 }
+
+// departedNet is a FedNet whose Departures are a fixed set.
+type departedNet struct {
+	FedNet
+	gone []string
+}
+
+func (d departedNet) Departed(p string) bool { return slices.Contains(d.gone, p) }
+
+func TestQuorate(t *testing.T) {
+	all := []string{"a", "b", "c", "d", "e"}
+	for _, c := range []struct {
+		members, ref, gone []string
+		want               bool
+	}{
+		{[]string{"a"}, nil, nil, true},                                // no reference yet
+		{[]string{"a", "b", "c"}, all, nil, true},                      // 3 of 5
+		{[]string{"a", "b"}, all, nil, false},                          // 2 of 5
+		{[]string{"a", "b"}, all, []string{"d", "e"}, true},            // 2 of 3 once two left
+		{[]string{"a"}, []string{"a", "b"}, nil, false},                // 1 of 2: a partner lost
+		{[]string{"a"}, []string{"a", "b"}, []string{"b"}, true},       // 1 of 1: the partner left
+		{[]string{"a", "x", "y"}, []string{"a", "b", "c"}, nil, false}, // newcomers do not make a majority of the old
+	} {
+		net := departedNet{FedNet: &RunnerNet{ID: "a"}, gone: c.gone}
+		if got := quorate(net, c.members, c.ref); got != c.want {
+			t.Errorf("members %v of %v (gone %v): quorate %v, want %v", c.members, c.ref, c.gone, got, c.want)
+		}
+	}
+}
