@@ -264,8 +264,8 @@ type attempt struct {
 	fatal     error
 	lastHeard []atomic.Int64
 	// sends[j] counts Sends to rank j begun, sending[j] those not yet
-	// returned: a probe of j is conclusive only if neither moved while it
-	// ran (see probe).
+	// returned: a probe of j is conclusive only if none was in flight when
+	// it began and none began while it ran (see probe).
 	sends, sending []atomic.Int64
 	lanes          atomic.Int64 // lanes still to complete
 	bad            atomic.Bool  // a lane failed
@@ -478,7 +478,7 @@ func (a *attempt) probe(ctx context.Context, p Prober, j int, unresponsive func(
 		case !timedOut:
 			a.r.log.Debug("aggregate: probe failed", "self", a.r.self, "peer", a.g.members[j], "err", err)
 			return
-		case !idle || a.sending[j].Load() != 0 || a.sends[j].Load() != sends:
+		case !idle || a.sends[j].Load() != sends:
 			// Our own data to j was on the way: the probe may have
 			// queued behind it on a slow link. Inconclusive.
 			continue

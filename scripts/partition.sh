@@ -11,7 +11,7 @@ BENCH=${BENCH:-$(cd ../shared/bench && pwd)}
 d=$(mktemp -d); b=$d/peer; n=3
 go build -o "$b" ./cmd/peer
 "$BENCH/netbed.sh" down $n >/dev/null 2>&1; "$BENCH/netbed.sh" up $n 1gbit
-ids=(); for k in 0 1 2; do [ -f $d/k$k ] || $b keygen --key $d/k$k >/dev/null 2>&1; ids+=("$($b id --key $d/k$k | head -1)"); done
+ids=(); for k in 0 1 2; do $b keygen --key $d/k$k >/dev/null 2>&1; ids+=("$($b id --key $d/k$k | head -1)"); done
 for k in 0 1 2; do
   con=(); for j in 0 1 2; do [ $j != $k ] && con+=(--connect /ip4/10.77.0.$((j+1))/tcp/4001/p2p/${ids[$j]}); done
   ip netns exec h$k timeout 300 $b run --mdns=false --swarm part --key $d/k$k --listen /ip4/10.77.0.$((k+1))/tcp/4001 "${con[@]}" \

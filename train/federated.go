@@ -238,8 +238,14 @@ type Departures interface {
 // train rounds of its own, whose state, numbered as the global rounds
 // are, would later pass for the newest and replace the majority's.
 func quorate(net FedNet, members, ref []string) bool {
+	in, total := tally(net, members, ref)
+	return total == 0 || 2*in > total
+}
+
+// tally returns how many of ref, less the peers that announced their
+// departure, there are (total) and how many of them are among members (in).
+func tally(net FedNet, members, ref []string) (in, total int) {
 	dep, _ := net.(Departures)
-	in, total := 0, 0
 	for _, p := range ref {
 		if dep != nil && p != net.Self() && dep.Departed(p) {
 			continue
@@ -249,7 +255,7 @@ func quorate(net FedNet, members, ref []string) bool {
 			in++
 		}
 	}
-	return total == 0 || 2*in > total
+	return in, total
 }
 
 // awaitMajority waits, up to cfg.RoundTimeout, until the members at round
@@ -262,7 +268,8 @@ func awaitMajority(ctx context.Context, net FedNet, cfg FedConfig, rec Recorder,
 			rec.Event(Event{Peer: net.Self(), At: time.Since(start), Kind: kind, Detail: detail})
 		}
 	}
-	event("minority", fmt.Sprintf("round %d: %d of the last round's %d peers reachable; waiting up to %v for a majority of them", r, countIn(members, ref), len(ref), cfg.RoundTimeout))
+	in, total := tally(net, members, ref)
+	event("minority", fmt.Sprintf("round %d: %d of the last round's %d peers reachable; waiting up to %v for a majority of them", r, in, total, cfg.RoundTimeout))
 	deadline := time.Now().Add(cfg.RoundTimeout)
 	for {
 		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
@@ -276,21 +283,10 @@ func awaitMajority(ctx context.Context, net FedNet, cfg FedConfig, rec Recorder,
 			return members, true, nil
 		}
 		if time.Now().After(deadline) {
-			event("minority", fmt.Sprintf("round %d: no majority of the last round's %d peers within %v; going on with %d", r, len(ref), cfg.RoundTimeout, len(members)))
+			event("minority", fmt.Sprintf("round %d: no majority of the last round's %d peers within %v; going on with %d", r, total, cfg.RoundTimeout, len(members)))
 			return members, false, nil
 		}
 	}
-}
-
-// countIn returns how many of ps are in list.
-func countIn(list, ps []string) int {
-	n := 0
-	for _, p := range ps {
-		if slices.Contains(list, p) {
-			n++
-		}
-	}
-	return n
 }
 
 // Versioned is implemented by FedNets that know the state version each
@@ -489,10 +485,9 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			return fmt.Errorf("round %d: %w", r, err)
 		}
 		if ref == nil {
-			// Before a first completed round (or after giving up on the
-			// last group), the view at the start of the first round it
-			// tries: a peer cut off before that round completes waits
-			// for it too.
+			// Before a first completed round, the view at the start of
+			// the first round it tries: a peer cut off before that round
+			// completes waits for it too.
 			ref = members
 		}
 		if !quorate(net, members, ref) {
@@ -501,7 +496,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 				return err
 			}
 			if !back {
-				ref = nil // the others are taken for dead
+				ref = members // the others are taken for dead
 			}
 			align = true // the majority may be rounds ahead
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/starling-ml/starling/train"
 )
@@ -82,13 +81,5 @@ func (l loggedEvents) Event(e train.Event) {
 	case "majority":
 		l.log.Info("federated: " + e.Detail)
 	}
-	if l.Recorder != nil {
-		l.Recorder.Event(e)
-	}
-}
-
-func (l loggedEvents) Snapshot(peer string, at time.Duration, updates int, params []float32) {
-	if l.Recorder != nil {
-		l.Recorder.Snapshot(peer, at, updates, params)
-	}
+	l.Recorder.Event(e)
 }
