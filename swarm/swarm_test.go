@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,12 @@ func testConfig() Config {
 
 // newSwarm attaches n peers to a fully connected mocknet.
 func newSwarm(t testing.TB, n int) []*Peer {
+	ps, _ := newSwarmNet(t, n)
+	return ps
+}
+
+// newSwarmNet is newSwarm, with the mocknet.
+func newSwarmNet(t testing.TB, n int) ([]*Peer, mocknet.Mocknet) {
 	t.Helper()
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
@@ -34,7 +41,24 @@ func newSwarm(t testing.TB, n int) []*Peer {
 	if err := mn.ConnectAllButSelf(); err != nil {
 		t.Fatal(err)
 	}
-	return ps
+	return ps, mn
+}
+
+// cutOff unlinks and disconnects p from every other peer of ps: to them it
+// is as if p had crashed, with no word of goodbye.
+func cutOff(t testing.TB, mn mocknet.Mocknet, ps []*Peer, p *Peer) {
+	t.Helper()
+	for _, q := range ps {
+		if q == p {
+			continue
+		}
+		if err := mn.UnlinkPeers(p.Node.ID(), q.Node.ID()); err != nil {
+			t.Error(err)
+		}
+		if err := mn.DisconnectPeers(p.Node.ID(), q.Node.ID()); err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 // attachPeers attaches n new peers to mn (not yet linked).
@@ -130,13 +154,19 @@ func TestFetchWaitsForVersion(t *testing.T) {
 // for each on its IID share of the first samples MNIST training images,
 // and a context for the test (60 s).
 func fedSwarm(t *testing.T, n, samples int) ([]*Peer, []*train.Worker, context.Context) {
+	ps, workers, ctx, _ := fedSwarmNet(t, n, samples)
+	return ps, workers, ctx
+}
+
+// fedSwarmNet is fedSwarm, with the mocknet.
+func fedSwarmNet(t *testing.T, n, samples int) ([]*Peer, []*train.Worker, context.Context, mocknet.Mocknet) {
 	tr, _, err := data.LoadMNIST("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	small := tr.Head(samples)
 	shards, _ := data.IID(small.Len(), n, 1)
-	ps := newSwarm(t, n)
+	ps, mn := newSwarmNet(t, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	workers := make([]*train.Worker, n)
@@ -150,7 +180,7 @@ func fedSwarm(t *testing.T, n, samples int) ([]*Peer, []*train.Worker, context.C
 			t.Fatal(err)
 		}
 	}
-	return ps, workers, ctx
+	return ps, workers, ctx, mn
 }
 
 func TestFederatedOverMocknet(t *testing.T) {
@@ -244,5 +274,57 @@ func TestFederatedPeerStopsOverMocknet(t *testing.T) {
 	}
 	if m := ps[0].Members(); len(m) != 1 || len(ps[0].Control.Peers()) != 1 {
 		t.Fatalf("peer 0's members %v with %d live peers; want itself alone, the stopped peer still live", m, len(ps[0].Control.Peers()))
+	}
+}
+
+// TestFederatedSampledPeerCrashesOverMocknet: with --fraction < 1, a peer
+// that vanishes (no goodbye) right after a round it was sampled for is one
+// of the 5 members the survivors saw in that round, not one of its 2
+// participants: the 4 survivors are a majority and go on at once, without
+// waiting for it as a minority would (train's quorate takes the last
+// round's members, not its sample, as the reference).
+func TestFederatedSampledPeerCrashesOverMocknet(t *testing.T) {
+	const n = 5
+	ps, workers, ctx, mn := fedSwarmNet(t, n, 2500)
+	cfg := train.DefaultFedConfig()
+	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 12, 0.4, 40*time.Second
+	rec := &train.MemRecorder{}
+	var victim atomic.Int32
+	victim.Store(-1)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, p := range ps {
+		wg.Go(func() {
+			errs[i] = train.Federated(ctx, workers[i], p.FedNet(), cfg, rec, func(ri train.RoundInfo) bool {
+				if ri.Round >= 2 && !ri.Failed && !ri.Synced && len(ri.Sampled) < n &&
+					slices.Contains(ri.Participants, p.ID()) && victim.CompareAndSwap(-1, int32(i)) {
+					cutOff(t, mn, ps, p) // before Federated's goodbye, which goes nowhere
+					return true
+				}
+				return false
+			})
+		})
+	}
+	wg.Wait()
+	v := int(victim.Load())
+	if v < 0 {
+		t.Fatal("no peer took part in a sampled round")
+	}
+	for i := range ps {
+		if i == v {
+			continue
+		}
+		if errs[i] != nil {
+			t.Fatalf("peer %d: %v", i, errs[i])
+		}
+	}
+	for _, e := range rec.Events() {
+		if e.Kind == "minority" && e.Peer != ps[v].ID() {
+			t.Errorf("%s at %v: %s", e.Peer, e.At, e.Detail)
+		}
+	}
+	if took := time.Since(start); took > cfg.RoundTimeout*3/4 {
+		t.Errorf("took %v: the survivors waited for the crashed peer", took)
 	}
 }

@@ -94,12 +94,12 @@ func TestServerOpts(t *testing.T) {
 // runFed runs a federation of n peers in one process over aggtest and
 // returns the participants' final global models.
 func runFed(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedConfig, wcfg WorkerConfig, kill string) map[string][]float32 {
-	return runFedWrapped(t, n, shards, tr, cfg, wcfg, kill, nil)
+	return runFedWrapped(t, n, shards, tr, cfg, wcfg, kill, nil, nil)
 }
 
 // runFedWrapped is runFed with each peer's FedNet passed through wrap (if
-// not nil).
-func runFedWrapped(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedConfig, wcfg WorkerConfig, kill string, wrap func(id string, net FedNet) FedNet) map[string][]float32 {
+// not nil), and events recorded in rec (if not nil).
+func runFedWrapped(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedConfig, wcfg WorkerConfig, kill string, rec Recorder, wrap func(id string, net FedNet) FedNet) map[string][]float32 {
 	t.Helper()
 	netw := aggtest.NewNetwork(aggtest.Config{})
 	board := NewStateBoard()
@@ -133,7 +133,7 @@ func runFedWrapped(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedCon
 		go func(i int, id string) {
 			defer wg.Done()
 			ctx := context.Background()
-			errs[i] = Federated(ctx, w, net, cfg, nil, func(ri RoundInfo) bool {
+			errs[i] = Federated(ctx, w, net, cfg, rec, func(ri RoundInfo) bool {
 				if id == kill {
 					if ri.Round == 2 {
 						netw.Kill(aggregate.PeerID(id))
@@ -230,7 +230,7 @@ func (n lateNet) AllReduce(ctx context.Context, round uint64, group []string, ds
 // previous one relabelled as final.
 func TestFederatedLastRoundLate(t *testing.T) {
 	small, shards, cfg, wcfg := logregFed(t, 3, 900, 3, 30*time.Second)
-	finals := runFedWrapped(t, 3, shards, small, cfg, wcfg, "", func(id string, net FedNet) FedNet {
+	finals := runFedWrapped(t, 3, shards, small, cfg, wcfg, "", nil, func(id string, net FedNet) FedNet {
 		if id != "peer02" {
 			return net
 		}
@@ -375,7 +375,7 @@ func TestFederatedMinorityWaits(t *testing.T) {
 			small, shards, cfg, wcfg := logregFed(t, 3, 900, 30, 90*time.Second)
 			var cut, began atomic.Bool
 			var solos atomic.Int64
-			finals := runFedWrapped(t, 3, shards, small, cfg, wcfg, "", func(id string, net FedNet) FedNet {
+			finals := runFedWrapped(t, 3, shards, small, cfg, wcfg, "", nil, func(id string, net FedNet) FedNet {
 				pn := partNet{FedNet: net, self: id, cut: &cut, solos: &solos}
 				pn.from = func(round uint64) {
 					if id == c.who && round == c.from && !began.Swap(true) {
@@ -395,6 +395,77 @@ func TestFederatedMinorityWaits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// goneNet drops a peer from Members once dead is set, as a control plane
+// does when the peer's heartbeats stop.
+type goneNet struct {
+	FedNet
+	gone string
+	dead *atomic.Bool
+}
+
+func (n goneNet) Members(ctx context.Context, round uint64) ([]string, error) {
+	m, err := n.FedNet.Members(ctx, round)
+	if n.dead.Load() {
+		m = slices.DeleteFunc(slices.Clone(m), func(p string) bool { return p == n.gone })
+	}
+	return m, err
+}
+
+// TestFederatedSampledPeerDies: with Fraction < 1, a peer that dies right
+// after a round it was sampled for is one of the members its partner saw
+// in that round, not half of the round's sample of two: the partner, with
+// 4 of 5 left, is no minority and does not wait the round timeout for a
+// majority (it did when the sample was the reference).
+func TestFederatedSampledPeerDies(t *testing.T) {
+	const n = 5
+	small, shards, cfg, wcfg := logregFed(t, n, 1500, 6, 20*time.Second)
+	cfg.Fraction = 0.4
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("peer%02d", i)
+	}
+	pair := Sample(cfg.Seed, 2, ids, cfg.Fraction)
+	if len(pair) != 2 {
+		t.Fatalf("round 2 samples %v", pair)
+	}
+	victim := pair[0]
+	var dead atomic.Bool
+	rec := &MemRecorder{}
+	finals := runFedWrapped(t, n, shards, small, cfg, wcfg, victim, rec, func(id string, net FedNet) FedNet {
+		if id == victim {
+			return dieNet{FedNet: net, round: 2, dead: &dead}
+		}
+		return goneNet{FedNet: net, gone: victim, dead: &dead}
+	})
+	if !dead.Load() {
+		t.Fatal("the victim never completed round 2")
+	}
+	for _, e := range rec.Events() {
+		if e.Kind == "minority" {
+			t.Errorf("%s at %v: %s", e.Peer, e.At, e.Detail)
+		}
+	}
+	if _, ok := finals[pair[1]]; !ok {
+		t.Fatalf("the victim's partner %s took part in no round", pair[1])
+	}
+}
+
+// dieNet sets dead once its peer's all-reduce of round completes (the
+// peer is killed when it reports the round).
+type dieNet struct {
+	FedNet
+	round uint64
+	dead  *atomic.Bool
+}
+
+func (n dieNet) AllReduce(ctx context.Context, round uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
+	used, err := n.FedNet.AllReduce(ctx, round, group, dst, src, weight)
+	if round == n.round && err == nil {
+		n.dead.Store(true)
+	}
+	return used, err
 }
 
 // departedNet is a FedNet whose Departures are a fixed set.
