@@ -64,6 +64,9 @@ starling() { # [binary label]
   done
   wait
   grep -v '^warning: --insecure' "$tmp/s0" || true
+  if ! grep -q "^$label " "$tmp/s0"; then # no result: what every rank said
+    for k in $(seq 1 $((n-1))); do echo "--- rank $k:"; grep -v '^warning: --insecure' "$tmp/s$k" | tail -20; done >&2
+  fi
 }
 gloo() {
   local port=$((29000 + RANDOM % 1000)) iface=()

@@ -58,6 +58,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	stall := fs.Duration("stall-timeout", 30*time.Second, "how long a silent peer is waited for")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for the other processes")
 	label := fs.String("label", "starling", "first word of the result line")
+	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the timed all-reduces to this file")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -121,6 +122,9 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	if *chunkKB > 0 {
 		ag.ChunkElems = *chunkKB << 10 / 4
 	}
+	if b.cfg.Log, err = textLogger(*logLevel, stderr); err != nil {
+		return nil, err
+	}
 	if err := b.cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -160,8 +164,16 @@ func runBenchAllReduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	round := uint64(0)
 	one := func(v, out []float32) error {
 		round++
-		_, err := train.AllReduceGroup(ctx, p.Runner, round, members, out, v, 1)
-		return err
+		used, err := train.AllReduceGroup(ctx, p.Runner, round, members, out, v, 1)
+		if err != nil {
+			return err
+		}
+		if len(used) != len(members) {
+			// A time without everyone is no measurement of W processes.
+			gone := slices.DeleteFunc(slices.Clone(members), func(m string) bool { return slices.Contains(used, m) })
+			return fmt.Errorf("bench allreduce: round %d went on without %v (the log above says why)", round, gone)
+		}
+		return nil
 	}
 	bar := []float32{1}
 	barOut := []float32{0}

@@ -81,9 +81,9 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
 			Partition: *partition, DataSeed: *dataSeed, Limit: *limit, Checkpoint: *ckpt, Resume: *resume,
 			Out: *out, ProgressJSON: *progressJSON, Linger: *linger}
-		var lvl slog.Level
-		if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-			return o, fmt.Errorf("--log-level: %v", err)
+		log, err := textLogger(*logLevel, stderr)
+		if err != nil {
+			return o, err
 		}
 		if _, err := fmt.Sscanf(*shard, "%d/%d", &o.Shard, &o.Shards); err != nil {
 			return o, fmt.Errorf("--shard %q: want K/N", *shard)
@@ -124,9 +124,19 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		} else if o.Fed.Strategy != "diloco" {
 			o.Fed.LocalEpochs = *epochs
 		}
-		o.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+		o.Log = log
 		return o, nil
 	}
+}
+
+// textLogger returns a text logger on w at the level a --log-level flag
+// names.
+func textLogger(level string, w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %v", err)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 }
 
 func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
