@@ -14,7 +14,6 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/swarm"
-	"github.com/starling-ml/starling/train"
 )
 
 func init() {
@@ -161,17 +160,24 @@ func runBenchAllReduce(ctx context.Context, args []string, stdout, stderr io.Wri
 		src[i] = float32(rank + 1)
 	}
 	want := float32(b.world * (b.world + 1) / 2)
+	ids := make([]aggregate.PeerID, len(members))
+	for i, m := range members {
+		ids[i] = aggregate.PeerID(m)
+	}
 	round := uint64(0)
 	one := func(v, out []float32) error {
 		round++
-		used, err := train.AllReduceGroup(ctx, p.Runner, round, members, out, v, 1)
+		g, err := aggregate.Form(round, ids)
 		if err != nil {
 			return err
 		}
-		if len(used) != len(members) {
+		res, err := p.Runner.AllReduce(ctx, g, out, v, 1)
+		if err != nil {
+			return err
+		}
+		if len(res.Excluded) > 0 {
 			// A time without everyone is no measurement of W processes.
-			gone := slices.DeleteFunc(slices.Clone(members), func(m string) bool { return slices.Contains(used, m) })
-			return fmt.Errorf("bench allreduce: round %d went on without %v (the log above says why)", round, gone)
+			return fmt.Errorf("bench allreduce: round %d went on without some processes: %v", round, res.Excluded)
 		}
 		return nil
 	}
