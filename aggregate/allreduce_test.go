@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -545,4 +546,47 @@ func TestSmallVectorLatency(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAutoSwitchesOnRerun: Auto's choice depends on the group's size, so
+// a re-run without a dead peer may run another algorithm than the first
+// attempt (80 KiB among 5 peers is a tree, among 4 a ring); the
+// survivors switch together and Result says which ran.
+func TestAutoSwitchesOnRerun(t *testing.T) {
+	synctestRun(t, func(t *testing.T) {
+		cfg := aggregate.DefaultConfig()
+		cfg.StallTimeout = stall
+		const n, d = 5, 20 << 10
+		s := newSwarm(t, n, aggtest.Config{Latency: time.Millisecond, Bandwidth: 1e9}, cfg)
+		g := s.group(t, 1)
+		dead := g.Member(2)
+		s.net.Kill(dead)
+		srcs, w := randVecs(rand.New(rand.NewPCG(3, 3)), n, d)
+		outs := make([]aggtest.Outcome, n)
+		var wg sync.WaitGroup
+		for i, r := range s.runners {
+			if s.ids[i] == dead {
+				continue
+			}
+			wg.Go(func() {
+				outs[i].Out = make([]float32, d)
+				outs[i].Result, outs[i].Err = r.AllReduce(t.Context(), g, outs[i].Out, srcs[i], w[i])
+			})
+		}
+		wg.Wait()
+		var live []int
+		for i, o := range outs {
+			if s.ids[i] == dead {
+				continue
+			}
+			live = append(live, i)
+			if o.Err != nil {
+				t.Fatalf("%s: %v", s.ids[i], o.Err)
+			}
+			if o.Result.Algorithm != aggregate.Ring || o.Result.Attempts != 2 || len(o.Result.Excluded) != 1 || o.Result.Excluded[0].Peer != dead {
+				t.Fatalf("%s: %v after %d attempts, excluded %v; want the ring on the second, without %s", s.ids[i], o.Result.Algorithm, o.Result.Attempts, o.Result.Excluded, dead)
+			}
+		}
+		checkSame(t, outs, live, expected(t, cfg.Rule, outs[live[0]].Result.Group, s.ids, srcs, w), false)
+	})
 }

@@ -14,8 +14,9 @@ type Algorithm uint8
 
 const (
 	// Auto picks Tree for linear rules on vectors of at most
-	// Config.TreeMaxBytes, Ring for longer ones (Butterfly when
-	// compressed), and Butterfly for the robust rules.
+	// Config.TreeMaxBytes (scaled up for groups of more than 4 peers),
+	// Ring for longer ones (Butterfly when compressed), and Butterfly for
+	// the robust rules.
 	Auto Algorithm = iota
 	// Tree reduces up a binary tree and broadcasts down it: 2·⌈log₂ n⌉
 	// hops, each peer sending at most three copies of the vector. Linear
@@ -76,9 +77,10 @@ type Config struct {
 	Algorithm Algorithm
 
 	// TreeMaxBytes is the largest vector (4 bytes per value) for which Auto
-	// picks the tree. Default 64 KiB: up to about one short chunk the cost is
-	// per-hop latency, above it the 2(n−1)/n traffic of the ring and the
-	// butterfly wins.
+	// picks the tree in a group of up to 4 peers; larger groups scale it
+	// by (n−1)/3, as the ring's hops grow (see treeMax). Default 64 KiB:
+	// up to about one short chunk the cost is per-hop latency, above it
+	// the 2(n−1)/n traffic of the ring and the butterfly wins.
 	TreeMaxBytes int
 
 	// ChunkElems is the largest number of float32 values per chunk, the
@@ -190,15 +192,31 @@ func (c Config) chunkElems(d, n int, algo Algorithm) int {
 	return min(c.ChunkElems, max(minChunkElems, (span+pipelineDepth-1)/pipelineDepth))
 }
 
-// resolve returns the algorithm a round of d values runs.
-func (c Config) resolve(d int) Algorithm {
+// treeMax is the largest vector, in bytes, for which Auto picks the tree
+// in a group of n: TreeMaxBytes up to 4 peers, and (n−1)/3 times that
+// beyond. The ring's 2(n−1) hops grow linearly with n where the tree's
+// 2⌈log₂ n⌉ barely do, while the ring's advantage in bytes (2(n−1)/n of
+// the vector sent per peer against up to 3 for a tree's inner node) stays
+// about the same, so the size where the ring's bandwidth pays for its
+// latency grows about linearly. Measured on the netbed at 1 Gbit/s (ring
+// against tree, docs/results): the two are even at about 200 KB with 4
+// peers and 500 KB with 8, 2.5 times as far; (n−1)/3 gives 2.3.
+func (c Config) treeMax(n int) int {
+	if n <= 4 || c.TreeMaxBytes == 0 {
+		return c.TreeMaxBytes
+	}
+	return int(min(float64(c.TreeMaxBytes)*float64(n-1)/3, math.MaxInt32))
+}
+
+// resolve returns the algorithm a round of d values among n peers runs.
+func (c Config) resolve(d, n int) Algorithm {
 	if c.Algorithm != Auto {
 		return c.Algorithm
 	}
 	switch {
 	case !c.Rule.Linear():
 		return Butterfly
-	case 4*d <= c.TreeMaxBytes:
+	case 4*d <= c.treeMax(n):
 		return Tree
 	case c.Compress != "":
 		return Butterfly

@@ -144,6 +144,7 @@
 // costs less CPU per byte and keeps a rate-limited link evenly busy (with
 // 8 peers on 1 Gbit/s links it moved 26 % more than the butterfly;
 // docs/results); sum and mean only, uncompressed. Auto uses the tree for
-// linear rules on vectors up to Config.TreeMaxBytes, the ring for longer
+// linear rules on vectors up to Config.TreeMaxBytes (times (n−1)/3 for
+// groups of n > 4, as the ring's 2(n−1) hops add up), the ring for longer
 // ones (the butterfly when compressed), and the butterfly for robust rules.
 package aggregate

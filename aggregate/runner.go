@@ -139,7 +139,7 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	defer r.voteSends.Wait()
-	res = Result{Group: g, Algorithm: r.cfg.resolve(len(src))}
+	res = Result{Group: g, Algorithm: r.cfg.resolve(len(src), g.Size())}
 	if len(dst) != len(src) {
 		return res, fmt.Errorf("%w: dst has %d values, src %d", ErrBadInput, len(dst), len(src))
 	}
@@ -202,6 +202,7 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 			sc.Scope(g)
 		}
 		a := r.newAttempt(g, dst, src, weight, res.Attempts > 1)
+		res.Algorithm = a.algo // a smaller group may run another
 		out, err := a.run(ctx)
 		if err != nil {
 			return res, err
@@ -275,7 +276,7 @@ type attempt struct {
 
 func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun bool) *attempt {
 	n := g.Size()
-	algo := r.cfg.resolve(len(src))
+	algo := r.cfg.resolve(len(src), n)
 	a := &attempt{
 		r: r, g: g, n: n, rank: g.Rank(r.self), algo: algo, chunk: r.cfg.chunkElems(len(src), n, algo),
 		cfg: configHash(r.cfg.Rule, algo, r.cfg.ChunkElems, len(src), r.comp),

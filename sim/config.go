@@ -69,8 +69,8 @@ type Config struct {
 	StallTimeout time.Duration `json:"stall_timeout_ns,omitempty"`
 	// SyncAlgorithm is the sync strategy's all-reduce algorithm
 	// (aggregate.ParseAlgorithm). "butterfly" by default, not aggregate's
-	// auto (the ring above 64 KiB): every pair of simulated peers has a
-	// link of its own, where the butterfly's two hops, on all links at
+	// auto (the ring above 64 KiB with 4 peers): every pair of simulated
+	// peers has a link of its own, where the butterfly's two hops, on all links at
 	// once, beat the ring's 2(n−1) on one link each (2.5× the steps with
 	// 4 peers and the default MLP); on a switched LAN, where each host's
 	// one link is the limit, the ring is as fast from 1 MB up.

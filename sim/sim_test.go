@@ -181,9 +181,10 @@ func TestConfigValidate(t *testing.T) {
 }
 
 // TestSyncAlgorithm: the sync strategy runs the butterfly unless told
-// otherwise. aggregate's auto picks the ring above 64 KiB, which on the
-// simulated network (a link per pair of peers) took 2.5× the time per
-// step of the default MLP, and so made sync look 2.5× slower than it is.
+// otherwise. aggregate's auto picks the ring above 64 KiB (4 peers),
+// which on the simulated network (a link per pair of peers) took 2.5× the
+// time per step of the default MLP, and so made sync look 2.5× slower
+// than it is.
 func TestSyncAlgorithm(t *testing.T) {
 	c := DefaultConfig()
 	if got := syncAggregateConfig(&c).Algorithm; got != aggregate.Butterfly {
