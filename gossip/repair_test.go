@@ -21,11 +21,13 @@ import (
 // connection does.
 type refusingHost struct {
 	host.Host
-	refuse atomic.Bool
+	refuse  atomic.Bool
+	refused atomic.Int32 // streams refused so far
 }
 
 func (h *refusingHost) NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
 	if h.refuse.Load() && slices.ContainsFunc(pids, func(id protocol.ID) bool { return slices.Contains(pubsub.GossipSubDefaultProtocols, id) }) {
+		h.refused.Add(1)
 		return nil, errors.New("refused by the test")
 	}
 	return h.Host.NewStream(ctx, p, pids...)
@@ -55,6 +57,11 @@ func testRepairStrandedPeer(t *testing.T, identified bool) {
 	if err := hosts[1].Connect(ctx, peer.AddrInfo{ID: hosts[0].ID(), Addrs: hosts[0].Addrs()}); err != nil {
 		t.Fatal(err)
 	}
+	// Identify's news of b's protocols is what makes a's router open its
+	// stream. Had the router tried only after the refusal ends (a slow
+	// identify, under -race on a busy machine), it would have opened the
+	// stream by itself and the repair loop would have had nothing to do.
+	eventually(t, 5*time.Second, "a's router to try b and be refused", func() bool { return a.refused.Load() > 0 })
 	// a's stream to b failed: a's router forgot b, and b never got a's
 	// subscriptions, so neither counts the other as a topic peer.
 	time.Sleep(repairInterval / 2)
