@@ -202,7 +202,7 @@ func (c Config) chunkElems(d, n int, algo Algorithm) int {
 // against tree, docs/results): the two are even at about 200 KB with 4
 // peers and 500 KB with 8, 2.5 times as far; (n−1)/3 gives 2.3.
 func (c Config) treeMax(n int) int {
-	if n <= 4 || c.TreeMaxBytes == 0 {
+	if n <= 4 {
 		return c.TreeMaxBytes
 	}
 	return int(min(float64(c.TreeMaxBytes)*float64(n-1)/3, math.MaxInt32))

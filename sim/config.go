@@ -70,10 +70,10 @@ type Config struct {
 	// SyncAlgorithm is the sync strategy's all-reduce algorithm
 	// (aggregate.ParseAlgorithm). "butterfly" by default, not aggregate's
 	// auto (the ring above 64 KiB with 4 peers): every pair of simulated
-	// peers has a link of its own, where the butterfly's two hops, on all links at
-	// once, beat the ring's 2(n−1) on one link each (2.5× the steps with
-	// 4 peers and the default MLP); on a switched LAN, where each host's
-	// one link is the limit, the ring is as fast from 1 MB up.
+	// peers has a link of its own, where the butterfly's two hops, on all
+	// links at once, beat the ring's 2(n−1) on one link each (2.5× the
+	// steps with 4 peers and the default MLP); on a switched LAN, where
+	// each host's one link is the limit, the ring is as fast from 1 MB up.
 	SyncAlgorithm string `json:"sync_algorithm"`
 	// Worker, Async and Gossip configure the peers and the strategies.
 	Worker train.WorkerConfig `json:"worker"`

@@ -122,15 +122,7 @@ func (n *RunnerNet) AllReduce(ctx context.Context, round uint64, group []string,
 // and runs r's all-reduce, returning the members whose contributions the
 // result holds.
 func AllReduceGroup(ctx context.Context, r *aggregate.Runner, round uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
-	ids := make([]aggregate.PeerID, len(group))
-	for i, p := range group {
-		ids[i] = aggregate.PeerID(p)
-	}
-	g, err := aggregate.Form(round, ids)
-	if err != nil {
-		return nil, err
-	}
-	res, err := r.AllReduce(ctx, g, dst, src, weight)
+	res, err := AllReduceResult(ctx, r, round, group, dst, src, weight)
 	if err != nil {
 		return nil, err
 	}
@@ -140,6 +132,20 @@ func AllReduceGroup(ctx context.Context, r *aggregate.Runner, round uint64, grou
 	}
 	slices.Sort(used)
 	return used, nil
+}
+
+// AllReduceResult is AllReduceGroup returning aggregate's whole Result
+// (who was excluded, and why).
+func AllReduceResult(ctx context.Context, r *aggregate.Runner, round uint64, group []string, dst, src []float32, weight float64) (aggregate.Result, error) {
+	ids := make([]aggregate.PeerID, len(group))
+	for i, p := range group {
+		ids[i] = aggregate.PeerID(p)
+	}
+	g, err := aggregate.Form(round, ids)
+	if err != nil {
+		return aggregate.Result{}, err
+	}
+	return r.AllReduce(ctx, g, dst, src, weight)
 }
 
 // Publish implements FedNet.

@@ -14,6 +14,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/swarm"
+	"github.com/starling-ml/starling/train"
 )
 
 func init() {
@@ -160,18 +161,10 @@ func runBenchAllReduce(ctx context.Context, args []string, stdout, stderr io.Wri
 		src[i] = float32(rank + 1)
 	}
 	want := float32(b.world * (b.world + 1) / 2)
-	ids := make([]aggregate.PeerID, len(members))
-	for i, m := range members {
-		ids[i] = aggregate.PeerID(m)
-	}
 	round := uint64(0)
 	one := func(v, out []float32) error {
 		round++
-		g, err := aggregate.Form(round, ids)
-		if err != nil {
-			return err
-		}
-		res, err := p.Runner.AllReduce(ctx, g, out, v, 1)
+		res, err := train.AllReduceResult(ctx, p.Runner, round, members, out, v, 1)
 		if err != nil {
 			return err
 		}
