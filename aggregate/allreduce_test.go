@@ -14,12 +14,14 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
+	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // swarm is n runners on one aggtest network.
 type swarm struct {
 	net     *aggtest.Network
-	ids     []aggregate.PeerID
+	ids     []peerid.ID
 	runners []*aggregate.Runner
 }
 
@@ -27,7 +29,7 @@ func newSwarm(t testing.TB, n int, netCfg aggtest.Config, cfg aggregate.Config) 
 	t.Helper()
 	s := &swarm{net: aggtest.NewNetwork(netCfg)}
 	for i := range n {
-		id := aggregate.PeerID(fmt.Sprintf("peer-%02d", i))
+		id := peerid.ID(fmt.Sprintf("peer-%02d", i))
 		r, err := aggregate.NewRunner(id, s.net.Join(id), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -62,7 +64,7 @@ func randVecs(rng *rand.Rand, n, d int) ([][]float32, []float64) {
 
 // expected is the rule applied to the contributions of g's members, in
 // rank order.
-func expected(t testing.TB, rule aggregate.Rule, g aggregate.Group, ids []aggregate.PeerID, srcs [][]float32, w []float64) []float32 {
+func expected(t testing.TB, rl rule.Rule, g aggregate.Group, ids []peerid.ID, srcs [][]float32, w []float64) []float32 {
 	t.Helper()
 	var in [][]float32
 	var iw []float64
@@ -72,7 +74,7 @@ func expected(t testing.TB, rule aggregate.Rule, g aggregate.Group, ids []aggreg
 		iw = append(iw, w[i])
 	}
 	out := make([]float32, len(srcs[0]))
-	if err := aggregate.Reduce(rule, out, in, iw); err != nil {
+	if err := rule.Reduce(rl, out, in, iw); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -117,21 +119,21 @@ func all(n int) []int {
 
 func TestAllReduceMatchesReduce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
-	rules := []aggregate.Rule{aggregate.Sum{}, aggregate.Mean{}, aggregate.Median{}, aggregate.Trimmed{Beta: 0.25},
-		aggregate.Krum{F: 1, M: 2}, aggregate.CClip{Tau: 1, Iters: 2}}
+	rules := []rule.Rule{rule.Sum{}, rule.Mean{}, rule.Median{}, rule.Trimmed{Beta: 0.25},
+		rule.Krum{F: 1, M: 2}, rule.CClip{Tau: 1, Iters: 2}}
 	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly, aggregate.Ring} {
-		for _, rule := range rules {
-			if algo != aggregate.Butterfly && !rule.Linear() {
+		for _, rl := range rules {
+			if algo != aggregate.Butterfly && !rl.Linear() {
 				continue
 			}
 			for _, n := range []int{1, 2, 3, 4, 5, 7, 8} {
-				if n < rule.MinInputs() {
+				if n < rl.MinInputs() {
 					continue
 				}
 				for _, d := range []int{0, 1, 5, 333} {
-					name := fmt.Sprintf("%v/%v/n=%d/d=%d", algo, rule, n, d)
+					name := fmt.Sprintf("%v/%v/n=%d/d=%d", algo, rl, n, d)
 					cfg := aggregate.DefaultConfig()
-					cfg.Rule, cfg.Algorithm, cfg.ChunkElems = rule, algo, 1+rng.IntN(40)
+					cfg.Rule, cfg.Algorithm, cfg.ChunkElems = rl, algo, 1+rng.IntN(40)
 					s := newSwarm(t, n, aggtest.Config{}, cfg)
 					g := s.group(t, uint64(rng.Uint32()))
 					srcs, w := randVecs(rng, n, d)
@@ -151,8 +153,8 @@ func TestAllReduceMatchesReduce(t *testing.T) {
 						// Local rules on the butterfly compute each chunk
 						// exactly as Reduce does; trees sum in another order
 						// and Krum/CClip sum statistics shard by shard.
-						exact := algo == aggregate.Butterfly && (rule.Local())
-						checkSame(t, outs, all(n), expected(t, rule, g, s.ids, srcs, w), exact)
+						exact := algo == aggregate.Butterfly && (rl.Local())
+						checkSame(t, outs, all(n), expected(t, rl, g, s.ids, srcs, w), exact)
 						var tot float64
 						for _, x := range w {
 							tot += x
@@ -212,7 +214,7 @@ func TestAllReduceTraffic(t *testing.T) {
 }
 
 // shardSize returns the size of the shard peer id owns.
-func shardSize(d, n int, _ *aggregate.Runner, g aggregate.Group, id aggregate.PeerID) (int, int) {
+func shardSize(d, n int, _ *aggregate.Runner, g aggregate.Group, id peerid.ID) (int, int) {
 	j := g.Rank(id)
 	off := d * j / n
 	return off, d*(j+1)/n - off
@@ -222,14 +224,14 @@ func TestAutoPicksBySize(t *testing.T) {
 	cfg := aggregate.DefaultConfig()
 	cfg.TreeMaxBytes = 4 * 100
 	for _, tc := range []struct {
-		rule aggregate.Rule
+		rule rule.Rule
 		d    int
 		want aggregate.Algorithm
 	}{
-		{aggregate.Mean{}, 100, aggregate.Tree},
-		{aggregate.Mean{}, 101, aggregate.Ring},
-		{aggregate.Sum{}, 3, aggregate.Tree},
-		{aggregate.Median{}, 3, aggregate.Butterfly},
+		{rule.Mean{}, 100, aggregate.Tree},
+		{rule.Mean{}, 101, aggregate.Ring},
+		{rule.Sum{}, 3, aggregate.Tree},
+		{rule.Median{}, 3, aggregate.Butterfly},
 	} {
 		cfg.Rule = tc.rule
 		s := newSwarm(t, 3, aggtest.Config{}, cfg)
@@ -250,7 +252,7 @@ func TestConsecutiveRoundsAndInPlace(t *testing.T) {
 		for round := uint64(1); round <= 5; round++ {
 			srcs, w := randVecs(rng, 5, 100)
 			g := s.group(t, round)
-			want := expected(t, aggregate.Mean{}, g, s.ids, srcs, w)
+			want := expected(t, rule.Mean{}, g, s.ids, srcs, w)
 			// In place: dst is src.
 			errs := make(chan error, 5)
 			for i, r := range s.runners {
@@ -291,7 +293,7 @@ func TestGroupWideFaults(t *testing.T) {
 			}
 		}
 		// Overflow of a sum of finite values.
-		cfg.Rule = aggregate.Sum{}
+		cfg.Rule = rule.Sum{}
 		s = newSwarm(t, 4, aggtest.Config{}, cfg)
 		for i := range srcs {
 			srcs[i][3] = 3e38
@@ -306,7 +308,7 @@ func TestGroupWideFaults(t *testing.T) {
 		}
 		// A weight so large that w·x overflows where the tree and the ring
 		// weigh contributions: a group fault, not the heavy peer's.
-		cfg.Rule = aggregate.Mean{}
+		cfg.Rule = rule.Mean{}
 		s = newSwarm(t, 4, aggtest.Config{}, cfg)
 		srcs, _ = randVecs(rand.New(rand.NewPCG(3, 4)), 4, 1000)
 		srcs[2][500] = 1e3
@@ -329,14 +331,14 @@ func TestAllReduceArgs(t *testing.T) {
 	if _, err := r.AllReduce(ctx, g, make([]float32, 2), make([]float32, 2), -1); !errors.Is(err, aggregate.ErrBadInput) {
 		t.Errorf("negative weight: %v", err)
 	}
-	other, _ := aggregate.Form(1, []aggregate.PeerID{"x", "y"})
+	other, _ := aggregate.Form(1, []peerid.ID{"x", "y"})
 	_, err := r.AllReduce(ctx, other, make([]float32, 2), make([]float32, 2), 1)
 	var pe *aggregate.PeerError
 	if !errors.Is(err, aggregate.ErrNotMember) || !errors.As(err, &pe) || pe.Peer != s.ids[0] {
 		t.Errorf("not a member: %v", err)
 	}
 	cfg := aggregate.DefaultConfig()
-	cfg.Rule = aggregate.Krum{F: 1, M: 1}
+	cfg.Rule = rule.Krum{F: 1, M: 1}
 	s = newSwarm(t, 4, aggtest.Config{}, cfg)
 	srcs, w := randVecs(rand.New(rand.NewPCG(1, 2)), 4, 10)
 	for _, o := range aggtest.RunRound(ctx, s.runners, s.group(t, 1), srcs, w) {
@@ -352,8 +354,8 @@ func TestConfigValidate(t *testing.T) {
 	}
 	mods := map[string]func(*aggregate.Config){
 		"nil rule":       func(c *aggregate.Config) { c.Rule = nil },
-		"tree median":    func(c *aggregate.Config) { c.Algorithm, c.Rule = aggregate.Tree, aggregate.Median{} },
-		"ring krum":      func(c *aggregate.Config) { c.Algorithm, c.Rule = aggregate.Ring, aggregate.Krum{F: 1, M: 1} },
+		"tree median":    func(c *aggregate.Config) { c.Algorithm, c.Rule = aggregate.Tree, rule.Median{} },
+		"ring krum":      func(c *aggregate.Config) { c.Algorithm, c.Rule = aggregate.Ring, rule.Krum{F: 1, M: 1} },
 		"ring fp16":      func(c *aggregate.Config) { c.Algorithm, c.Compress = aggregate.Ring, "fp16" },
 		"algo":           func(c *aggregate.Config) { c.Algorithm = 9 },
 		"chunk":          func(c *aggregate.Config) { c.ChunkElems = 0 },
@@ -361,7 +363,7 @@ func TestConfigValidate(t *testing.T) {
 		"attempts":       func(c *aggregate.Config) { c.MaxAttempts = 0 },
 		"quorum":         func(c *aggregate.Config) { c.Quorum = 1 },
 		"tree bytes":     func(c *aggregate.Config) { c.TreeMaxBytes = -1 },
-		"bad rule value": func(c *aggregate.Config) { c.Rule = aggregate.Trimmed{Beta: 0.7} },
+		"bad rule value": func(c *aggregate.Config) { c.Rule = rule.Trimmed{Beta: 0.7} },
 	}
 	for name, mod := range mods {
 		c := aggregate.DefaultConfig()
@@ -448,11 +450,11 @@ func TestPipelinedThroughput(t *testing.T) {
 func BenchmarkAllReduce(b *testing.B) {
 	for _, c := range []struct {
 		algo aggregate.Algorithm
-		rule aggregate.Rule
-	}{{aggregate.Tree, aggregate.Mean{}}, {aggregate.Butterfly, aggregate.Mean{}}, {aggregate.Butterfly, aggregate.Median{}}} {
-		algo, rule, name := c.algo, c.rule, c.algo.String()
-		if _, ok := rule.(aggregate.Mean); !ok {
-			name += "/" + rule.String()
+		rule rule.Rule
+	}{{aggregate.Tree, rule.Mean{}}, {aggregate.Butterfly, rule.Mean{}}, {aggregate.Butterfly, rule.Median{}}} {
+		algo, rl, name := c.algo, c.rule, c.algo.String()
+		if _, ok := rl.(rule.Mean); !ok {
+			name += "/" + rl.String()
 		}
 		for _, n := range []int{4, 8} {
 			for _, size := range []int{4 << 10, 1 << 20, 16 << 20} {
@@ -461,11 +463,11 @@ func BenchmarkAllReduce(b *testing.B) {
 				}
 				b.Run(fmt.Sprintf("%s/n=%d/bytes=%d", name, n, size), func(b *testing.B) {
 					cfg := aggregate.DefaultConfig()
-					cfg.Algorithm, cfg.Rule = algo, rule
+					cfg.Algorithm, cfg.Rule = algo, rl
 					s := newSwarm(b, n, aggtest.Config{}, cfg)
 					d := size / 4
 					srcs, w := randVecs(rand.New(rand.NewPCG(1, 1)), n, d)
-					want := expected(b, rule, s.group(b, 0), s.ids, srcs, w)
+					want := expected(b, rl, s.group(b, 0), s.ids, srcs, w)
 					b.SetBytes(int64(size))
 					b.ReportAllocs()
 					var outs []aggtest.Outcome
@@ -493,7 +495,7 @@ func BenchmarkAllReduce(b *testing.B) {
 // every rule that accepts one contribution and on both algorithms.
 func TestAlone(t *testing.T) {
 	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly} {
-		for _, rule := range []aggregate.Rule{aggregate.Sum{}, aggregate.Mean{}, aggregate.Median{}, aggregate.Trimmed{Beta: 0.3}, aggregate.CClip{Tau: 0.1, Iters: 2}} {
+		for _, rule := range []rule.Rule{rule.Sum{}, rule.Mean{}, rule.Median{}, rule.Trimmed{Beta: 0.3}, rule.CClip{Tau: 0.1, Iters: 2}} {
 			if algo == aggregate.Tree && !rule.Linear() {
 				continue
 			}

@@ -2,6 +2,8 @@ package aggregate
 
 import (
 	"sync"
+
+	"github.com/starling-ml/starling/aggregate/rule"
 )
 
 // shardRange returns the coordinates [off, off+size) that rank j of n owns
@@ -148,7 +150,7 @@ func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, read
 		total += w
 	}
 	a.total = total
-	if _, mean := a.r.cfg.Rule.(Mean); mean && !(total > 0 && isFinite(total)) {
+	if _, mean := a.r.cfg.Rule.(rule.Mean); mean && !(total > 0 && isFinite(total)) {
 		a.setFault(faultZeroWeight)
 		return
 	}
@@ -160,8 +162,8 @@ func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, read
 		}
 	}
 	srcs := make([][]float32, n)
-	if lr, ok := a.r.cfg.Rule.(localRule); ok {
-		var s scratch
+	if lr, ok := a.r.cfg.Rule.(rule.LocalRule); ok {
+		var s rule.Scratch
 		for k := range chunks {
 			for j := range n {
 				if j != me && !a.wait(arrived[j]) {
@@ -173,11 +175,11 @@ func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, read
 				srcs[j] = rows[j][lo:hi]
 			}
 			out := a.dst[off+lo : off+hi]
-			if err := lr.reduceLocal(out, srcs, weights, &s); err != nil {
+			if err := lr.ReduceLocal(out, srcs, weights, &s); err != nil {
 				a.setFault(faultRule)
 				return
 			}
-			if firstNonFinite(out) >= 0 {
+			if rule.FirstNonFinite(out) >= 0 {
 				a.setFault(faultOverflow)
 				return
 			}
@@ -219,7 +221,7 @@ func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, read
 		a.setFault(faultRule)
 		return
 	}
-	if firstNonFinite(out) >= 0 {
+	if rule.FirstNonFinite(out) >= 0 {
 		a.setFault(faultOverflow)
 		return
 	}

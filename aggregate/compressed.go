@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
 )
 
@@ -78,7 +79,7 @@ func decodeCHeader(w []float32) (cheader, error) {
 		return cheader{}, fmt.Errorf("%w: bad compressed header magic or flags", ErrBadValue)
 	}
 	h := cheader{cfg: getU64(w[1:]), d: getU64(w[3:]), weight: getF64(w[5:]), nbytes: getU64(w[7:])}
-	if !validWeight(h.weight) {
+	if !rule.ValidWeight(h.weight) {
 		return cheader{}, fmt.Errorf("%w: header weight %v", ErrBadValue, h.weight)
 	}
 	return h, nil
@@ -407,7 +408,7 @@ func (a *attempt) compressed() {
 	d := len(a.src)
 	c.ranks(a.n)
 	coef := float32(1)
-	if _, mean := a.r.cfg.Rule.(Mean); mean {
+	if _, mean := a.r.cfg.Rule.(rule.Mean); mean {
 		coef = float32(a.weight)
 	}
 	c.v = grow(c.v, d)
@@ -424,7 +425,7 @@ func (a *attempt) compressed() {
 			c.v[i] = coef * x
 		}
 	}
-	if firstNonFinite(c.v) >= 0 {
+	if rule.FirstNonFinite(c.v) >= 0 {
 		a.setFault(faultOverflow)
 		return
 	}
@@ -476,7 +477,7 @@ func (a *attempt) powerSGD() {
 		return
 	}
 	c.ps.Reconstruct(a.dst, c.pSum, c.qSum)
-	if firstNonFinite(a.dst) >= 0 {
+	if rule.FirstNonFinite(a.dst) >= 0 {
 		a.setFault(faultOverflow)
 		return
 	}
@@ -495,7 +496,7 @@ func (a *attempt) powerSGD() {
 
 // finishMean divides a sum by the total weight for Mean.
 func (a *attempt) finishMean(x []float32) {
-	if _, mean := a.r.cfg.Rule.(Mean); !mean || a.bad.Load() {
+	if _, mean := a.r.cfg.Rule.(rule.Mean); !mean || a.bad.Load() {
 		return
 	}
 	for i, v := range x {
@@ -585,7 +586,7 @@ func (a *attempt) add(j int, b []byte, size int) bool {
 		a.accuse(j, kindBadValue)
 		return false
 	}
-	if firstNonFinite(c.scratch) >= 0 {
+	if rule.FirstNonFinite(c.scratch) >= 0 {
 		a.accuse(j, kindBadValue)
 		return false
 	}
@@ -605,7 +606,7 @@ func (a *attempt) add(j int, b []byte, size int) bool {
 // decodeInto decodes a hop's result from rank j (the owner or parent; j =
 // a.rank for our own) into out, blaming j for bad bytes or values.
 func (a *attempt) decodeInto(j int, dec *compression.Decoder, out []float32, b []byte) bool {
-	if err := dec.Decode(out, b); err != nil || firstNonFinite(out) >= 0 {
+	if err := dec.Decode(out, b); err != nil || rule.FirstNonFinite(out) >= 0 {
 		if j == a.rank {
 			a.setFault(faultOverflow)
 		} else {
@@ -684,7 +685,7 @@ func (a *attempt) cButterfly(p *cpass) {
 			total += w
 		}
 		a.total = total
-		if _, mean := a.r.cfg.Rule.(Mean); mean && !(total > 0 && isFinite(total)) {
+		if _, mean := a.r.cfg.Rule.(rule.Mean); mean && !(total > 0 && isFinite(total)) {
 			a.setFault(faultZeroWeight)
 			return
 		}
@@ -800,7 +801,7 @@ func (a *attempt) cTree(p *cpass) {
 			return
 		}
 		a.total = sub
-		if _, mean := a.r.cfg.Rule.(Mean); mean && !(sub > 0 && isFinite(sub)) {
+		if _, mean := a.r.cfg.Rule.(rule.Mean); mean && !(sub > 0 && isFinite(sub)) {
 			a.setFault(faultZeroWeight)
 			return
 		}

@@ -12,15 +12,17 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // compressedSpecs are the codecs the compressed all-reduce is tested with.
 var compressedSpecs = []string{"fp32", "fp16", "bf16", "int8:64", "topk:0.05", "topk:0.3", "randk:0.1", "sign:32", "powersgd:2"}
 
-func compressedSwarm(t testing.TB, n int, algo aggregate.Algorithm, rule aggregate.Rule, spec string, netCfg aggtest.Config) *swarm {
+func compressedSwarm(t testing.TB, n int, algo aggregate.Algorithm, rl rule.Rule, spec string, netCfg aggtest.Config) *swarm {
 	cfg := aggregate.DefaultConfig()
-	cfg.Rule, cfg.Algorithm, cfg.ChunkElems, cfg.Compress = rule, algo, 64, spec
+	cfg.Rule, cfg.Algorithm, cfg.ChunkElems, cfg.Compress = rl, algo, 64, spec
 	return newSwarm(t, n, netCfg, cfg)
 }
 
@@ -28,7 +30,7 @@ func compressedSwarm(t testing.TB, n int, algo aggregate.Algorithm, rule aggrega
 // own rounding: the exact sum, in float64, of every member's decoded
 // contribution w_i·x_i encoded as the algorithm encodes it (per shard in a
 // butterfly, whole in a tree), and the sum of their magnitudes.
-func leafSum(t testing.TB, spec string, algo aggregate.Algorithm, rule aggregate.Rule, g aggregate.Group, ids []aggregate.PeerID, srcs [][]float32, w []float64) (sum, mag []float64) {
+func leafSum(t testing.TB, spec string, algo aggregate.Algorithm, rl rule.Rule, g aggregate.Group, ids []peerid.ID, srcs [][]float32, w []float64) (sum, mag []float64) {
 	t.Helper()
 	d, n := len(srcs[0]), g.Size()
 	sum, mag = make([]float64, d), make([]float64, d)
@@ -46,7 +48,7 @@ func leafSum(t testing.TB, spec string, algo aggregate.Algorithm, rule aggregate
 			t.Fatal(err)
 		}
 		v := slices.Clone(srcs[i])
-		if _, mean := rule.(aggregate.Mean); mean {
+		if _, mean := rl.(rule.Mean); mean {
 			for k := range v {
 				v[k] *= float32(w[i])
 			}
@@ -103,11 +105,11 @@ func TestCompressedMatchesLeafSum(t *testing.T) {
 	for _, algo := range []aggregate.Algorithm{aggregate.Tree, aggregate.Butterfly} {
 		for _, spec := range compressedSpecs {
 			for _, n := range []int{1, 2, 4, 5} {
-				for _, rule := range []aggregate.Rule{aggregate.Mean{}, aggregate.Sum{}} {
+				for _, rl := range []rule.Rule{rule.Mean{}, rule.Sum{}} {
 					d := 300 + rng.IntN(900)
-					name := fmt.Sprintf("%v/%s/n=%d/%v/d=%d", algo, spec, n, rule, d)
+					name := fmt.Sprintf("%v/%s/n=%d/%v/d=%d", algo, spec, n, rl, d)
 					t.Run(name, func(t *testing.T) {
-						s := compressedSwarm(t, n, algo, rule, spec, aggtest.Config{})
+						s := compressedSwarm(t, n, algo, rl, spec, aggtest.Config{})
 						g := s.group(t, uint64(1+rng.IntN(1000)))
 						srcs, w := randVecs(rng, n, d)
 						outs := aggtest.RunRound(t.Context(), s.runners, g, srcs, w)
@@ -117,7 +119,7 @@ func TestCompressedMatchesLeafSum(t *testing.T) {
 							tot += x
 						}
 						div := 1.0
-						if _, mean := rule.(aggregate.Mean); mean {
+						if _, mean := rl.(rule.Mean); mean {
 							div = tot
 						}
 						if got := outs[0].Result.Weight; math.Abs(got-tot) > 1e-9*tot {
@@ -125,10 +127,10 @@ func TestCompressedMatchesLeafSum(t *testing.T) {
 						}
 						got := outs[0].Out
 						if strings.HasPrefix(spec, "powersgd") {
-							checkPowerSGD(t, spec, rule, g, s.ids, srcs, w, got, div)
+							checkPowerSGD(t, spec, rl, g, s.ids, srcs, w, got, div)
 							return
 						}
-						sum, mag := leafSum(t, spec, algo, rule, g, s.ids, srcs, w)
+						sum, mag := leafSum(t, spec, algo, rl, g, s.ids, srcs, w)
 						for k := range got {
 							want := sum[k] / div
 							if tol := hopTolerance(spec, levels(algo, n), sum, mag, k) / div; math.Abs(float64(got[k])-want) > tol {
@@ -143,14 +145,14 @@ func TestCompressedMatchesLeafSum(t *testing.T) {
 }
 
 // checkPowerSGD compares got with one PowerSGD step on Σ w_i·x_i.
-func checkPowerSGD(t *testing.T, spec string, rule aggregate.Rule, g aggregate.Group, ids []aggregate.PeerID, srcs [][]float32, w []float64, got []float32, div float64) {
+func checkPowerSGD(t *testing.T, spec string, rl rule.Rule, g aggregate.Group, ids []peerid.ID, srcs [][]float32, w []float64, got []float32, div float64) {
 	t.Helper()
 	d := len(srcs[0])
 	m := make([]float32, d)
 	for _, p := range g.Members() {
 		i := slices.Index(ids, p)
 		coef := float32(1)
-		if _, mean := rule.(aggregate.Mean); mean {
+		if _, mean := rl.(rule.Mean); mean {
 			coef = float32(w[i])
 		}
 		for k, x := range srcs[i] {
@@ -229,7 +231,7 @@ func TestCompressedErrorFeedback(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%v", spec, algo), func(t *testing.T) {
 				const n, d, rounds = 4, 400, 30
 				rng := rand.New(rand.NewPCG(7, 8))
-				s := compressedSwarm(t, n, algo, aggregate.Mean{}, spec, aggtest.Config{})
+				s := compressedSwarm(t, n, algo, rule.Mean{}, spec, aggtest.Config{})
 				in := make([]float64, d)
 				out := make([]float64, d)
 				var tot float64
@@ -277,7 +279,7 @@ func TestCompressedState(t *testing.T) {
 		t.Run(spec, func(t *testing.T) {
 			const n, d = 3, 500
 			rng := rand.New(rand.NewPCG(1, 2))
-			a := compressedSwarm(t, n, aggregate.Butterfly, aggregate.Mean{}, spec, aggtest.Config{})
+			a := compressedSwarm(t, n, aggregate.Butterfly, rule.Mean{}, spec, aggtest.Config{})
 			var states [][]byte
 			var last [][]float32
 			var lw []float64
@@ -294,7 +296,7 @@ func TestCompressedState(t *testing.T) {
 				checkSame(t, outs, all(n), outs[0].Out, true)
 				if r == 4 {
 					// Resume a fresh swarm from the saved states: same result.
-					b := compressedSwarm(t, n, aggregate.Butterfly, aggregate.Mean{}, spec, aggtest.Config{})
+					b := compressedSwarm(t, n, aggregate.Butterfly, rule.Mean{}, spec, aggtest.Config{})
 					for i, x := range b.runners {
 						if err := x.Compression().LoadState(states[i]); err != nil {
 							t.Fatal(err)
@@ -312,7 +314,7 @@ func TestCompressedState(t *testing.T) {
 				}
 			}
 			// A state of another spec is refused.
-			other := compressedSwarm(t, 1, aggregate.Butterfly, aggregate.Mean{}, "bf16", aggtest.Config{})
+			other := compressedSwarm(t, 1, aggregate.Butterfly, rule.Mean{}, "bf16", aggtest.Config{})
 			if err := other.runners[0].Compression().LoadState(states[0]); !errors.Is(err, compression.ErrState) {
 				t.Fatalf("LoadState of a %s state into bf16: %v", spec, err)
 			}
@@ -338,19 +340,19 @@ func TestCompressedFailures(t *testing.T) {
 		spec   string
 		n      int
 		victim int
-		hook   func(v aggregate.PeerID) aggtest.Hook
+		hook   func(v peerid.ID) aggtest.Hook
 		want   error
 	}{
-		{"butterfly/topk/kill-before-sending", B, "topk:0.05,ef", 4, 1, func(v aggregate.PeerID) aggtest.Hook { return aggtest.At(v, aggregate.StepScatter, 1, K) }, aggregate.ErrStall},
-		{"butterfly/topk/kill-while-reducing", B, "topk:0.05,ef", 4, 2, func(v aggregate.PeerID) aggtest.Hook { return aggtest.At(v, aggregate.StepGather, 1, K) }, aggregate.ErrStall},
-		{"butterfly/int8/stall-mid-gather", B, "int8:ef", 4, 3, func(v aggregate.PeerID) aggtest.Hook { return aggtest.At(v, aggregate.StepGather, 3, S) }, aggregate.ErrStall},
-		{"butterfly/fp16/garbled-bytes", B, "fp16", 4, 0, func(v aggregate.PeerID) aggtest.Hook {
+		{"butterfly/topk/kill-before-sending", B, "topk:0.05,ef", 4, 1, func(v peerid.ID) aggtest.Hook { return aggtest.At(v, aggregate.StepScatter, 1, K) }, aggregate.ErrStall},
+		{"butterfly/topk/kill-while-reducing", B, "topk:0.05,ef", 4, 2, func(v peerid.ID) aggtest.Hook { return aggtest.At(v, aggregate.StepGather, 1, K) }, aggregate.ErrStall},
+		{"butterfly/int8/stall-mid-gather", B, "int8:ef", 4, 3, func(v peerid.ID) aggtest.Hook { return aggtest.At(v, aggregate.StepGather, 3, S) }, aggregate.ErrStall},
+		{"butterfly/fp16/garbled-bytes", B, "fp16", 4, 0, func(v peerid.ID) aggtest.Hook {
 			return aggtest.Corrupt(v, aggregate.StepScatter, 1, garble)
 		}, aggregate.ErrBadValue},
-		{"butterfly/powersgd/kill-in-pass-2", B, "powersgd:2,ef", 4, 1, func(v aggregate.PeerID) aggtest.Hook { return aggtest.At(v, aggregate.StepScatter, 6, K) }, aggregate.ErrStall},
-		{"tree/topk/kill-inner", T, "topk:0.05,ef", 7, 1, func(v aggregate.PeerID) aggtest.Hook { return aggtest.At(v, aggregate.StepUp, 1, K) }, aggregate.ErrStall},
-		{"tree/sign/stall-root-broadcast", T, "sign:ef", 7, 0, func(v aggregate.PeerID) aggtest.Hook { return aggtest.At(v, aggregate.StepDown, 1, S) }, aggregate.ErrStall},
-		{"tree/bf16/garbled-down", T, "bf16", 7, 2, func(v aggregate.PeerID) aggtest.Hook {
+		{"butterfly/powersgd/kill-in-pass-2", B, "powersgd:2,ef", 4, 1, func(v peerid.ID) aggtest.Hook { return aggtest.At(v, aggregate.StepScatter, 6, K) }, aggregate.ErrStall},
+		{"tree/topk/kill-inner", T, "topk:0.05,ef", 7, 1, func(v peerid.ID) aggtest.Hook { return aggtest.At(v, aggregate.StepUp, 1, K) }, aggregate.ErrStall},
+		{"tree/sign/stall-root-broadcast", T, "sign:ef", 7, 0, func(v peerid.ID) aggtest.Hook { return aggtest.At(v, aggregate.StepDown, 1, S) }, aggregate.ErrStall},
+		{"tree/bf16/garbled-down", T, "bf16", 7, 2, func(v peerid.ID) aggtest.Hook {
 			return aggtest.Corrupt(v, aggregate.StepDown, 1, garble)
 		}, aggregate.ErrBadValue},
 	}
@@ -392,7 +394,7 @@ func TestCompressedFailures(t *testing.T) {
 				// rerun among them from the residuals before the round gives
 				// the same bits.
 				if strings.Contains(tc.spec, "ef") {
-					ref := compressedSwarm(t, tc.n, tc.algo, aggregate.Mean{}, tc.spec, aggtest.Config{})
+					ref := compressedSwarm(t, tc.n, tc.algo, rule.Mean{}, tc.spec, aggtest.Config{})
 					var rr []*aggregate.Runner
 					var rs [][]float32
 					var rw []float64
@@ -443,12 +445,12 @@ func TestCompressedConfigValidate(t *testing.T) {
 	if err := cfg.Validate(); !errors.Is(err, aggregate.ErrInvalidConfig) || !errors.Is(err, compression.ErrBadSpec) {
 		t.Fatalf("bad codec: %v", err)
 	}
-	cfg.Compress, cfg.Rule = "fp16", aggregate.Median{}
+	cfg.Compress, cfg.Rule = "fp16", rule.Median{}
 	if err := cfg.Validate(); !errors.Is(err, aggregate.ErrUnsupported) {
 		t.Fatalf("median with fp16: %v", err)
 	}
 	cfg.Compress = "powersgd:4,ef"
-	cfg.Rule = aggregate.Sum{}
+	cfg.Rule = rule.Sum{}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

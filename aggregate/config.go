@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
 )
 
@@ -71,7 +72,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 type Config struct {
 	// Rule is the aggregation rule. Default Mean{} (FedAvg's weighted
 	// mean, weights = sample counts).
-	Rule Rule
+	Rule rule.Rule
 
 	// Algorithm picks the all-reduce. Default Auto.
 	Algorithm Algorithm
@@ -120,7 +121,7 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
-		Rule:         Mean{},
+		Rule:         rule.Mean{},
 		Algorithm:    Auto,
 		TreeMaxBytes: 64 << 10,
 		ChunkElems:   256 << 10,
@@ -164,8 +165,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: %w: compressed all-reduce runs sum and mean, not %s", ErrInvalidConfig, ErrUnsupported, c.Rule)
 		}
 	}
-	if v, ok := c.Rule.(interface{ validate() error }); ok {
-		if err := v.validate(); err != nil {
+	if v, ok := c.Rule.(interface{ Validate() error }); ok {
+		if err := v.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/starling-ml/starling/peerid"
 )
 
 var kindNames = map[string]kind{
@@ -96,9 +98,9 @@ func TestDecideScenarios(t *testing.T) {
 			name, lines = strings.Join(w[1:], "_"), nil
 		case "members":
 			n, _ := strconv.Atoi(w[1])
-			members := make([]PeerID, n)
+			members := make([]peerid.ID, n)
 			for i := range members {
-				members[i] = PeerID(fmt.Sprintf("p%d", i))
+				members[i] = peerid.ID(fmt.Sprintf("p%d", i))
 			}
 			g := Group{round: 1, members: members}
 			g.digest = g.computeDigest()

@@ -5,16 +5,11 @@
 // stalls or sends garbage mid-round. It never hangs: every wait on a peer
 // has a deadline, and a round ends in a complete result or a typed error.
 //
-// # Rules (pure)
+// # Rules
 //
-// A Rule turns n contributions into one vector: Sum, Mean (weights = sample
-// counts), Median, Trimmed (β), Krum (Multi-Krum with f, m) and CClip
-// (centered clipping with τ, L iterations). ParseRule reads them from flag
-// values ("mean", "trimmed:0.2", "krum:f=2,m=3", "cclip:tau=10,iters=3").
-// Reduce applies a rule to whole vectors. Every rule also runs sharded, as
-// the butterfly needs: each shard owner runs a Pass over the n contributions
-// of its shard; Krum and CClip agree on their few global numbers (pairwise
-// distances, norms) by summing each shard's Stats.
+// Config.Rule is a reducer of package aggregate/rule (mean, sum, median,
+// trimmed mean, Krum, centered clipping); the butterfly runs every rule
+// sharded, the tree and the ring the linear ones (sum, mean).
 //
 // # Groups (pure)
 //

@@ -3,23 +3,20 @@ package aggregate
 import (
 	"errors"
 	"fmt"
+
+	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Errors returned by this package. They are wrapped with context; match them
 // with errors.Is. Errors about one peer are *PeerError values whose Err wraps
 // one of these sentinels, so errors.As gives the peer and errors.Is the cause.
 var (
-	// ErrBadSpec means a rule spec (a --rule flag value) does not parse.
-	ErrBadSpec = errors.New("aggregate: bad rule spec")
-	// ErrBadInput means a reducer was called with inconsistent shapes,
-	// negative or non-finite weights, or a non-finite value.
-	ErrBadInput = errors.New("aggregate: bad reducer input")
-	// ErrTooFewInputs means a rule cannot run on this many contributions,
-	// e.g. Krum with f=2 needs at least 2f+3 = 7.
-	ErrTooFewInputs = errors.New("aggregate: too few contributions for the rule")
-	// ErrZeroWeight means a weighted mean was asked of contributions whose
-	// weights sum to zero.
-	ErrZeroWeight = errors.New("aggregate: weights sum to zero")
+	// ErrBadInput, ErrTooFewInputs and ErrZeroWeight are package rule's:
+	// the driver returns them for the same faults.
+	ErrBadInput     = rule.ErrBadInput
+	ErrTooFewInputs = rule.ErrTooFewInputs
+	ErrZeroWeight   = rule.ErrZeroWeight
 	// ErrInvalidConfig wraps every Config.Validate failure.
 	ErrInvalidConfig = errors.New("aggregate: invalid config")
 
@@ -80,7 +77,7 @@ var (
 
 // PeerError is an error caused by (or about) one peer.
 type PeerError struct {
-	Peer PeerID
+	Peer peerid.ID
 	Err  error // wraps one of the package's sentinels
 }
 
@@ -93,7 +90,7 @@ func (e *PeerError) Unwrap() error { return e.Err }
 // (round, attempt, step, chunk) arrived from the peer but its group digest
 // differs from the caller's: the two peers derived different groups.
 type MismatchError struct {
-	Peer      PeerID
+	Peer      peerid.ID
 	Got, Want uint64 // the peer's digest and ours
 }
 

@@ -14,6 +14,8 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
+	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/peerid"
 )
 
 func synctestRun(t *testing.T, f func(t *testing.T)) { synctest.Test(t, f) }
@@ -24,11 +26,11 @@ const stall = time.Second // StallTimeout in the failure tests (virtual time)
 type failCase struct {
 	name   string
 	algo   aggregate.Algorithm
-	rule   aggregate.Rule
+	rule   rule.Rule
 	n, d   int
 	victim int // the victim's rank in the round's group
 	// hook builds the failure from the victim's id.
-	hook func(v aggregate.PeerID) aggtest.Hook
+	hook func(v peerid.ID) aggtest.Hook
 	// setup may change the victim's inputs or runner instead.
 	setup func(s *swarm, victim int, srcs [][]float32, g *aggregate.Group)
 	want  error // what the survivors' Result.Excluded says of the victim
@@ -41,12 +43,12 @@ type failCase struct {
 
 func failCases() []failCase {
 	B, T, R := aggregate.Butterfly, aggregate.Tree, aggregate.Ring
-	krum := aggregate.Krum{F: 1, M: 2}
-	at := func(s aggregate.Step, nth int, act aggtest.Action) func(aggregate.PeerID) aggtest.Hook {
-		return func(v aggregate.PeerID) aggtest.Hook { return aggtest.At(v, s, nth, act) }
+	krum := rule.Krum{F: 1, M: 2}
+	at := func(s aggregate.Step, nth int, act aggtest.Action) func(peerid.ID) aggtest.Hook {
+		return func(v peerid.ID) aggtest.Hook { return aggtest.At(v, s, nth, act) }
 	}
-	corrupt := func(s aggregate.Step, chunk uint32, val float32) func(aggregate.PeerID) aggtest.Hook {
-		return func(v aggregate.PeerID) aggtest.Hook {
+	corrupt := func(s aggregate.Step, chunk uint32, val float32) func(peerid.ID) aggtest.Hook {
+		return func(v peerid.ID) aggtest.Hook {
 			return aggtest.Corrupt(v, s, chunk, func(x []float32) { x[len(x)/2] = val })
 		}
 	}
@@ -150,7 +152,7 @@ func failCases() []failCase {
 		{name: "butterfly/bad/rule", algo: B, n: 5, victim: 4, want: aggregate.ErrConfigMismatch, victimErr: aggregate.ErrConfigMismatch,
 			setup: func(s *swarm, v int, _ [][]float32, _ *aggregate.Group) {
 				cfg := s.runners[v].Config()
-				cfg.Rule = aggregate.Median{}
+				cfg.Rule = rule.Median{}
 				s.runners[v], _ = aggregate.NewRunner(s.ids[v], s.net.Join(s.ids[v]), cfg)
 			}},
 		{name: "butterfly/bad/group-view", algo: B, n: 5, victim: 0, want: aggregate.ErrGroupMismatch, victimErr: aggregate.ErrGroupMismatch,
@@ -174,7 +176,7 @@ func TestFailures(t *testing.T) {
 
 func runFailCase(t *testing.T, tc failCase) {
 	if tc.rule == nil {
-		tc.rule = aggregate.Mean{}
+		tc.rule = rule.Mean{}
 	}
 	if tc.d == 0 {
 		tc.d = 1000
@@ -290,7 +292,7 @@ type lateVotes struct {
 	delay time.Duration
 }
 
-func (l lateVotes) Recv(ctx context.Context, from aggregate.PeerID, tag aggregate.Tag, dst []float32) error {
+func (l lateVotes) Recv(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32) error {
 	err := l.Endpoint.Recv(ctx, from, tag, dst)
 	if err == nil && tag.Step == aggregate.StepVote {
 		select {
@@ -346,7 +348,7 @@ func TestOutsiderRejected(t *testing.T) {
 					rogueErr <- err
 				}()
 				outs := aggtest.RunRound(t.Context(), s.runners, g, srcs[:4], w[:4])
-				checkSame(t, outs, all(4), expected(t, aggregate.Mean{}, g, s.ids, srcs, w), algo == aggregate.Butterfly)
+				checkSame(t, outs, all(4), expected(t, rule.Mean{}, g, s.ids, srcs, w), algo == aggregate.Butterfly)
 				for i, o := range outs {
 					if o.Result.Attempts != 1 || len(o.Result.Excluded) != 0 {
 						t.Errorf("result %+v", o.Result)
@@ -370,7 +372,7 @@ func TestTooFewSurvivors(t *testing.T) {
 		s := newSwarm(t, 4, aggtest.Config{Latency: time.Millisecond}, cfg)
 		g := s.group(t, 1)
 		alive := g.Member(0)
-		s.net.SetHook(func(from, _ aggregate.PeerID, _ aggregate.Tag, _ []float32) aggtest.Action {
+		s.net.SetHook(func(from, _ peerid.ID, _ aggregate.Tag, _ []float32) aggtest.Action {
 			if from != alive {
 				return aggtest.Kill
 			}
@@ -423,7 +425,7 @@ func TestFailureDuringRerun(t *testing.T) {
 				s := newSwarm(t, 8, aggtest.Config{Latency: time.Millisecond}, cfg)
 				g := s.group(t, 7)
 				v1, v2 := g.Member(3), g.Member(1)
-				s.net.SetHook(func(from, _ aggregate.PeerID, tag aggregate.Tag, _ []float32) aggtest.Action {
+				s.net.SetHook(func(from, _ peerid.ID, tag aggregate.Tag, _ []float32) aggtest.Action {
 					if (from == v1 && tag.Attempt == 0 && tag.Step != aggregate.StepVote && tag.Chunk == 2) ||
 						(from == v2 && tag.Attempt == 1 && tag.Step != aggregate.StepVote) {
 						return aggtest.Kill
@@ -443,7 +445,7 @@ func TestFailureDuringRerun(t *testing.T) {
 						t.Fatalf("%s: %v %+v", id, outs[i].Err, r)
 					}
 				}
-				checkSame(t, outs, surv, expected(t, aggregate.Mean{}, outs[surv[0]].Result.Group, s.ids, srcs, w), algo == aggregate.Butterfly)
+				checkSame(t, outs, surv, expected(t, rule.Mean{}, outs[surv[0]].Result.Group, s.ids, srcs, w), algo == aggregate.Butterfly)
 			})
 		})
 	}
@@ -451,7 +453,7 @@ func TestFailureDuringRerun(t *testing.T) {
 
 func ExampleRunner() {
 	net := aggtest.NewNetwork(aggtest.Config{})
-	ids := []aggregate.PeerID{"a", "b", "c"}
+	ids := []peerid.ID{"a", "b", "c"}
 	var runners []*aggregate.Runner
 	for _, id := range ids {
 		r, err := aggregate.NewRunner(id, net.Join(id), aggregate.DefaultConfig())
@@ -519,7 +521,7 @@ func retryCase(t *testing.T, retry func(t *testing.T, s *swarm, g aggregate.Grou
 				s, g, rng := failRoundForBoth(t, algo)
 				srcs, w := randVecs(rng, 2, 100)
 				outs := retry(t, s, g, srcs, w)
-				checkSame(t, outs, all(2), expected(t, aggregate.Mean{}, g, s.ids, srcs, w), algo == aggregate.Butterfly)
+				checkSame(t, outs, all(2), expected(t, rule.Mean{}, g, s.ids, srcs, w), algo == aggregate.Butterfly)
 			})
 		})
 	}

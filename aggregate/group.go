@@ -6,11 +6,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-)
 
-// PeerID names a peer. node/ uses the string form of a libp2p peer.ID; tests
-// use any non-empty string.
-type PeerID string
+	"github.com/starling-ml/starling/peerid"
+)
 
 // Group is who takes part in one attempt of one round, in the order that
 // assigns ranks (tree positions, butterfly shards). Every peer that forms a
@@ -20,7 +18,7 @@ type PeerID string
 type Group struct {
 	round   uint64
 	attempt uint16
-	members []PeerID
+	members []peerid.ID
 	digest  uint64
 }
 
@@ -29,16 +27,16 @@ type Group struct {
 // so the order, and with it the tree root and shard owners, rotates from
 // round to round. It fails with ErrEmptyGroup for no members and ErrBadInput
 // for an empty peer id.
-func Form(round uint64, members []PeerID) (Group, error) {
+func Form(round uint64, members []peerid.ID) (Group, error) {
 	if len(members) == 0 {
 		return Group{}, fmt.Errorf("%w: round %d", ErrEmptyGroup, round)
 	}
 	type keyed struct {
-		id  PeerID
+		id  peerid.ID
 		key uint64
 	}
 	ks := make([]keyed, 0, len(members))
-	seen := make(map[PeerID]bool, len(members))
+	seen := make(map[peerid.ID]bool, len(members))
 	for _, p := range members {
 		if p == "" {
 			return Group{}, fmt.Errorf("%w: empty peer id in round %d", ErrBadInput, round)
@@ -55,7 +53,7 @@ func Form(round uint64, members []PeerID) (Group, error) {
 		}
 		return cmp.Compare(a.id, b.id)
 	})
-	g := Group{round: round, members: make([]PeerID, len(ks))}
+	g := Group{round: round, members: make([]peerid.ID, len(ks))}
 	for i, k := range ks {
 		g.members[i] = k.id
 	}
@@ -63,7 +61,7 @@ func Form(round uint64, members []PeerID) (Group, error) {
 	return g, nil
 }
 
-func orderKey(round uint64, p PeerID) uint64 {
+func orderKey(round uint64, p peerid.ID) uint64 {
 	h := sha256.New()
 	var b [8]byte
 	h.Write([]byte("starling/aggregate/order/v1"))
@@ -105,17 +103,17 @@ func (g Group) Digest() uint64 { return g.digest }
 func (g Group) Size() int { return len(g.members) }
 
 // Member returns the member of rank i.
-func (g Group) Member(i int) PeerID { return g.members[i] }
+func (g Group) Member(i int) peerid.ID { return g.members[i] }
 
 // Members returns the members in rank order; the slice is the caller's.
-func (g Group) Members() []PeerID { return slices.Clone(g.members) }
+func (g Group) Members() []peerid.ID { return slices.Clone(g.members) }
 
 // Rank returns p's rank, or -1 when p is not a member.
-func (g Group) Rank(p PeerID) int { return slices.Index(g.members, p) }
+func (g Group) Rank(p peerid.ID) int { return slices.Index(g.members, p) }
 
 // Without returns the group re-formed without the given peers: the next
 // attempt, the survivors in their old relative order, and a new digest.
-func (g Group) Without(drop ...PeerID) Group {
+func (g Group) Without(drop ...peerid.ID) Group {
 	ng := Group{round: g.round, attempt: g.attempt + 1}
 	for _, p := range g.members {
 		if !slices.Contains(drop, p) {

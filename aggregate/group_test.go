@@ -9,12 +9,14 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/starling-ml/starling/peerid"
 )
 
-func peers(n int) []PeerID {
-	ps := make([]PeerID, n)
+func peers(n int) []peerid.ID {
+	ps := make([]peerid.ID, n)
 	for i := range ps {
-		ps[i] = PeerID(fmt.Sprintf("12D3KooW%04d", i))
+		ps[i] = peerid.ID(fmt.Sprintf("12D3KooW%04d", i))
 	}
 	return ps
 }
@@ -53,7 +55,7 @@ func TestFormIsDeterministic(t *testing.T) {
 
 func TestFormRotates(t *testing.T) {
 	ps := peers(8)
-	roots := map[PeerID]bool{}
+	roots := map[peerid.ID]bool{}
 	digests := map[uint64]bool{}
 	for round := range uint64(64) {
 		g, _ := Form(round, ps)
@@ -80,7 +82,7 @@ func TestGroupDigestCoversMembers(t *testing.T) {
 		t.Fatalf("Without: %v %v", w, w.Members())
 	}
 	// Survivors keep their relative order.
-	var want []PeerID
+	var want []peerid.ID
 	for _, p := range g.Members() {
 		if p != ps[2] {
 			want = append(want, p)
@@ -106,7 +108,7 @@ func TestFormErrors(t *testing.T) {
 	if _, err := Form(1, nil); !errors.Is(err, ErrEmptyGroup) {
 		t.Errorf("empty: %v", err)
 	}
-	if _, err := Form(1, []PeerID{"a", ""}); !errors.Is(err, ErrBadInput) {
+	if _, err := Form(1, []peerid.ID{"a", ""}); !errors.Is(err, ErrBadInput) {
 		t.Errorf("empty id: %v", err)
 	}
 }
@@ -160,7 +162,7 @@ func TestTreeShape(t *testing.T) {
 func TestMailbox(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	g, _ := Form(5, []PeerID{"a", "b"})
+	g, _ := Form(5, []peerid.ID{"a", "b"})
 	tag := Tag{Round: 5, Digest: g.Digest(), Step: StepScatter, Chunk: 1}
 	m := NewMailbox(0)
 	m.Scope(g)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 	"sync"
+
+	"github.com/starling-ml/starling/peerid"
 )
 
 // DefaultMailboxBytes bounds the undelivered chunks a Mailbox holds.
@@ -21,17 +23,17 @@ type Mailbox struct {
 	scoped   bool
 	round    uint64
 	attempt  uint16
-	members  map[PeerID]struct{}
-	ahead    uint16                // the latest attempt of round a member sent chunks for, if later than attempt
-	rejected map[PeerID]*PeerError // for round
-	pending  int                   // elements held in slots
-	limit    int                   // elements
+	members  map[peerid.ID]struct{}
+	ahead    uint16                   // the latest attempt of round a member sent chunks for, if later than attempt
+	rejected map[peerid.ID]*PeerError // for round
+	pending  int                      // elements held in slots
+	limit    int                      // elements
 	closed   bool
 	free     [40][][]float32 // recycled buffers by capacity class
 }
 
 type mkey struct {
-	from    PeerID
+	from    peerid.ID
 	round   uint64
 	attempt uint16
 	step    Step
@@ -51,10 +53,10 @@ func NewMailbox(maxBytes int) *Mailbox {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMailboxBytes
 	}
-	return &Mailbox{slots: map[mkey]*slot{}, limit: maxBytes / 4, rejected: map[PeerID]*PeerError{}}
+	return &Mailbox{slots: map[mkey]*slot{}, limit: maxBytes / 4, rejected: map[peerid.ID]*PeerError{}}
 }
 
-func keyOf(from PeerID, t Tag) mkey {
+func keyOf(from peerid.ID, t Tag) mkey {
 	return mkey{from: from, round: t.Round, attempt: t.Attempt, step: t.Step, chunk: t.Chunk}
 }
 
@@ -101,13 +103,13 @@ func (m *Mailbox) recycle(b []float32) {
 // without delivering anything: nil, or an error wrapping ErrClosed,
 // ErrStale or (as a *PeerError) ErrNotMember. A refusal for not being a
 // member is recorded for Rejected.
-func (m *Mailbox) Admit(from PeerID, tag Tag) error {
+func (m *Mailbox) Admit(from peerid.ID, tag Tag) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.admitLocked(from, tag)
 }
 
-func (m *Mailbox) admitLocked(from PeerID, tag Tag) error {
+func (m *Mailbox) admitLocked(from peerid.ID, tag Tag) error {
 	if m.closed {
 		return ErrClosed
 	}
@@ -141,7 +143,7 @@ func (m *Mailbox) LatestAttempt(round uint64) (uint16, bool) {
 	return m.ahead, true
 }
 
-func (m *Mailbox) rejectLocked(from PeerID, tag Tag) error {
+func (m *Mailbox) rejectLocked(from peerid.ID, tag Tag) error {
 	pe, ok := m.rejected[from]
 	if !ok {
 		pe = &PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v refused", ErrNotMember, tag)}
@@ -157,7 +159,7 @@ func (m *Mailbox) rejectLocked(from PeerID, tag Tag) error {
 // a peer outside its group (*PeerError wrapping ErrNotMember), a second chunk
 // under the same tag (ErrBadValue), or when full (ErrMailboxFull). A
 // transport should answer a refusal by failing the sender's Send.
-func (m *Mailbox) Deliver(from PeerID, tag Tag, data []float32) error {
+func (m *Mailbox) Deliver(from peerid.ID, tag Tag, data []float32) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.admitLocked(from, tag); err != nil {
@@ -185,7 +187,7 @@ func (m *Mailbox) Deliver(from PeerID, tag Tag, data []float32) error {
 }
 
 // Recv implements Transport.Recv.
-func (m *Mailbox) Recv(ctx context.Context, from PeerID, tag Tag, dst []float32) error {
+func (m *Mailbox) Recv(ctx context.Context, from peerid.ID, tag Tag, dst []float32) error {
 	k := keyOf(from, tag)
 	m.mu.Lock()
 	if m.closed {
@@ -252,7 +254,7 @@ func (m *Mailbox) Scope(g Group) {
 		m.ahead = 0
 	}
 	m.scoped, m.round, m.attempt = true, g.round, g.attempt
-	m.members = make(map[PeerID]struct{}, len(g.members))
+	m.members = make(map[peerid.ID]struct{}, len(g.members))
 	for _, p := range g.members {
 		m.members[p] = struct{}{}
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/starling-ml/starling/peerid"
 )
 
 // silentProber answers no probe: each waits for its context to end, or,
@@ -17,7 +19,7 @@ type silentProber struct {
 	probes      atomic.Int64
 }
 
-func (s *silentProber) Probe(ctx context.Context, p PeerID) error {
+func (s *silentProber) Probe(ctx context.Context, p peerid.ID) error {
 	s.probes.Add(1)
 	if s.unreachable {
 		return fmt.Errorf("%w: no connection", ErrUnreachable)
@@ -44,7 +46,7 @@ func TestProbeVerdict(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, err := Form(1, []PeerID{"a", "b"})
+			g, err := Form(1, []peerid.ID{"a", "b"})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,6 +1,10 @@
 package aggregate
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/starling-ml/starling/aggregate/rule"
+)
 
 func TestResolveAuto(t *testing.T) {
 	c := DefaultConfig() // mean, TreeMaxBytes 64 KiB
@@ -28,11 +32,11 @@ func TestResolveAuto(t *testing.T) {
 		t.Errorf("TreeMaxBytes 0: %v for one value, want ring", got)
 	}
 	c.TreeMaxBytes = 64 << 10
-	c.Rule = Median{}
+	c.Rule = rule.Median{}
 	if got := c.resolve(1, 8); got != Butterfly {
 		t.Errorf("median: %v, want butterfly", got)
 	}
-	c.Rule, c.Algorithm = Mean{}, Ring
+	c.Rule, c.Algorithm = rule.Mean{}, Ring
 	if got := c.resolve(1, 8); got != Ring {
 		t.Errorf("told ring: %v", got)
 	}

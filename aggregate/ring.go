@@ -2,6 +2,8 @@ package aggregate
 
 import (
 	"sync"
+
+	"github.com/starling-ml/starling/aggregate/rule"
 )
 
 // ringItem is one chunk of the ring's send or receive sequence: the
@@ -84,7 +86,7 @@ func (a *attempt) ring() {
 	}
 	left, right := (me+n-1)%n, (me+1)%n
 	send, recv := ringPlan(d, n, me, a.chunk)
-	_, mean := a.r.cfg.Rule.(Mean)
+	_, mean := a.r.cfg.Rule.(rule.Mean)
 	coef := float32(1)
 	if mean {
 		coef = float32(a.weight)
@@ -97,7 +99,7 @@ func (a *attempt) ring() {
 		own = a.r.buf("ring0", size)
 		copy(own, a.src[ownOff:ownOff+size])
 		a.r.be.Scale(coef, own)
-		if firstNonFinite(own) >= 0 { // a huge weight: the same fault for all
+		if rule.FirstNonFinite(own) >= 0 { // a huge weight: the same fault for all
 			a.setFault(faultOverflow)
 			return
 		}
@@ -225,7 +227,7 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, m0, mA int, own []f
 					out[i] = float32(float64(v) / a.total)
 				}
 			}
-			if firstNonFinite(out) >= 0 {
+			if rule.FirstNonFinite(out) >= 0 {
 				a.setFault(faultOverflow)
 				return
 			}

@@ -13,7 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/device"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Result describes a completed round.
@@ -41,7 +43,7 @@ type Result struct {
 // round, and none between rounds. A Runner runs one round at a time:
 // concurrent AllReduce calls are serialised.
 type Runner struct {
-	self PeerID
+	self peerid.ID
 	t    Transport
 	cfg  Config
 	be   device.Backend
@@ -70,7 +72,7 @@ type Option func(*Runner)
 func WithLogger(l *slog.Logger) Option { return func(r *Runner) { r.log = l } }
 
 // NewRunner returns a driver for peer self over t.
-func NewRunner(self PeerID, t Transport, cfg Config, opts ...Option) (*Runner, error) {
+func NewRunner(self peerid.ID, t Transport, cfg Config, opts ...Option) (*Runner, error) {
 	if self == "" {
 		return nil, fmt.Errorf("%w: empty self id", ErrInvalidConfig)
 	}
@@ -143,7 +145,7 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 	if len(dst) != len(src) {
 		return res, fmt.Errorf("%w: dst has %d values, src %d", ErrBadInput, len(dst), len(src))
 	}
-	if !validWeight(weight) || weight > math.MaxFloat32 {
+	if !rule.ValidWeight(weight) || weight > math.MaxFloat32 {
 		return res, fmt.Errorf("%w: weight %v not in [0, MaxFloat32]", ErrBadInput, weight)
 	}
 	if g.Rank(r.self) < 0 {
@@ -214,7 +216,7 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 			}
 			return res, nil
 		}
-		drop := make([]PeerID, len(out.excluded))
+		drop := make([]peerid.ID, len(out.excluded))
 		for i, pe := range out.excluded {
 			drop[i] = pe.Peer
 		}
@@ -230,7 +232,7 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 }
 
 // configHash identifies the settings every member of a round must share.
-func configHash(rule Rule, algo Algorithm, chunk int, d int, comp *Compression) uint64 {
+func configHash(rule rule.Rule, algo Algorithm, chunk int, d int, comp *Compression) uint64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "starling/aggregate/v1|%s|%s|%d|%d", rule, algo, chunk, d)
 	if comp != nil {
@@ -673,7 +675,7 @@ func (a *attempt) recvHeader(j int, s Step, mult int, k kind) (header, bool) {
 
 // checkFinite blames rank j for a non-finite value in x.
 func (a *attempt) checkFinite(j int, x []float32) bool {
-	if firstNonFinite(x) >= 0 {
+	if rule.FirstNonFinite(x) >= 0 {
 		a.accuse(j, kindBadValue)
 		return false
 	}
@@ -704,7 +706,7 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 	voteCtx, stopVotes := context.WithCancel(ctx)
 	defer stopVotes()
 
-	if firstNonFinite(a.src) >= 0 {
+	if rule.FirstNonFinite(a.src) >= 0 {
 		a.accuse(a.rank, kindBadValue) // own input: vote to be left out
 	}
 

@@ -3,6 +3,8 @@ package aggregate
 import (
 	"context"
 	"fmt"
+
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Tag labels one chunk between a sender and a receiver. A receiver asks for
@@ -87,7 +89,7 @@ type Transport interface {
 	// been handed off; the caller may then reuse data. It honours ctx and
 	// fails (wrapping ErrClosed once this transport is closed) rather than
 	// block past its deadline.
-	Send(ctx context.Context, to PeerID, tag Tag, data []float32) error
+	Send(ctx context.Context, to peerid.ID, tag Tag, data []float32) error
 	// Recv waits for the chunk that peer from sent under tag and copies it
 	// into dst, which must have exactly the chunk's length (else a
 	// *PeerError wrapping ErrBadLength). A digest that differs from
@@ -96,7 +98,7 @@ type Transport interface {
 	// from's connection closed (from died) fails the Recv with a *PeerError
 	// wrapping ErrDisconnected rather than wait out ctx. At most one Recv
 	// may wait for a given (from, tag).
-	Recv(ctx context.Context, from PeerID, tag Tag, dst []float32) error
+	Recv(ctx context.Context, from peerid.ID, tag Tag, dst []float32) error
 }
 
 // Prober is implemented by transports that can ask whether a peer still
@@ -111,7 +113,7 @@ type Prober interface {
 	// (which tells nothing about p). A transport that has no connection
 	// to p may fail at once with an error wrapping ErrUnreachable, which
 	// the driver takes as "try again later", not as silence.
-	Probe(ctx context.Context, p PeerID) error
+	Probe(ctx context.Context, p peerid.ID) error
 }
 
 // Scoper is implemented by transports that can refuse chunks from peers

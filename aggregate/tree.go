@@ -1,6 +1,10 @@
 package aggregate
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/starling-ml/starling/aggregate/rule"
+)
 
 // The tree is a binary heap over ranks: rank r's parent is (r−1)/2 and its
 // children are 2r+1 and 2r+2. Rank 0 is the root.
@@ -108,7 +112,7 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 	for _, w := range kidW {
 		sub += w
 	}
-	_, mean := a.r.cfg.Rule.(Mean)
+	_, mean := a.r.cfg.Rule.(rule.Mean)
 	parent := (me - 1) / 2
 	if me == 0 {
 		a.total = sub
@@ -150,7 +154,7 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 		for _, b := range kidBufs {
 			be.Axpy(1, b[lo:hi], out)
 		}
-		if firstNonFinite(out) >= 0 {
+		if rule.FirstNonFinite(out) >= 0 {
 			a.setFault(faultOverflow)
 			return
 		}

@@ -3,6 +3,8 @@ package aggregate
 import (
 	"fmt"
 	"math"
+
+	"github.com/starling-ml/starling/aggregate/rule"
 )
 
 // Control messages travel as []float32 chunks like the data, with integers
@@ -55,7 +57,7 @@ func decodeHeader(w []float32) (header, error) {
 		return header{}, fmt.Errorf("%w: bad header magic or flags", ErrBadValue)
 	}
 	h := header{cfg: getU64(w[1:]), d: getU64(w[3:]), weight: getF64(w[5:])}
-	if !validWeight(h.weight) {
+	if !rule.ValidWeight(h.weight) {
 		return header{}, fmt.Errorf("%w: header weight %v", ErrBadValue, h.weight)
 	}
 	return h, nil

@@ -8,7 +8,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/rule"
 )
 
 // errWrongAlgorithm: a peer got an exchange of the other averaging
@@ -23,7 +23,7 @@ type PushSumPeer struct {
 
 	mu   sync.Mutex // guards st, clip and the rest
 	st   PushSum
-	clip *aggregate.DistanceClip
+	clip *rule.DistanceClip
 	maxW float64
 	// z and e are scratch for clipping: a share's X/W and our own.
 	z, e []float32
@@ -42,7 +42,7 @@ func NewPushSumPeer(x []float32) *PushSumPeer { return &PushSumPeer{st: PushSum{
 // towards the peer's own X/W with c, its weight kept. A lying or diverged
 // sender then pulls the estimate by at most c's radius per share. Mass is
 // no longer conserved when c clips. Call before the first share.
-func (p *PushSumPeer) SetClip(c *aggregate.DistanceClip, maxWeight float64) {
+func (p *PushSumPeer) SetClip(c *rule.DistanceClip, maxWeight float64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.clip, p.maxW = c, maxWeight
@@ -151,7 +151,7 @@ type PairwisePeer struct {
 
 	mu   sync.Mutex // guards x and clip
 	x    []float32
-	clip *aggregate.DistanceClip
+	clip *rule.DistanceClip
 }
 
 var _ Handler = (*PairwisePeer)(nil)
@@ -165,7 +165,7 @@ func NewPairwisePeer(x []float32, r Role) *PairwisePeer {
 // before averaging (ClippedGossip): a lying or diverged partner then pulls
 // the model by at most c's radius per exchange. The pair no longer ends
 // equal when c clips. Call before the first exchange.
-func (p *PairwisePeer) SetClip(c *aggregate.DistanceClip) {
+func (p *PairwisePeer) SetClip(c *rule.DistanceClip) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.clip = c

@@ -14,7 +14,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/rule"
 )
 
 // Consensus target of issue 6: max distance of any peer's model to the mean
@@ -493,7 +493,7 @@ func BenchmarkPushSumShareAbsorb(b *testing.B) {
 // kept); a share within the radius is absorbed exactly.
 func TestPushSumPeerClip(t *testing.T) {
 	p := NewPushSumPeer([]float32{1, 1, 1, 1})
-	c := aggregate.NewDistanceClip()
+	c := rule.NewDistanceClip()
 	c.Factor = 1
 	p.SetClip(c, 4)
 	// Two honest senders set the radius: their X/W are 1 and 2 away.

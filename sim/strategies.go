@@ -15,6 +15,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/p2p"
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -241,7 +242,7 @@ type delayTransport struct {
 	p *Peer
 }
 
-func (t *delayTransport) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.Tag, data []float32) error {
+func (t *delayTransport) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32) error {
 	if err := Sleep(ctx, t.p.Delay()); err != nil {
 		return err
 	}

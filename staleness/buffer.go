@@ -5,7 +5,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/rule"
 )
 
 // BufferConfig configures a FedBuff buffer.
@@ -20,7 +20,7 @@ type BufferConfig struct {
 	// FedBuff's 1/√(1+τ).
 	Policy Policy
 	// Rule, if not nil, combines the buffered weighted deltas in place of
-	// their mean: a robust rule (aggregate.Median, aggregate.Trimmed) so
+	// their mean: a robust rule (rule.Median, rule.Trimmed) so
 	// that a lying contributor cannot move the model far. The buffer then
 	// keeps one vote per contributor (AddFrom's voter; each of Add's
 	// deltas is a voter of its own): the mean v_p of its weighted deltas
@@ -31,7 +31,7 @@ type BufferConfig struct {
 	// a contributor that floods deltas is still one vote among them, and
 	// with fewer than half of the votes from liars neither their lengths
 	// nor their values lead.
-	Rule aggregate.Rule
+	Rule rule.Rule
 	// Models, with a Rule, takes models rather than deltas. With AddFrom,
 	// a voter's latest model m_p, from base b_p, is a standing vote
 	// s(τ_p)·(m_p − x), τ_p its staleness at the step, until the voter
@@ -67,7 +67,7 @@ func (c BufferConfig) Validate() error {
 		if !c.Rule.Local() {
 			return fmt.Errorf("%w: buffer rule %v needs more than one pass", ErrBadConfig, c.Rule)
 		}
-		if err := aggregate.Reduce(c.Rule, make([]float32, 1), [][]float32{{0}}, []float64{1}); err != nil {
+		if err := rule.Reduce(c.Rule, make([]float32, 1), [][]float32{{0}}, []float64{1}); err != nil {
 			return fmt.Errorf("%w: buffer rule: %w", ErrBadConfig, err)
 		}
 	}
@@ -338,7 +338,7 @@ func (b *Buffer) flush(x []float32) {
 			b.clipNorms()
 			// The deltas were checked finite, a weight is at most 1 and
 			// Validate tried the rule: it cannot fail but on a bug.
-			if err := aggregate.Reduce(b.cfg.Rule, b.out, b.rows, b.ones); err != nil {
+			if err := rule.Reduce(b.cfg.Rule, b.out, b.rows, b.ones); err != nil {
 				panic("staleness: buffer rule failed on checked deltas: " + err.Error())
 			}
 			scale *= float64(min(b.n, b.cfg.K))

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/rule"
 )
 
 // TestBufferRuleMatchesNaive checks the robust FedBuff step against the
@@ -30,7 +30,7 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, uint64(tc.voters)))
 			const dim, k, lr = 23, 5, 0.7
 			vc := NewVersionClock(20, 0)
-			b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: aggregate.Median{}, Models: tc.models}, vc)
+			b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: rule.Median{}, Models: tc.models}, vc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,8 +123,8 @@ func TestBufferRuleMatchesNaive(t *testing.T) {
 // plain mean it drags it away.
 func TestBufferRuleBoundsLiar(t *testing.T) {
 	const dim, k = 10, 5
-	run := func(rule aggregate.Rule) float64 {
-		b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: 1, Policy: Constant(), Rule: rule}, NewVersionClock(20, 0))
+	run := func(rl rule.Rule) float64 {
+		b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: 1, Policy: Constant(), Rule: rl}, NewVersionClock(20, 0))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,7 +145,7 @@ func TestBufferRuleBoundsLiar(t *testing.T) {
 		}
 		return float64(slices.Max(x))
 	}
-	if m := run(aggregate.Median{}); m > 5 {
+	if m := run(rule.Median{}); m > 5 {
 		t.Errorf("median: the liar moved a value to %v", m)
 	}
 	if m := run(nil); m < 1e5 {
@@ -200,7 +200,7 @@ func TestBufferModelsMatchNaive(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
 	const dim, k, lr, quorum = 23, 5, 0.7, 3
 	vc := NewVersionClock(20, 0)
-	b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: aggregate.Median{}, Models: true}, vc)
+	b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: lr, Policy: InvSqrt(), Rule: rule.Median{}, Models: true}, vc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +290,7 @@ func TestBufferModelsMatchNaive(t *testing.T) {
 // step it then takes is bounded by the two honest votes.
 func TestBufferRuleFlood(t *testing.T) {
 	const dim, k = 10, 4
-	b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: 1, Policy: Constant(), Rule: aggregate.Median{}}, NewVersionClock(20, 0))
+	b, err := NewBuffer(dim, BufferConfig{K: k, ServerLR: 1, Policy: Constant(), Rule: rule.Median{}}, NewVersionClock(20, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,13 +331,13 @@ func TestBufferRuleFlood(t *testing.T) {
 }
 
 func TestBufferRuleValidate(t *testing.T) {
-	for _, r := range []aggregate.Rule{aggregate.Trimmed{Beta: 0.7}, aggregate.Krum{F: 1, M: 1}} {
+	for _, r := range []rule.Rule{rule.Trimmed{Beta: 0.7}, rule.Krum{F: 1, M: 1}} {
 		c := BufferConfig{K: 4, ServerLR: 1, Policy: Constant(), Rule: r}
 		if err := c.Validate(); !errors.Is(err, ErrBadConfig) {
 			t.Errorf("rule %v: %v, want ErrBadConfig", r, err)
 		}
 	}
-	c := BufferConfig{K: 4, ServerLR: 1, Policy: Constant(), Rule: aggregate.Trimmed{Beta: 0.25}}
+	c := BufferConfig{K: 4, ServerLR: 1, Policy: Constant(), Rule: rule.Trimmed{Beta: 0.25}}
 	if err := c.Validate(); err != nil {
 		t.Errorf("trimmed 0.25: %v", err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/staleness"
@@ -90,14 +90,14 @@ type AsyncConfig struct {
 	MaxSteps int
 	// ClipFactor, in FedAsync, moves a model towards this peer's before
 	// mixing it in, to at most ClipFactor times the median distance of
-	// the other peers' latest models (aggregate.DistanceClip), so that a
+	// the other peers' latest models (rule.DistanceClip), so that a
 	// lying or diverged peer cannot drag the model far; with it, a peer's
 	// models are mixed in at most once per own round (DropRepeat), so
 	// that one flooding its models gets no more pulls than the others.
 	// 0 turns both off. 1.
 	ClipFactor float64
 	// BufferRule is how FedBuff combines the buffered contributions
-	// (aggregate.ParseRule; a rule of one pass): "median" (the default)
+	// (rule.Parse; a rule of one pass): "median" (the default)
 	// or "trimmed:β", robust to a minority of liars, or "mean", FedBuff
 	// as published, which one lying peer can poison. With a rule other
 	// than the mean, peers publish their models rather than deltas (so
@@ -130,12 +130,12 @@ type AsyncConfig struct {
 }
 
 // bufferRule parses BufferRule: nil for the mean (FedBuff's running sum).
-func (c AsyncConfig) bufferRule() (aggregate.Rule, error) {
-	r, err := aggregate.ParseRule(c.BufferRule)
+func (c AsyncConfig) bufferRule() (rule.Rule, error) {
+	r, err := rule.Parse(c.BufferRule)
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := r.(aggregate.Mean); ok {
+	if _, ok := r.(rule.Mean); ok {
 		return nil, nil
 	}
 	if !r.Local() {
@@ -335,7 +335,7 @@ type asyncPeer struct {
 	mixer *staleness.Mixer // FedAsync
 	// clip and roundFrom (the peers merged in this own round) are
 	// FedAsync's with ClipFactor > 0.
-	clip      *aggregate.DistanceClip
+	clip      *rule.DistanceClip
 	roundFrom map[peer.ID]bool
 	buffer    *staleness.Buffer // FedBuff
 	server    []float32         // FedBuff: the peer's model; training runs on w.Model.Params

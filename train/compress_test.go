@@ -11,6 +11,7 @@ import (
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/nn"
+	"github.com/starling-ml/starling/peerid"
 )
 
 func TestCompressionLayout(t *testing.T) {
@@ -62,7 +63,7 @@ func TestCompressionCheckpoint(t *testing.T) {
 		t.Run(spec, func(t *testing.T) {
 			m, _ := nn.New("mlp:784-16-10", 1)
 			d := len(m.Params)
-			ids := []aggregate.PeerID{"a", "b"}
+			ids := []peerid.ID{"a", "b"}
 			runners := func() []*aggregate.Runner {
 				net := aggtest.NewNetwork(aggtest.Config{})
 				cfg := aggregate.DefaultConfig()

@@ -13,6 +13,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/peerid"
 )
 
 func TestSampleDeterministic(t *testing.T) {
@@ -114,8 +115,8 @@ func runFedWrapped(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedCon
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i, id := range ids {
-		ep := netw.Join(aggregate.PeerID(id))
-		r, err := aggregate.NewRunner(aggregate.PeerID(id), ep, acfg)
+		ep := netw.Join(peerid.ID(id))
+		r, err := aggregate.NewRunner(peerid.ID(id), ep, acfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +137,7 @@ func runFedWrapped(t *testing.T, n int, shards [][]int, tr *data.Set, cfg FedCon
 			errs[i] = Federated(ctx, w, net, cfg, rec, func(ri RoundInfo) bool {
 				if id == kill {
 					if ri.Round == 2 {
-						netw.Kill(aggregate.PeerID(id))
+						netw.Kill(peerid.ID(id))
 						return true
 					}
 					return false

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // StateBoard holds the global states peers publish, for fetchers in the
@@ -137,9 +138,9 @@ func AllReduceGroup(ctx context.Context, r *aggregate.Runner, round uint64, grou
 // AllReduceResult is AllReduceGroup returning aggregate's whole Result
 // (who was excluded, and why).
 func AllReduceResult(ctx context.Context, r *aggregate.Runner, round uint64, group []string, dst, src []float32, weight float64) (aggregate.Result, error) {
-	ids := make([]aggregate.PeerID, len(group))
+	ids := make([]peerid.ID, len(group))
 	for i, p := range group {
-		ids[i] = aggregate.PeerID(p)
+		ids[i] = peerid.ID(p)
 	}
 	g, err := aggregate.Form(round, ids)
 	if err != nil {

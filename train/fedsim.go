@@ -10,6 +10,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // FedSimConfig configures a federation of many clients simulated in one
@@ -135,8 +136,8 @@ func SimulateFederation(ctx context.Context, cfg FedSimConfig, trainSet, testSet
 	var wg sync.WaitGroup
 	errs := make([]error, cfg.Clients)
 	for i, id := range ids {
-		ep := netw.Join(aggregate.PeerID(id))
-		r, err := aggregate.NewRunner(aggregate.PeerID(id), ep, acfg)
+		ep := netw.Join(peerid.ID(id))
+		r, err := aggregate.NewRunner(peerid.ID(id), ep, acfg)
 		if err != nil {
 			return nil, err
 		}

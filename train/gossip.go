@@ -12,7 +12,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/staleness"
 )
@@ -53,7 +53,7 @@ type GossipConfig struct {
 	Seed uint64
 	// ClipFactor, in AD-PSGD, moves a partner's model towards this
 	// peer's before averaging, to at most ClipFactor times the median
-	// distance of the other partners (aggregate.DistanceClip): a lying or
+	// distance of the other partners (rule.DistanceClip): a lying or
 	// diverged partner cannot drag the model far. In SGP it moves each
 	// received share's X/W towards this peer's X/W the same way, and
 	// refuses a share heavier than the group's whole weight
@@ -255,11 +255,11 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 
 // distanceClip returns a DistanceClip of factor f, or nil (no clipping)
 // for f = 0.
-func distanceClip(f float64) *aggregate.DistanceClip {
+func distanceClip(f float64) *rule.DistanceClip {
 	if f <= 0 {
 		return nil
 	}
-	c := aggregate.NewDistanceClip()
+	c := rule.NewDistanceClip()
 	c.Factor = f
 	return c
 }

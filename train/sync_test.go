@@ -11,10 +11,12 @@ import (
 	"time"
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
@@ -101,8 +103,8 @@ func newMemJob(stall time.Duration) *memJob {
 
 func (j *memJob) net(t testing.TB, id string) *train.MemSyncNet {
 	t.Helper()
-	ep := j.netw.Join(aggregate.PeerID(id))
-	r, err := aggregate.NewRunner(aggregate.PeerID(id), ep, j.acfg)
+	ep := j.netw.Join(peerid.ID(id))
+	r, err := aggregate.NewRunner(peerid.ID(id), ep, j.acfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +254,7 @@ func TestSyncSurvivesAKilledPeer(t *testing.T) {
 	errs := runMem(t, workers, nets, cfg, 0, func(k int, si train.StepInfo) bool {
 		last[k] = si
 		if k == 2 && si.Step == 10 {
-			job.netw.Kill(aggregate.PeerID(nets[k].ID))
+			job.netw.Kill(peerid.ID(nets[k].ID))
 			job.board.Leave(nets[k].ID)
 			return true
 		}
@@ -429,8 +431,8 @@ func TestSyncRejoinsAfterStall(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		if k == 1 && si.Step == 15 && !failed {
-			job.netw.Stall(aggregate.PeerID(nets[k].ID))
-			time.AfterFunc(time.Second, func() { job.netw.Resume(aggregate.PeerID(nets[k].ID)) })
+			job.netw.Stall(peerid.ID(nets[k].ID))
+			time.AfterFunc(time.Second, func() { job.netw.Resume(peerid.ID(nets[k].ID)) })
 		}
 		if k == 1 && si.Failed {
 			failed = true
@@ -592,8 +594,8 @@ func TestSyncBothLeftOut(t *testing.T) {
 	runPairLeftOut(t, workers, nets, func(k int, si train.StepInfo) {
 		if k == 1 && si.Step == 15 && !stalled {
 			stalled = true
-			job.netw.Stall(aggregate.PeerID(nets[k].ID))
-			time.AfterFunc(time.Second, func() { job.netw.Resume(aggregate.PeerID(nets[k].ID)) })
+			job.netw.Stall(peerid.ID(nets[k].ID))
+			time.AfterFunc(time.Second, func() { job.netw.Resume(peerid.ID(nets[k].ID)) })
 		}
 	})
 }
@@ -606,8 +608,8 @@ func TestSyncBothLeftOutAtOnce(t *testing.T) {
 	job := newMemJob(300 * time.Millisecond)
 	workers, nets := memPeers(t, job, 2, 256, 0)
 	var once sync.Once
-	job.netw.SetHook(func(from, _ aggregate.PeerID, tag aggregate.Tag, data []float32) aggtest.Action {
-		if from == aggregate.PeerID(nets[1].ID) && tag.Round == 16 && len(data) > 0 {
+	job.netw.SetHook(func(from, _ peerid.ID, tag aggregate.Tag, data []float32) aggtest.Action {
+		if from == peerid.ID(nets[1].ID) && tag.Round == 16 && len(data) > 0 {
 			once.Do(func() { data[0] = float32(math.NaN()) })
 		}
 		return aggtest.Deliver

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Faulty wraps any aggregate.Transport (node/ streams on mocknet or on
@@ -16,7 +17,7 @@ import (
 // concurrent use.
 type Faulty struct {
 	t    aggregate.Transport
-	self aggregate.PeerID
+	self peerid.ID
 	hook Hook
 	kill func()
 
@@ -28,12 +29,12 @@ type Faulty struct {
 var _ aggregate.Transport = (*Faulty)(nil)
 
 // NewFaulty wraps t, the transport of peer self.
-func NewFaulty(t aggregate.Transport, self aggregate.PeerID, hook Hook, kill func()) *Faulty {
+func NewFaulty(t aggregate.Transport, self peerid.ID, hook Hook, kill func()) *Faulty {
 	return &Faulty{t: t, self: self, hook: hook, kill: kill}
 }
 
 // Send implements aggregate.Transport.
-func (f *Faulty) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.Tag, data []float32) error {
+func (f *Faulty) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32) error {
 	if err := f.thawed(ctx); err != nil {
 		return err
 	}
@@ -60,7 +61,7 @@ func (f *Faulty) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.Ta
 }
 
 // Recv implements aggregate.Transport.
-func (f *Faulty) Recv(ctx context.Context, from aggregate.PeerID, tag aggregate.Tag, dst []float32) error {
+func (f *Faulty) Recv(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32) error {
 	f.mu.Lock()
 	dead := f.dead
 	f.mu.Unlock()

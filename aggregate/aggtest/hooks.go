@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // At returns a hook that answers act to peer p's nth Send (counting from 1)
@@ -14,9 +15,9 @@ import (
 // Kill or Stall the peer dies or freezes exactly there: KillAt(p,
 // StepScatter, 1) before it sends anything, StepGather after it received
 // its shard but before sharing the reduced one.
-func At(p aggregate.PeerID, s aggregate.Step, nth int, act Action) Hook {
+func At(p peerid.ID, s aggregate.Step, nth int, act Action) Hook {
 	var count atomic.Int64
-	return func(from, _ aggregate.PeerID, tag aggregate.Tag, _ []float32) Action {
+	return func(from, _ peerid.ID, tag aggregate.Tag, _ []float32) Action {
 		if from != p || tag.Step != s {
 			return Deliver
 		}
@@ -28,15 +29,15 @@ func At(p aggregate.PeerID, s aggregate.Step, nth int, act Action) Hook {
 }
 
 // KillAt is At(p, s, nth, Kill).
-func KillAt(p aggregate.PeerID, s aggregate.Step, nth int) Hook { return At(p, s, nth, Kill) }
+func KillAt(p peerid.ID, s aggregate.Step, nth int) Hook { return At(p, s, nth, Kill) }
 
 // StallAt is At(p, s, nth, Stall).
-func StallAt(p aggregate.PeerID, s aggregate.Step, nth int) Hook { return At(p, s, nth, Stall) }
+func StallAt(p peerid.ID, s aggregate.Step, nth int) Hook { return At(p, s, nth, Stall) }
 
 // Corrupt returns a hook that applies f to the data of every chunk peer p
 // sends in step s whose chunk index is chunk (a tampering or buggy peer).
-func Corrupt(p aggregate.PeerID, s aggregate.Step, chunk uint32, f func([]float32)) Hook {
-	return func(from, _ aggregate.PeerID, tag aggregate.Tag, data []float32) Action {
+func Corrupt(p peerid.ID, s aggregate.Step, chunk uint32, f func([]float32)) Hook {
+	return func(from, _ peerid.ID, tag aggregate.Tag, data []float32) Action {
 		if from == p && tag.Step == s && tag.Chunk == chunk {
 			f(data)
 		}
@@ -46,7 +47,7 @@ func Corrupt(p aggregate.PeerID, s aggregate.Step, chunk uint32, f func([]float3
 
 // Chain runs hooks in order; the first answer other than Deliver wins.
 func Chain(hs ...Hook) Hook {
-	return func(from, to aggregate.PeerID, tag aggregate.Tag, data []float32) Action {
+	return func(from, to peerid.ID, tag aggregate.Tag, data []float32) Action {
 		for _, h := range hs {
 			if a := h(from, to, tag, data); a != Deliver {
 				return a

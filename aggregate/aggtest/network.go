@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Config describes the links. The zero value is an ideal network: every
@@ -62,27 +63,27 @@ const (
 // Hook sees every Send before it leaves: from, to, tag, and a copy of the
 // data that it may modify. It is called from the sender's goroutine and
 // must be safe for concurrent use.
-type Hook func(from, to aggregate.PeerID, tag aggregate.Tag, data []float32) Action
+type Hook func(from, to peerid.ID, tag aggregate.Tag, data []float32) Action
 
 // Network connects Endpoints. It is safe for concurrent use.
 type Network struct {
 	cfg Config
 
 	mu   sync.Mutex
-	eps  map[aggregate.PeerID]*Endpoint
+	eps  map[peerid.ID]*Endpoint
 	hook Hook
 }
 
 // NewNetwork returns an empty network.
 func NewNetwork(cfg Config) *Network {
-	return &Network{cfg: cfg, eps: map[aggregate.PeerID]*Endpoint{}}
+	return &Network{cfg: cfg, eps: map[peerid.ID]*Endpoint{}}
 }
 
 // Endpoint is one peer's attachment: an aggregate.Transport and
 // aggregate.Scoper.
 type Endpoint struct {
 	*aggregate.Mailbox
-	id  aggregate.PeerID
+	id  peerid.ID
 	net *Network
 
 	// guarded by net.mu
@@ -101,7 +102,7 @@ var (
 )
 
 // Join attaches a new peer (or returns the existing endpoint of id).
-func (n *Network) Join(id aggregate.PeerID) *Endpoint {
+func (n *Network) Join(id peerid.ID) *Endpoint {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if e, ok := n.eps[id]; ok {
@@ -120,7 +121,7 @@ func (n *Network) SetHook(h Hook) {
 }
 
 // Kill kills peer id now (see the Kill action).
-func (n *Network) Kill(id aggregate.PeerID) {
+func (n *Network) Kill(id peerid.ID) {
 	n.mu.Lock()
 	e := n.eps[id]
 	if e == nil || e.dead {
@@ -137,7 +138,7 @@ func (n *Network) Kill(id aggregate.PeerID) {
 }
 
 // Stall freezes peer id's sending now (see the Stall action).
-func (n *Network) Stall(id aggregate.PeerID) {
+func (n *Network) Stall(id peerid.ID) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if e := n.eps[id]; e != nil && !e.dead && e.stalled == nil {
@@ -146,7 +147,7 @@ func (n *Network) Stall(id aggregate.PeerID) {
 }
 
 // Resume unfreezes peer id.
-func (n *Network) Resume(id aggregate.PeerID) {
+func (n *Network) Resume(id peerid.ID) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if e := n.eps[id]; e != nil && e.stalled != nil {
@@ -157,7 +158,7 @@ func (n *Network) Resume(id aggregate.PeerID) {
 
 // Sent returns the bytes (values and per-chunk overhead) and chunks that
 // peer id has put on its link.
-func (n *Network) Sent(id aggregate.PeerID) (bytes, chunks int64) {
+func (n *Network) Sent(id peerid.ID) (bytes, chunks int64) {
 	n.mu.Lock()
 	e := n.eps[id]
 	n.mu.Unlock()
@@ -168,7 +169,7 @@ func (n *Network) Sent(id aggregate.PeerID) (bytes, chunks int64) {
 }
 
 // ID returns the endpoint's peer id.
-func (e *Endpoint) ID() aggregate.PeerID { return e.id }
+func (e *Endpoint) ID() peerid.ID { return e.id }
 
 // Close kills the endpoint.
 func (e *Endpoint) Close() error {
@@ -177,7 +178,7 @@ func (e *Endpoint) Close() error {
 }
 
 // Send implements aggregate.Transport.
-func (e *Endpoint) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.Tag, data []float32) error {
+func (e *Endpoint) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32) error {
 	n := e.net
 	if err := e.waitThawed(ctx); err != nil {
 		return err
@@ -258,7 +259,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // Probe implements aggregate.Prober: a live peer answers after a round
 // trip, a frozen one (Stall) not until it is resumed, and a dead one
 // fails at once.
-func (e *Endpoint) Probe(ctx context.Context, p aggregate.PeerID) error {
+func (e *Endpoint) Probe(ctx context.Context, p peerid.ID) error {
 	n := e.net
 	n.mu.Lock()
 	dst := n.eps[p]
@@ -275,7 +276,7 @@ func (e *Endpoint) Probe(ctx context.Context, p aggregate.PeerID) error {
 	return sleep(ctx, 2*n.cfg.Latency)
 }
 
-func deliver(dst *Endpoint, from aggregate.PeerID, tag aggregate.Tag, buf []float32) error {
+func deliver(dst *Endpoint, from peerid.ID, tag aggregate.Tag, buf []float32) error {
 	dst.net.mu.Lock()
 	dead := dst.dead
 	dst.net.mu.Unlock()

@@ -14,10 +14,13 @@ import (
 	"time"
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/aggregate/p2p"
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // newMocknet attaches n nodes to a fully connected mocknet whose links have
@@ -50,7 +53,7 @@ func newMocknet(t testing.TB, n int, latency time.Duration, bw float64) []*node.
 
 type peerSet struct {
 	nodes   []*node.Node
-	ids     []aggregate.PeerID
+	ids     []peerid.ID
 	faulty  []*aggtest.Faulty
 	runners []*aggregate.Runner
 }
@@ -96,7 +99,7 @@ func randVecs(seed uint64, n, d int) ([][]float32, []float64) {
 	return srcs, w
 }
 
-func expected(t testing.TB, rule aggregate.Rule, g aggregate.Group, ids []aggregate.PeerID, srcs [][]float32, w []float64) []float32 {
+func expected(t testing.TB, rl rule.Rule, g aggregate.Group, ids []peerid.ID, srcs [][]float32, w []float64) []float32 {
 	t.Helper()
 	var in [][]float32
 	var iw []float64
@@ -106,7 +109,7 @@ func expected(t testing.TB, rule aggregate.Rule, g aggregate.Group, ids []aggreg
 		iw = append(iw, w[i])
 	}
 	out := make([]float32, len(srcs[0]))
-	if err := aggregate.Reduce(rule, out, in, iw); err != nil {
+	if err := rule.Reduce(rl, out, in, iw); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -133,14 +136,14 @@ func TestAllReduceOnMocknet(t *testing.T) {
 	nodes := newMocknet(t, 5, time.Millisecond, 0)
 	for _, tc := range []struct {
 		algo aggregate.Algorithm
-		rule aggregate.Rule
+		rule rule.Rule
 	}{
-		{aggregate.Tree, aggregate.Mean{}},
-		{aggregate.Butterfly, aggregate.Mean{}},
-		{aggregate.Butterfly, aggregate.Median{}},
-		{aggregate.Butterfly, aggregate.Krum{F: 1, M: 2}},
-		{aggregate.Ring, aggregate.Mean{}},
-		{aggregate.Ring, aggregate.Sum{}},
+		{aggregate.Tree, rule.Mean{}},
+		{aggregate.Butterfly, rule.Mean{}},
+		{aggregate.Butterfly, rule.Median{}},
+		{aggregate.Butterfly, rule.Krum{F: 1, M: 2}},
+		{aggregate.Ring, rule.Mean{}},
+		{aggregate.Ring, rule.Sum{}},
 	} {
 		t.Run(fmt.Sprintf("%v/%v", tc.algo, tc.rule), func(t *testing.T) {
 			cfg := aggregate.DefaultConfig()
@@ -171,33 +174,33 @@ func TestFailuresOnMocknet(t *testing.T) {
 		name   string
 		algo   aggregate.Algorithm
 		victim int // rank
-		hook   func(aggregate.PeerID) aggtest.Hook
+		hook   func(peerid.ID) aggtest.Hook
 		bad    func(srcs [][]float32, v int)
 		want   error
 	}{
 		{name: "butterfly/kill/before-sending", algo: aggregate.Butterfly, victim: 2,
-			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepScatter, 1) }, want: aggregate.ErrStall},
+			hook: func(v peerid.ID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepScatter, 1) }, want: aggregate.ErrStall},
 		{name: "butterfly/kill/while-reducing", algo: aggregate.Butterfly, victim: 3,
-			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepGather, 1) }, want: aggregate.ErrStall},
+			hook: func(v peerid.ID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepGather, 1) }, want: aggregate.ErrStall},
 		{name: "butterfly/stall/while-reducing", algo: aggregate.Butterfly, victim: 1,
-			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepGather, 1) }, want: aggregate.ErrStall},
+			hook: func(v peerid.ID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepGather, 1) }, want: aggregate.ErrStall},
 		{name: "tree/kill/inner-while-reducing", algo: aggregate.Tree, victim: 1,
-			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepUp, 3) }, want: aggregate.ErrStall},
+			hook: func(v peerid.ID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepUp, 3) }, want: aggregate.ErrStall},
 		{name: "tree/stall/root-before-broadcast", algo: aggregate.Tree, victim: 0,
-			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepDown, 1) }, want: aggregate.ErrStall},
+			hook: func(v peerid.ID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepDown, 1) }, want: aggregate.ErrStall},
 		{name: "butterfly/bad/NaN", algo: aggregate.Butterfly, victim: 4,
-			hook: func(v aggregate.PeerID) aggtest.Hook {
+			hook: func(v peerid.ID) aggtest.Hook {
 				return aggtest.Corrupt(v, aggregate.StepScatter, 1, func(x []float32) { x[0] = float32(math.NaN()) })
 			}, want: aggregate.ErrBadValue},
 		// Ring, 20,000 values in chunks of 4096: 4,000-value segments, one
 		// chunk each; a peer sends 8 ring chunks, 0 its own segment, 1–3
 		// partial sums, 4–7 final values.
 		{name: "ring/kill/mid-reduce", algo: aggregate.Ring, victim: 1,
-			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepRing, 3) }, want: aggregate.ErrStall},
+			hook: func(v peerid.ID) aggtest.Hook { return aggtest.KillAt(v, aggregate.StepRing, 3) }, want: aggregate.ErrStall},
 		{name: "ring/stall/mid-gather", algo: aggregate.Ring, victim: 3,
-			hook: func(v aggregate.PeerID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepRing, 6) }, want: aggregate.ErrStall},
+			hook: func(v peerid.ID) aggtest.Hook { return aggtest.StallAt(v, aggregate.StepRing, 6) }, want: aggregate.ErrStall},
 		{name: "ring/bad/Inf", algo: aggregate.Ring, victim: 0,
-			hook: func(v aggregate.PeerID) aggtest.Hook {
+			hook: func(v peerid.ID) aggtest.Hook {
 				return aggtest.Corrupt(v, aggregate.StepRing, 2, func(x []float32) { x[9] = float32(math.Inf(1)) })
 			}, want: aggregate.ErrBadValue},
 		{name: "butterfly/bad/length", algo: aggregate.Butterfly, victim: 2,
@@ -207,7 +210,7 @@ func TestFailuresOnMocknet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // mostly waiting out timeouts
 			nodes := newMocknet(t, 5, time.Millisecond, 0)
-			ids := make([]aggregate.PeerID, len(nodes))
+			ids := make([]peerid.ID, len(nodes))
 			for i, n := range nodes {
 				ids[i] = p2p.ID(n.ID())
 			}
@@ -261,7 +264,7 @@ func TestFailuresOnMocknet(t *testing.T) {
 				}
 				slowest = max(slowest, outs[i].Elapsed)
 			}
-			checkSame(t, outs, surv, expected(t, aggregate.Mean{}, outs[surv[0]].Result.Group, ids, clean, w))
+			checkSame(t, outs, surv, expected(t, rule.Mean{}, outs[surv[0]].Result.Group, ids, clean, w))
 			if outs[v].Err == nil {
 				t.Errorf("victim succeeded")
 			}

@@ -17,10 +17,13 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/aggregate/p2p"
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // TestKillRealProcess runs a round between peers in this process and one
@@ -122,7 +125,7 @@ func killChild(t *testing.T, tc childCase) {
 			}
 		}
 	}
-	ids := []aggregate.PeerID{p2p.ID(info.ID)}
+	ids := []peerid.ID{p2p.ID(info.ID)}
 	for _, n := range nodes {
 		ids = append(ids, p2p.ID(n.ID()))
 	}
@@ -188,7 +191,7 @@ func killChild(t *testing.T, tc childCase) {
 			t.Fatalf("survivor %d: %+v", i, res)
 		}
 	}
-	checkSame(t, outs, all, expected(t, aggregate.Mean{}, outs[0].Result.Group, ids[1:], srcs, w))
+	checkSame(t, outs, all, expected(t, rule.Mean{}, outs[0].Result.Group, ids[1:], srcs, w))
 	slowest := slices.MaxFunc(outs, func(a, b aggtest.Outcome) int { return int(a.Elapsed - b.Elapsed) }).Elapsed
 	t.Logf("survivors done in %v (stall timeout %v)", slowest, childStall)
 	switch {
@@ -207,7 +210,7 @@ func killChild(t *testing.T, tc childCase) {
 	}
 }
 
-func peerStrings(ids []aggregate.PeerID) []string {
+func peerStrings(ids []peerid.ID) []string {
 	s := make([]string, len(ids))
 	for i, id := range ids {
 		s[i] = string(id)
@@ -243,15 +246,15 @@ func runChild(t *testing.T) {
 	}
 	f := strings.Fields(in.Text())
 	round, _ := strconv.ParseUint(f[1], 10, 64)
-	var ids []aggregate.PeerID
+	var ids []peerid.ID
 	for _, s := range f[2:] {
-		ids = append(ids, aggregate.PeerID(s))
+		ids = append(ids, peerid.ID(s))
 	}
 	g, _ := aggregate.Form(round, ids)
 	step, nth := aggregate.Step(atoi("AGG_CHILD_STEP")), atoi("AGG_CHILD_NTH")
 	var once sync.Once
 	hook := aggtest.At(p2p.ID(n.ID()), step, nth, aggtest.Stall)
-	announce := func(from, to aggregate.PeerID, tag aggregate.Tag, data []float32) aggtest.Action {
+	announce := func(from, to peerid.ID, tag aggregate.Tag, data []float32) aggtest.Action {
 		a := hook(from, to, tag, data)
 		if a == aggtest.Stall {
 			once.Do(func() { fmt.Println("AT"); os.Stdout.Sync() })

@@ -8,6 +8,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/p2p"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // TestScopeRefusesOutsiders: with a round's group scoped, a chunk of that
@@ -17,7 +18,7 @@ import (
 func TestScopeRefusesOutsiders(t *testing.T) {
 	nodes := newMocknet(t, 3, 0, 0)
 	trs := make([]*p2p.Transport, 3)
-	ids := make([]aggregate.PeerID, 3)
+	ids := make([]peerid.ID, 3)
 	for i, n := range nodes {
 		trs[i] = p2p.New(n)
 		t.Cleanup(func() { trs[i].Close() })

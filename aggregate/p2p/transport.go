@@ -43,9 +43,11 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
+
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Transport is an aggregate.Transport over a node. Safe for concurrent use.
@@ -54,7 +56,7 @@ import (
 // that a vote never waits behind data chunks on a pooled stream.
 type Transport struct {
 	n      *node.Node
-	ids    sync.Map           // aggregate.PeerID → peer.ID
+	ids    sync.Map           // peerid.ID → peer.ID
 	scope  *aggregate.Mailbox // scope decisions only; nothing is delivered to it
 	unhook func()
 
@@ -237,13 +239,13 @@ func (t *Transport) dropLink(p peer.ID, l *node.Link) {
 	l.Close()
 }
 
-// ID returns the aggregate.PeerID of a libp2p peer.
-func ID(p peer.ID) aggregate.PeerID { return aggregate.PeerID(p.String()) }
+// ID returns the peerid.ID of a libp2p peer.
+func ID(p peer.ID) peerid.ID { return peerid.ID(p.String()) }
 
-// Self returns the node's own aggregate.PeerID.
-func (t *Transport) Self() aggregate.PeerID { return ID(t.n.ID()) }
+// Self returns the node's own peerid.ID.
+func (t *Transport) Self() peerid.ID { return ID(t.n.ID()) }
 
-func (t *Transport) peerID(p aggregate.PeerID) (peer.ID, error) {
+func (t *Transport) peerID(p peerid.ID) (peer.ID, error) {
 	if v, ok := t.ids.Load(p); ok {
 		return v.(peer.ID), nil
 	}
@@ -261,7 +263,7 @@ func nodeTag(tag aggregate.Tag) node.Tag {
 }
 
 // Send implements aggregate.Transport.
-func (t *Transport) Send(ctx context.Context, to aggregate.PeerID, tag aggregate.Tag, data []float32) error {
+func (t *Transport) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32) error {
 	pid, err := t.peerID(to)
 	if err != nil {
 		return err
@@ -289,7 +291,7 @@ func (t *Transport) Send(ctx context.Context, to aggregate.PeerID, tag aggregate
 }
 
 // Recv implements aggregate.Transport.
-func (t *Transport) Recv(ctx context.Context, from aggregate.PeerID, tag aggregate.Tag, dst []float32) error {
+func (t *Transport) Recv(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32) error {
 	pid, err := t.peerID(from)
 	if err != nil {
 		return err
@@ -329,7 +331,7 @@ func (t *Transport) Recv(ctx context.Context, from aggregate.PeerID, tag aggrega
 // Probe implements aggregate.Prober with a libp2p ping, which the peer's
 // host answers whatever its all-reduce waits for; a frozen or cut-off
 // process does not. A dial that fails is ErrUnreachable.
-func (t *Transport) Probe(ctx context.Context, p aggregate.PeerID) error {
+func (t *Transport) Probe(ctx context.Context, p peerid.ID) error {
 	pid, err := t.peerID(p)
 	if err != nil {
 		return err
@@ -352,7 +354,7 @@ func (t *Transport) Probe(ctx context.Context, p aggregate.PeerID) error {
 	}
 }
 
-func sendErr(to aggregate.PeerID, err error) error {
+func sendErr(to peerid.ID, err error) error {
 	switch {
 	case err == nil:
 		return nil
@@ -364,7 +366,7 @@ func sendErr(to aggregate.PeerID, err error) error {
 	return &aggregate.PeerError{Peer: to, Err: fmt.Errorf("%w: %w", aggregate.ErrUnreachable, err)}
 }
 
-func recvErr(from aggregate.PeerID, tag aggregate.Tag, err error) error {
+func recvErr(from peerid.ID, tag aggregate.Tag, err error) error {
 	switch {
 	case errors.Is(err, node.ErrClosed):
 		return fmt.Errorf("%w: %w", aggregate.ErrClosed, err)

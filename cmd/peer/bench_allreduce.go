@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
@@ -118,7 +120,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 		return nil, err
 	}
 	ag := &b.cfg.Aggregate
-	ag.Rule, ag.Algorithm, ag.StallTimeout = aggregate.Sum{}, a, *stall
+	ag.Rule, ag.Algorithm, ag.StallTimeout = rule.Sum{}, a, *stall
 	if *chunkKB > 0 {
 		ag.ChunkElems = *chunkKB << 10 / 4
 	}

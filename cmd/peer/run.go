@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/starling-ml/starling/aggregate"
+
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/swarm"
@@ -46,7 +47,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	minPeers := fs.Int("min-peers", 2, "wait for this many live peers, this one included, before training")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for --min-peers")
 	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped")
-	rule := fs.String("aggregate", "mean", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L")
+	ruleSpec := fs.String("aggregate", "mean", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L")
 	// Data.
 	dataDir := fs.String("data", "", "folder with the MNIST IDX files (default: the GoMNIST module in the Go module cache)")
 	partition := fs.String("partition", "iid", "how the data is split between peers: iid, shards (2 label shards each) or dirichlet:α")
@@ -107,7 +108,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		o.Swarm.Gossip.Namespace = *swarmName
 		o.Swarm.Gossip.Model = *model
 		o.Swarm.Aggregate.StallTimeout = *stall
-		r, err := aggregate.ParseRule(*rule)
+		r, err := rule.Parse(*ruleSpec)
 		if err != nil {
 			return o, err
 		}

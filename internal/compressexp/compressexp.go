@@ -26,6 +26,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -189,11 +190,11 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	}
 	net := aggtest.NewNetwork(aggtest.Config{})
 	board, states := train.NewSyncBoard(), train.NewStateBoard()
-	ids := make([]aggregate.PeerID, cfg.Peers)
+	ids := make([]peerid.ID, cfg.Peers)
 	workers := make([]*train.Worker, cfg.Peers)
 	runners := make([]*aggregate.Runner, cfg.Peers)
 	for i := range cfg.Peers {
-		ids[i] = aggregate.PeerID(fmt.Sprintf("peer%02d", i))
+		ids[i] = peerid.ID(fmt.Sprintf("peer%02d", i))
 		wc := cfg.Worker
 		wc.ModelSeed, wc.DataSeed, wc.TotalSteps = cfg.Seed, cfg.Seed*1000+uint64(i)+1, cfg.Epochs*spe
 		if workers[i], err = train.NewWorker(wc, trainSet.Subset(parts[i])); err != nil {

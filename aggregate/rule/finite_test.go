@@ -1,4 +1,4 @@
-package aggregate
+package rule
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// scanFirstNonFinite is the plain scan firstNonFinite replaced.
+// scanFirstNonFinite is the plain scan FirstNonFinite replaced.
 func scanFirstNonFinite(x []float32) int {
 	for i, v := range x {
 		if v-v != 0 {
@@ -39,7 +39,7 @@ func TestFirstNonFinite(t *testing.T) {
 		for i := range x {
 			x[i] = good[r.IntN(len(good))]
 		}
-		if got := firstNonFinite(x); got != -1 {
+		if got := FirstNonFinite(x); got != -1 {
 			t.Fatalf("n=%d all finite: got %d", n, got)
 		}
 		for pos := 0; pos < n; pos++ {
@@ -48,7 +48,7 @@ func TestFirstNonFinite(t *testing.T) {
 			if pos+3 < n {
 				y[pos+3] = bad[r.IntN(len(bad))]
 			}
-			if got, want := firstNonFinite(y), naiveFirstNonFinite(y); got != want {
+			if got, want := FirstNonFinite(y), naiveFirstNonFinite(y); got != want {
 				t.Fatalf("n=%d bad at %d: got %d, want %d", n, pos, got, want)
 			}
 		}
@@ -65,7 +65,7 @@ func BenchmarkFirstNonFinite(b *testing.B) {
 			b.SetBytes(int64(4 * n))
 			b.ReportAllocs()
 			for b.Loop() {
-				if firstNonFinite(x) != -1 {
+				if FirstNonFinite(x) != -1 {
 					b.Fatal("finite input")
 				}
 			}

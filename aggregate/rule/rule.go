@@ -1,4 +1,4 @@
-package aggregate
+package rule
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ import (
 // case. Local rules (sum, mean, median, trimmed mean) need no statistics, so
 // any slice of coordinates, down to one chunk, can be reduced on its own.
 type Rule interface {
-	// String returns the rule's canonical spec; ParseRule(r.String())
+	// String returns the rule's canonical spec; Parse(r.String())
 	// returns an equal rule.
 	String() string
 	// Linear reports whether the rule is a weighted sum whose partial sums
@@ -62,16 +62,16 @@ func Reduce(r Rule, dst []float32, srcs [][]float32, w []float64) error {
 		return err
 	}
 	for i, s := range srcs {
-		if k := firstNonFinite(s); k >= 0 {
+		if k := FirstNonFinite(s); k >= 0 {
 			return fmt.Errorf("%w: contribution %d has %v at %d", ErrBadInput, i, s[k], k)
 		}
 	}
-	if lr, ok := r.(localRule); ok {
+	if lr, ok := r.(LocalRule); ok {
 		if err := checkLocal(lr, len(srcs)); err != nil {
 			return err
 		}
-		var s scratch
-		return lr.reduceLocal(dst, srcs, w, &s)
+		var s Scratch
+		return lr.ReduceLocal(dst, srcs, w, &s)
 	}
 	p, err := r.Start(srcs, w)
 	if err != nil {
@@ -85,29 +85,32 @@ func Reduce(r Rule, dst []float32, srcs [][]float32, w []float64) error {
 	return p.Finish(dst)
 }
 
-// localRule is the allocation-free path of the local rules.
-type localRule interface {
+// LocalRule is implemented by the local rules (sum, mean, median,
+// trimmed mean): any slice of coordinates, down to one chunk, reduces on
+// its own and without allocating once s has grown.
+type LocalRule interface {
 	Rule
-	// reduceLocal sets dst from srcs (each at least len(dst) long).
-	reduceLocal(dst []float32, srcs [][]float32, w []float64, s *scratch) error
+	// ReduceLocal sets dst from srcs (each at least len(dst) long).
+	ReduceLocal(dst []float32, srcs [][]float32, w []float64, s *Scratch) error
 }
 
-// scratch is reusable memory for local reductions.
-type scratch struct {
+// Scratch is reusable memory for ReduceLocal; the zero value is ready.
+// Not safe for concurrent use.
+type Scratch struct {
 	w32  []float32
 	col  []float32
 	blk  []float32   // sortBlock's rows
 	rows [][]float32 // views of blk
 }
 
-func (s *scratch) weights(n int) []float32 {
+func (s *Scratch) weights(n int) []float32 {
 	if cap(s.w32) < n {
 		s.w32 = make([]float32, n)
 	}
 	return s.w32[:n]
 }
 
-func (s *scratch) column(n int) []float32 {
+func (s *Scratch) column(n int) []float32 {
 	if cap(s.col) < n {
 		s.col = make([]float32, n)
 	}
@@ -131,14 +134,14 @@ func init() {
 const colBlock = 256
 
 // sortBlock copies coordinates [lo, lo+m) of every src into n rows of
-// scratch and sorts each column across the rows, which it returns. It
+// Scratch and sorts each column across the rows, which it returns. It
 // runs an odd–even transposition network (n rounds of compare-exchanges
 // of neighbouring rows) on whole rows at once, as min and max: no
 // branches, where sorting each column on its own mispredicts on about
 // every other comparison of real data (BenchmarkReduce/median, 5
 // contributions: 4× faster in Go, 28× with AVX-512). n ≤ netMax,
 // m ≤ colBlock.
-func (s *scratch) sortBlock(srcs [][]float32, lo, m int) [][]float32 {
+func (s *Scratch) sortBlock(srcs [][]float32, lo, m int) [][]float32 {
 	n := len(srcs)
 	if cap(s.blk) < n*colBlock {
 		s.blk = make([]float32, n*colBlock)
@@ -168,14 +171,16 @@ func checkInputs(d int, srcs [][]float32, w []float64) error {
 		if len(s) != d {
 			return fmt.Errorf("%w: contribution %d has length %d, want %d", ErrBadInput, i, len(s), d)
 		}
-		if !validWeight(w[i]) {
+		if !ValidWeight(w[i]) {
 			return fmt.Errorf("%w: contribution %d has weight %v", ErrBadInput, i, w[i])
 		}
 	}
 	return nil
 }
 
-func validWeight(w float64) bool { return w >= 0 && !math.IsInf(w, 1) } // NaN fails w >= 0
+// ValidWeight reports whether w is a weight a reducer takes: finite and not
+// negative.
+func ValidWeight(w float64) bool { return w >= 0 && !math.IsInf(w, 1) } // NaN fails w >= 0
 
 func checkLocal(r Rule, n int) error {
 	if n < r.MinInputs() {
@@ -184,11 +189,9 @@ func checkLocal(r Rule, n int) error {
 	return nil
 }
 
-// firstNonFinite returns the index of the first NaN or ±Inf in x, or -1.
-// Every received chunk goes through it: device.AllFinite clears a whole
-// chunk at once (AVX-512 where the CPU has it), and only a chunk that holds
-// such a value is searched.
-func firstNonFinite(x []float32) int {
+// FirstNonFinite returns the index of the first NaN or ±Inf in x, or -1.
+// A finite x costs one device.AllFinite pass.
+func FirstNonFinite(x []float32) int {
 	if device.AllFinite(x) {
 		return -1
 	}
@@ -202,7 +205,7 @@ func firstNonFinite(x []float32) int {
 
 // localPass adapts a local rule to the Pass interface.
 type localPass struct {
-	r    localRule
+	r    LocalRule
 	srcs [][]float32
 	w    []float64
 }
@@ -215,11 +218,11 @@ func (p *localPass) Finish(dst []float32) error {
 	if len(p.srcs) > 0 && len(dst) != len(p.srcs[0]) {
 		return fmt.Errorf("%w: dst has length %d, shard %d", ErrBadInput, len(dst), len(p.srcs[0]))
 	}
-	var s scratch
-	return p.r.reduceLocal(dst, p.srcs, p.w, &s)
+	var s Scratch
+	return p.r.ReduceLocal(dst, p.srcs, p.w, &s)
 }
 
-func startLocal(r localRule, srcs [][]float32, w []float64) (Pass, error) {
+func startLocal(r LocalRule, srcs [][]float32, w []float64) (Pass, error) {
 	d := 0
 	if len(srcs) > 0 {
 		d = len(srcs[0])
@@ -242,7 +245,7 @@ func (Sum) Local() bool                                         { return true }
 func (Sum) MinInputs() int                                      { return 1 }
 func (r Sum) Start(srcs [][]float32, w []float64) (Pass, error) { return startLocal(r, srcs, w) }
 
-func (Sum) reduceLocal(dst []float32, srcs [][]float32, _ []float64, s *scratch) error {
+func (Sum) ReduceLocal(dst []float32, srcs [][]float32, _ []float64, s *Scratch) error {
 	ws := s.weights(len(srcs))
 	for i := range ws {
 		ws[i] = 1
@@ -261,7 +264,7 @@ func (Mean) Local() bool                                         { return true }
 func (Mean) MinInputs() int                                      { return 1 }
 func (r Mean) Start(srcs [][]float32, w []float64) (Pass, error) { return startLocal(r, srcs, w) }
 
-func (Mean) reduceLocal(dst []float32, srcs [][]float32, w []float64, s *scratch) error {
+func (Mean) ReduceLocal(dst []float32, srcs [][]float32, w []float64, s *Scratch) error {
 	var total float64
 	for _, v := range w {
 		total += v
@@ -287,7 +290,7 @@ func (Median) Local() bool                                         { return true
 func (Median) MinInputs() int                                      { return 1 }
 func (r Median) Start(srcs [][]float32, w []float64) (Pass, error) { return startLocal(r, srcs, w) }
 
-func (Median) reduceLocal(dst []float32, srcs [][]float32, _ []float64, s *scratch) error {
+func (Median) ReduceLocal(dst []float32, srcs [][]float32, _ []float64, s *Scratch) error {
 	n := len(srcs)
 	if n <= netMax {
 		for lo := 0; lo < len(dst); lo += colBlock {
@@ -352,13 +355,14 @@ func (Trimmed) Linear() bool     { return false }
 func (Trimmed) Local() bool      { return true }
 func (Trimmed) MinInputs() int   { return 1 }
 func (r Trimmed) Start(srcs [][]float32, w []float64) (Pass, error) {
-	if err := r.validate(); err != nil {
+	if err := r.Validate(); err != nil {
 		return nil, err
 	}
 	return startLocal(r, srcs, w)
 }
 
-func (r Trimmed) validate() error {
+// Validate reports parameters the rule cannot run with, wrapping ErrBadSpec.
+func (r Trimmed) Validate() error {
 	if !(r.Beta >= 0 && r.Beta < 0.5) {
 		return fmt.Errorf("%w: trimmed beta %v not in [0, 0.5)", ErrBadSpec, r.Beta)
 	}
@@ -368,8 +372,8 @@ func (r Trimmed) validate() error {
 // trimCount is ⌊β·n⌋, robust to β·n landing a hair under an integer.
 func trimCount(beta float64, n int) int { return int(math.Floor(beta*float64(n) + 1e-9)) }
 
-func (r Trimmed) reduceLocal(dst []float32, srcs [][]float32, _ []float64, s *scratch) error {
-	if err := r.validate(); err != nil {
+func (r Trimmed) ReduceLocal(dst []float32, srcs [][]float32, _ []float64, s *Scratch) error {
+	if err := r.Validate(); err != nil {
 		return err
 	}
 	n := len(srcs)
@@ -423,7 +427,8 @@ func (Krum) Linear() bool     { return false }
 func (Krum) Local() bool      { return false }
 func (r Krum) MinInputs() int { return 2*r.F + 3 }
 
-func (r Krum) validate() error {
+// Validate reports parameters the rule cannot run with, wrapping ErrBadSpec.
+func (r Krum) Validate() error {
 	if r.F < 0 || r.M < 1 {
 		return fmt.Errorf("%w: krum needs f ≥ 0 and m ≥ 1, got f=%d m=%d", ErrBadSpec, r.F, r.M)
 	}
@@ -432,7 +437,7 @@ func (r Krum) validate() error {
 
 // Start implements Rule.
 func (r Krum) Start(srcs [][]float32, w []float64) (Pass, error) {
-	if err := r.validate(); err != nil {
+	if err := r.Validate(); err != nil {
 		return nil, err
 	}
 	d := 0
@@ -589,7 +594,8 @@ func (CClip) Linear() bool   { return false }
 func (CClip) Local() bool    { return false }
 func (CClip) MinInputs() int { return 1 }
 
-func (r CClip) validate() error {
+// Validate reports parameters the rule cannot run with, wrapping ErrBadSpec.
+func (r CClip) Validate() error {
 	if !(r.Tau > 0) || math.IsInf(r.Tau, 1) || r.Iters < 1 || r.Iters > maxCClipIters || r.From > StartZero {
 		return fmt.Errorf("%w: cclip needs 0 < tau < Inf, 1 ≤ iters ≤ %d: %+v", ErrBadSpec, maxCClipIters, r)
 	}
@@ -600,7 +606,7 @@ const maxCClipIters = 100
 
 // Start implements Rule.
 func (r CClip) Start(srcs [][]float32, w []float64) (Pass, error) {
-	if err := r.validate(); err != nil {
+	if err := r.Validate(); err != nil {
 		return nil, err
 	}
 	d := 0

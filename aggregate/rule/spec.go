@@ -1,4 +1,4 @@
-package aggregate
+package rule
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// ParseRule parses a rule spec, the value of a --rule flag:
+// Parse parses a rule spec, the value of a --rule flag:
 //
 //	sum                       Σ xᵢ
 //	mean                      weighted mean, weights = sample counts
@@ -18,7 +18,7 @@ import (
 //	cclip:tau=10,iters=3      centered clipping, τ = 10, 3 iterations (start=zero|median)
 //
 // Errors wrap ErrBadSpec.
-func ParseRule(spec string) (Rule, error) {
+func Parse(spec string) (Rule, error) {
 	name, args, hasArgs := strings.Cut(strings.TrimSpace(spec), ":")
 	kv, bare, err := parseArgs(args)
 	if err != nil {
@@ -51,7 +51,7 @@ func ParseRule(spec string) (Rule, error) {
 		if err := takeArgs(kv, map[string]any{"beta": &r.Beta}, "beta"); err != nil {
 			return nil, fmt.Errorf("%w: %q: %v", ErrBadSpec, spec, err)
 		}
-		return r, wrapSpec(spec, r.validate())
+		return r, wrapSpec(spec, r.Validate())
 	case "krum":
 		r := Krum{M: 1}
 		if bare != "" {
@@ -60,7 +60,7 @@ func ParseRule(spec string) (Rule, error) {
 		if err := takeArgs(kv, map[string]any{"f": &r.F, "m": &r.M}, "f"); err != nil {
 			return nil, fmt.Errorf("%w: %q: %v", ErrBadSpec, spec, err)
 		}
-		return r, wrapSpec(spec, r.validate())
+		return r, wrapSpec(spec, r.Validate())
 	case "cclip":
 		r := CClip{}
 		if bare != "" {
@@ -78,7 +78,7 @@ func ParseRule(spec string) (Rule, error) {
 		default:
 			return nil, fmt.Errorf("%w: %q: start must be median or zero", ErrBadSpec, spec)
 		}
-		return r, wrapSpec(spec, r.validate())
+		return r, wrapSpec(spec, r.Validate())
 	}
 	return nil, fmt.Errorf("%w: unknown rule %q (want sum, mean, median, trimmed, krum or cclip)", ErrBadSpec, name)
 }

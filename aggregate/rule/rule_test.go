@@ -1,4 +1,4 @@
-package aggregate
+package rule
 
 import (
 	"errors"
@@ -398,7 +398,7 @@ func dist(x []float32, c []float64) float64 {
 	return math.Sqrt(s)
 }
 
-func TestParseRule(t *testing.T) {
+func TestParse(t *testing.T) {
 	good := map[string]Rule{
 		"sum":                            Sum{},
 		"mean":                           Mean{},
@@ -413,7 +413,7 @@ func TestParseRule(t *testing.T) {
 		"cclip:tau=1,iters=2,start=zero": CClip{Tau: 1, Iters: 2, From: StartZero},
 	}
 	for spec, want := range good {
-		got, err := ParseRule(spec)
+		got, err := Parse(spec)
 		if err != nil {
 			t.Errorf("%q: %v", spec, err)
 			continue
@@ -421,7 +421,7 @@ func TestParseRule(t *testing.T) {
 		if got != want {
 			t.Errorf("%q: got %#v, want %#v", spec, got, want)
 		}
-		again, err := ParseRule(got.String())
+		again, err := Parse(got.String())
 		if err != nil || again != got {
 			t.Errorf("%q: String %q does not round-trip: %v, %v", spec, got.String(), again, err)
 		}
@@ -432,25 +432,25 @@ func TestParseRule(t *testing.T) {
 		"cclip:tau=NaN,iters=1", "cclip:tau=1,iters=0", "cclip:tau=1,iters=1000", "cclip:tau=1,iters=1,start=mean",
 		"median:beta=1", "krum:f=", "krum:=2"}
 	for _, spec := range bad {
-		if r, err := ParseRule(spec); !errors.Is(err, ErrBadSpec) {
+		if r, err := Parse(spec); !errors.Is(err, ErrBadSpec) {
 			t.Errorf("%q: got %v, %v; want ErrBadSpec", spec, r, err)
 		}
 	}
 }
 
-func FuzzParseRule(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	for _, s := range []string{"sum", "trimmed:0.2", "krum:f=2,m=3", "cclip:tau=10,iters=3,start=zero", "x:=,"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
-		r, err := ParseRule(spec)
+		r, err := Parse(spec)
 		if err != nil {
 			if !errors.Is(err, ErrBadSpec) {
 				t.Fatalf("%q: error %v does not wrap ErrBadSpec", spec, err)
 			}
 			return
 		}
-		again, err := ParseRule(r.String())
+		again, err := Parse(r.String())
 		if err != nil || again != r {
 			t.Fatalf("%q → %q does not round-trip: %v %v", spec, r.String(), again, err)
 		}
