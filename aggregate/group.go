@@ -105,6 +105,9 @@ func (g Group) Size() int { return len(g.members) }
 // Member returns the member of rank i.
 func (g Group) Member(i int) peerid.ID { return g.members[i] }
 
+// Sorted returns the members sorted by ID, in a new slice.
+func (g Group) Sorted() []peerid.ID { return peerid.Sorted(g.members) }
+
 // Members returns the members in rank order; the slice is the caller's.
 func (g Group) Members() []peerid.ID { return slices.Clone(g.members) }
 

@@ -113,6 +113,17 @@ func (r *Runner) buf(name string, n int) []float32 {
 	return b[:n]
 }
 
+// AllReduceAmong forms the group of members for round (Form: the same
+// order on every peer that calls it with the same set) and runs AllReduce
+// with it. Result.Group names the peers whose contributions dst holds.
+func (r *Runner) AllReduceAmong(ctx context.Context, round uint64, members []peerid.ID, dst, src []float32, weight float64) (Result, error) {
+	g, err := Form(round, members)
+	if err != nil {
+		return Result{}, err
+	}
+	return r.AllReduce(ctx, g, dst, src, weight)
+}
+
 // AllReduce runs one round with group g: every member contributes its src
 // with its weight (a sample count; see the rule), and on success dst holds
 // the rule applied to the contributions of Result.Group, the same bits on

@@ -75,6 +75,9 @@ type Config struct {
 	// steps with 4 peers and the default MLP); on a switched LAN, where
 	// each host's one link is the limit, the ring is as fast from 1 MB up.
 	SyncAlgorithm string `json:"sync_algorithm"`
+	// Compress is the codec of the sync strategy's all-reduce
+	// (compression.Parse; "" sends float32).
+	Compress string `json:"compress,omitempty"`
 	// Worker, Async and Gossip configure the peers and the strategies.
 	Worker train.WorkerConfig `json:"worker"`
 	Async  train.AsyncConfig  `json:"async"`

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,33 +11,37 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
 
-// Peer is one simulated peer, as a strategy sees it. Its network parts are
-// real: a node/ tensor service and a GossipSub control plane on a mocknet
-// host.
+// Peer is one simulated peer, as a strategy sees it: a swarm.Peer, as
+// `peer run` builds on a real host, on a mocknet host.
 type Peer struct {
-	Index  int
-	ID     peer.ID
-	Host   host.Host
+	Index int
+	ID    peerid.ID
+	Host  host.Host
+	Swarm *swarm.Peer
+	// Node and CP are Swarm's node and control plane.
 	Node   *node.Node
 	CP     *gossip.ControlPlane
 	Worker *train.Worker
 	// Group is every peer's ID, sorted: the topology gossip strategies use.
-	Group []peer.ID
+	Group []peerid.ID
 	// Rec receives the peer's snapshots and events.
 	Rec train.Recorder
 	// Config is the experiment's configuration.
@@ -46,6 +51,7 @@ type Peer struct {
 
 	delayMu  sync.Mutex
 	delayRng *rand.Rand
+	sent     atomic.Int64 // bytes of all-reduce chunks sent
 }
 
 // Delay draws one message delay, uniform in [0, Config.Delay]. Safe for
@@ -122,11 +128,11 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	cfg.Async.SnapshotEvery, cfg.Gossip.SnapshotEvery = cfg.SnapshotEvery, cfg.SnapshotEvery
 	strat := lookup(cfg.Strategy)
 
-	parts, err := train.Partition(trainSet, cfg.Peers, cfg.Partition, cfg.Seed)
+	parts, err := data.Partition(trainSet, cfg.Peers, cfg.Partition, cfg.Seed)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	sw, err := newSwarm(ctx, &cfg, o.log)
+	sw, err := newNetwork(ctx, &cfg, o.log)
 	if err != nil {
 		return nil, err
 	}
@@ -144,9 +150,8 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 			return nil, fmt.Errorf("sim: peer %d: %w", i, err)
 		}
 		p := sw.peers[i]
-		p.Worker, p.Rec, p.Config, p.Log = w, rec, &cfg, o.log
-		p.delayRng = rand.New(rand.NewPCG(cfg.Seed, uint64(i)+0xde1a7))
-		rec.names[p.ID.String()] = peerName(i)
+		p.Worker, p.Rec, p.Log = w, rec, o.log
+		rec.names[string(p.ID)] = peerName(i)
 		peers[i] = p
 	}
 
@@ -203,17 +208,35 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 
 func peerName(i int) string { return fmt.Sprintf("p%d", i) }
 
-// swarm is the simulated network: a mocknet with one host per peer, each
-// with a node/ service and a control plane.
-type swarm struct {
+// network is the simulated network: a mocknet with one host per peer, each
+// running a swarm.Peer.
+type network struct {
 	mn     mocknet.Mocknet
 	peers  []*Peer
 	mu     sync.Mutex
 	killed map[int]bool
 }
 
-func newSwarm(ctx context.Context, cfg *Config, log *slog.Logger) (*swarm, error) {
-	sw := &swarm{mn: mocknet.New(), killed: map[int]bool{}}
+// swarmConfig is what every simulated peer runs with.
+func swarmConfig(cfg *Config, model string, log *slog.Logger) swarm.Config {
+	sc := swarm.DefaultConfig()
+	sc.Node = node.TestConfig()
+	sc.Node.MaxTensorBytes = 256 << 20
+	sc.Node.MaxParkedBytes = 512 << 20
+	sc.Node.IOTimeout = 10 * time.Second
+	sc.Node.RecvTimeout = 30 * time.Second
+	sc.Gossip.Namespace, sc.Gossip.Model = "sim", model
+	sc.Gossip.HeartbeatInterval, sc.Gossip.PeerTTL = 250*time.Millisecond, 2*time.Second
+	sc.Gossip.AnnounceQueue = 1024
+	sc.Aggregate.StallTimeout = cmp.Or(cfg.StallTimeout, 2*time.Second)     // see Config.StallTimeout
+	sc.Aggregate.Algorithm, _ = aggregate.ParseAlgorithm(cfg.SyncAlgorithm) // checked by Validate
+	sc.Aggregate.Compress = cfg.Compress
+	sc.Log = log
+	return sc
+}
+
+func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger) (*network, error) {
+	sw := &network{mn: mocknet.New(), killed: map[int]bool{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -221,6 +244,11 @@ func newSwarm(ctx context.Context, cfg *Config, log *slog.Logger) (*swarm, error
 		}
 	}()
 	sw.mn.SetLinkDefaults(mocknet.LinkOptions{Latency: cfg.Latency, Bandwidth: cfg.Bandwidth})
+	probe, err := nn.New(cfg.Worker.Model, 0)
+	if err != nil {
+		return nil, err
+	}
+	sc := swarmConfig(cfg, probe.Arch, log)
 	keys := seededReader{rand.NewChaCha8(seed32(cfg.Seed, "peer-keys"))}
 	for i := range cfg.Peers {
 		sk, _, err := crypto.GenerateEd25519Key(keys)
@@ -236,41 +264,26 @@ func newSwarm(ctx context.Context, cfg *Config, log *slog.Logger) (*swarm, error
 		if err != nil {
 			return nil, fmt.Errorf("sim: mocknet peer %d: %w", i, err)
 		}
-		ncfg := node.TestConfig()
-		ncfg.MaxTensorBytes = 256 << 20
-		ncfg.MaxParkedBytes = 512 << 20
-		ncfg.IOTimeout = 10 * time.Second
-		ncfg.RecvTimeout = 30 * time.Second
-		nd, err := node.Attach(h, ncfg)
+		p := &Peer{Index: i, ID: peerid.ID(h.ID().String()), Host: h, Config: cfg,
+			delayRng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)+0xde1a7))}
+		// Routers before connections: GossipSub learns a peer's topics
+		// when it connects.
+		sp, err := swarm.Attach(h, sc, swarm.WithAllReduceTransport(func(t aggregate.Transport) aggregate.Transport {
+			return &simTransport{Transport: t, p: p}
+		}))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("sim: peer %d: %w", i, err)
 		}
-		sw.peers = append(sw.peers, &Peer{Index: i, ID: h.ID(), Host: h, Node: nd})
+		p.Swarm, p.Node, p.CP = sp, sp.Node, sp.Control
+		sw.peers = append(sw.peers, p)
 	}
 	if err := sw.mn.LinkAll(); err != nil {
 		return nil, err
 	}
-	// Routers first, connections second: GossipSub learns a peer's topics
-	// when it connects.
-	probe, err := nn.New(cfg.Worker.Model, 0)
-	if err != nil {
-		return nil, err
-	}
-	gcfg := gossip.DefaultConfig()
-	gcfg.Namespace, gcfg.Model = "sim", probe.Arch
-	gcfg.HeartbeatInterval, gcfg.PeerTTL = 250*time.Millisecond, 2*time.Second
-	gcfg.AnnounceQueue = 1024
-	for _, p := range sw.peers {
-		cp, err := gossip.New(p.Host, gcfg, gossip.WithLogger(log))
-		if err != nil {
-			return nil, err
-		}
-		p.CP = cp
-	}
 	if err := sw.mn.ConnectAllButSelf(); err != nil {
 		return nil, err
 	}
-	group := make([]peer.ID, len(sw.peers))
+	group := make([]peerid.ID, len(sw.peers))
 	for i, p := range sw.peers {
 		group[i] = p.ID
 	}
@@ -279,7 +292,7 @@ func newSwarm(ctx context.Context, cfg *Config, log *slog.Logger) (*swarm, error
 	defer cancel()
 	for i, p := range sw.peers {
 		p.Group = group
-		if _, err := p.CP.WaitPeers(wctx, len(sw.peers)-1); err != nil {
+		if err := p.Swarm.WaitPeers(wctx, len(sw.peers)); err != nil {
 			return nil, fmt.Errorf("sim: peer %d saw %d of %d peers: %w", i, len(p.CP.Peers()), len(sw.peers)-1, err)
 		}
 	}
@@ -289,7 +302,7 @@ func newSwarm(ctx context.Context, cfg *Config, log *slog.Logger) (*swarm, error
 
 // kill stops peer i's network: its control plane and node close and its
 // host leaves the mocknet, so others see resets and silence.
-func (sw *swarm) kill(i int) {
+func (sw *network) kill(i int) {
 	sw.mu.Lock()
 	if sw.killed[i] {
 		sw.mu.Unlock()
@@ -298,12 +311,12 @@ func (sw *swarm) kill(i int) {
 	sw.killed[i] = true
 	sw.mu.Unlock()
 	p := sw.peers[i]
-	p.CP.Close()
+	p.Swarm.Close()
 	p.Node.Close()
 	p.Host.Close()
 }
 
-func (sw *swarm) close() {
+func (sw *network) close() {
 	for i, p := range sw.peers {
 		sw.mu.Lock()
 		dead := sw.killed[i]
@@ -312,9 +325,7 @@ func (sw *swarm) close() {
 		if dead {
 			continue
 		}
-		if p.CP != nil {
-			p.CP.Close()
-		}
+		p.Swarm.Close()
 		p.Node.Close()
 	}
 	sw.mn.Close()

@@ -187,11 +187,11 @@ func TestConfigValidate(t *testing.T) {
 // than it is.
 func TestSyncAlgorithm(t *testing.T) {
 	c := DefaultConfig()
-	if got := syncAggregateConfig(&c).Algorithm; got != aggregate.Butterfly {
+	if got := swarmConfig(&c, "mlp", nil).Aggregate.Algorithm; got != aggregate.Butterfly {
 		t.Errorf("default: %v, want butterfly", got)
 	}
 	c.SyncAlgorithm = "ring"
-	if got := syncAggregateConfig(&c).Algorithm; got != aggregate.Ring {
+	if got := swarmConfig(&c, "mlp", nil).Aggregate.Algorithm; got != aggregate.Ring {
 		t.Errorf("ring: %v", got)
 	}
 }
@@ -221,14 +221,14 @@ func TestSwarmSeeded(t *testing.T) {
 	ids := func(seed uint64) []string {
 		c := DefaultConfig()
 		c.Peers, c.Seed = 3, seed
-		sw, err := newSwarm(context.Background(), &c, slog.New(slog.DiscardHandler))
+		sw, err := newNetwork(context.Background(), &c, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer sw.close()
 		var out []string
 		for _, p := range sw.peers {
-			out = append(out, p.ID.String())
+			out = append(out, string(p.ID))
 		}
 		return out
 	}

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -13,7 +12,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/starling-ml/starling/aggregate"
-	"github.com/starling-ml/starling/aggregate/p2p"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
@@ -103,7 +101,11 @@ func gossipStrategy(algo string) Strategy {
 		if p.Config.Delay > 0 {
 			net = &delayGossipNet{GossipNet: net, p: p}
 		}
-		return train.RunGossip(ctx, p.Worker, net, p.Group, cfg, p.Rec)
+		group := make([]peer.ID, len(p.Group))
+		for i, id := range p.Group {
+			group[i], _ = peer.Decode(string(id))
+		}
+		return train.RunGossip(ctx, p.Worker, net, group, cfg, p.Rec)
 	}
 }
 
@@ -178,28 +180,17 @@ type SyncSummary struct {
 }
 
 // syncStrategy is synchronous data-parallel SGD (train.Sync): every step
-// the group all-reduces its gradients with aggregate.Runner over
-// aggregate/p2p and applies the same mean. The job is fixed (no joining):
-// every peer starts together, and one left out of a step stops.
+// the group all-reduces its gradients with the peer's aggregate.Runner
+// over aggregate/p2p and applies the same mean. The job is fixed (no
+// joining): every peer starts together, and one left out of a step stops.
 func syncStrategy(ctx context.Context, p *Peer) (any, error) {
-	var tr aggregate.Transport = p2p.New(p.Node)
-	if p.Config.Delay > 0 {
-		tr = &delayTransport{Transport: tr, p: p}
-	}
-	r, err := aggregate.NewRunner(p2p.ID(p.ID), tr, syncAggregateConfig(p.Config))
-	if err != nil {
-		return nil, err
-	}
-	group := make([]string, len(p.Group))
-	for i, id := range p.Group {
-		group[i] = string(p2p.ID(id))
-	}
 	scfg := train.DefaultSyncConfig()
 	scfg.Steps = math.MaxInt32 // the run's duration ends the job
 	scfg.SnapshotEvery = 1     // simRecorder keeps one per SnapshotEvery
-	sum := &SyncSummary{Peer: p.ID.String(), Group: len(group)}
+	scfg.Fixed = true
+	sum := &SyncSummary{Peer: string(p.ID), Group: len(p.Group)}
 	start := time.Now()
-	err = train.Sync(ctx, p.Worker, &syncNet{self: string(p2p.ID(p.ID)), group: group, r: r}, scfg, p.Rec, func(si train.StepInfo) bool {
+	err := train.Sync(ctx, p.Worker, p.Swarm.Net(p.Worker.Config().Batch), scfg, p.Rec, func(si train.StepInfo) bool {
 		if si.Failed {
 			sum.Failed++
 		} else {
@@ -211,40 +202,17 @@ func syncStrategy(ctx context.Context, p *Peer) (any, error) {
 	return sum, err
 }
 
-// syncAggregateConfig is the sync strategy's all-reduce configuration.
-func syncAggregateConfig(c *Config) aggregate.Config {
-	acfg := aggregate.DefaultConfig()
-	acfg.StallTimeout = cmp.Or(c.StallTimeout, 2*time.Second)     // see Config.StallTimeout
-	acfg.Algorithm, _ = aggregate.ParseAlgorithm(c.SyncAlgorithm) // checked by Validate
-	return acfg
-}
-
-// syncNet is a fixed synchronous job over one aggregate.Runner.
-type syncNet struct {
-	self  string
-	group []string
-	r     *aggregate.Runner
-}
-
-var _ train.SyncNet = (*syncNet)(nil)
-
-func (n *syncNet) Self() string { return n.self }
-
-func (n *syncNet) Members(context.Context, uint64) ([]string, error) { return n.group, nil }
-
-func (n *syncNet) AllReduce(ctx context.Context, step uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
-	return train.AllReduceGroup(ctx, n.r, step, group, dst, src, weight)
-}
-
-// delayTransport delays every all-reduce chunk a peer sends.
-type delayTransport struct {
+// simTransport counts the bytes of every all-reduce chunk a peer sends
+// (Peer.Sent) and delays it by Config.Delay's draw.
+type simTransport struct {
 	aggregate.Transport
 	p *Peer
 }
 
-func (t *delayTransport) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32) error {
+func (t *simTransport) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32) error {
 	if err := Sleep(ctx, t.p.Delay()); err != nil {
 		return err
 	}
+	t.p.sent.Add(4 * int64(len(data)))
 	return t.Transport.Send(ctx, to, tag, data)
 }

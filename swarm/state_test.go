@@ -11,6 +11,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+
+	"github.com/starling-ml/starling/peerid"
 )
 
 // TestFetchGoesOnWithoutStuckHolders fetches a state that one honest peer
@@ -60,7 +62,7 @@ func TestFetchGoesOnWithoutStuckHolders(t *testing.T) {
 	if err := mn.ConnectAllButSelf(); err != nil {
 		t.Fatal(err)
 	}
-	ps[1].Publish(7, state)
+	ps[1].state.publish(7, state)
 	ps[0].state.stall = 300 * time.Millisecond
 	for name, others := range map[string][]host.Host{
 		"frozen":           {frozen},
@@ -68,9 +70,9 @@ func TestFetchGoesOnWithoutStuckHolders(t *testing.T) {
 		"frozen, staller":  {frozen, staller},
 		"staller, frozen2": {staller, frozen},
 	} {
-		ids := []string{ps[1].ID()}
+		ids := []peerid.ID{ps[1].ID()}
 		for _, h := range others {
-			ids = append(ids, h.ID().String())
+			ids = append(ids, peerid.ID(h.ID().String()))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		dst := make([]float32, len(state))
@@ -95,11 +97,11 @@ func TestFetchGoesOnWithoutStuckHolders(t *testing.T) {
 // peer up) until the wait the asker asked for runs out.
 func TestAbandonedWaitEnds(t *testing.T) {
 	ps := newSwarm(t, 2)
-	ps[1].Publish(1, vec(10, 0))
+	ps[1].state.publish(1, vec(10, 0))
 	// The asker offers to wait 29 s and gives up after 300 ms.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	time.AfterFunc(300*time.Millisecond, cancel)
-	if _, err := ps[0].Fetch(ctx, []string{ps[1].ID()}, 9, make([]float32, 10)); err == nil {
+	if _, err := ps[0].Fetch(ctx, []peerid.ID{ps[1].ID()}, 9, make([]float32, 10)); err == nil {
 		t.Fatal("fetched a version nobody has")
 	}
 	gaveUp := time.Now()
@@ -117,8 +119,8 @@ func TestAbandonedWaitEnds(t *testing.T) {
 // and answered.
 func TestAskerClosingWriteStillServed(t *testing.T) {
 	ps := newSwarm(t, 2)
-	ps[1].Publish(1, vec(10, 0))
-	time.AfterFunc(300*time.Millisecond, func() { ps[1].Publish(2, vec(10, 5)) })
+	ps[1].state.publish(1, vec(10, 0))
+	time.AfterFunc(300*time.Millisecond, func() { ps[1].state.publish(2, vec(10, 5)) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	st, err := ps[0].state.h.NewStream(ctx, ps[1].state.h.ID(), StateProtocol)

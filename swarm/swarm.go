@@ -5,17 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/p2p"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/node"
-	"github.com/starling-ml/starling/train"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Config gathers the settings of a peer's parts.
@@ -72,20 +71,47 @@ type Peer struct {
 	cfg   Config
 	state *stateService
 	own   bool
-	left  sync.Map // peer ID string → struct{}: peers seen to announce that they stopped
+}
+
+// Option is an extra of Start and Attach.
+type Option func(*options)
+
+type options struct {
+	node []node.Option
+	wrap func(aggregate.Transport) aggregate.Transport
+}
+
+// WithNodeOptions passes options to node.New or node.Attach.
+func WithNodeOptions(o ...node.Option) Option {
+	return func(opts *options) { opts.node = append(opts.node, o...) }
+}
+
+// WithAllReduceTransport makes the all-reduce run over wrap(t) instead of
+// the libp2p transport t (a simulation delays its sends).
+func WithAllReduceTransport(wrap func(aggregate.Transport) aggregate.Transport) Option {
+	return func(opts *options) { opts.wrap = wrap }
+}
+
+func collect(opts []Option) options {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
 }
 
 // Start builds a libp2p host from cfg.Node (with discovery) and the rest
 // of the peer on it.
-func Start(ctx context.Context, cfg Config, opts ...node.Option) (*Peer, error) {
+func Start(ctx context.Context, cfg Config, opts ...Option) (*Peer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	n, err := node.New(ctx, cfg.Node, opts...)
+	o := collect(opts)
+	n, err := node.New(ctx, cfg.Node, o.node...)
 	if err != nil {
 		return nil, err
 	}
-	p, err := build(n, cfg)
+	p, err := build(n, cfg, o)
 	if err != nil {
 		n.Close()
 		return nil, err
@@ -96,15 +122,16 @@ func Start(ctx context.Context, cfg Config, opts ...node.Option) (*Peer, error) 
 
 // Attach builds the peer on an existing host (mocknet, simulations). The
 // host stays the caller's.
-func Attach(h host.Host, cfg Config, opts ...node.Option) (*Peer, error) {
+func Attach(h host.Host, cfg Config, opts ...Option) (*Peer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	n, err := node.Attach(h, cfg.Node, opts...)
+	o := collect(opts)
+	n, err := node.Attach(h, cfg.Node, o.node...)
 	if err != nil {
 		return nil, err
 	}
-	p, err := build(n, cfg)
+	p, err := build(n, cfg, o)
 	if err != nil {
 		n.Close()
 		return nil, err
@@ -112,7 +139,7 @@ func Attach(h host.Host, cfg Config, opts ...node.Option) (*Peer, error) {
 	return p, nil
 }
 
-func build(n *node.Node, cfg Config) (*Peer, error) {
+func build(n *node.Node, cfg Config, o options) (*Peer, error) {
 	var gopts []gossip.Option
 	var ropts []aggregate.Option
 	if cfg.Log != nil {
@@ -124,7 +151,11 @@ func build(n *node.Node, cfg Config) (*Peer, error) {
 		return nil, err
 	}
 	tr := p2p.New(n)
-	r, err := aggregate.NewRunner(p2p.ID(n.ID()), tr, cfg.Aggregate, ropts...)
+	var art aggregate.Transport = tr
+	if o.wrap != nil {
+		art = o.wrap(tr)
+	}
+	r, err := aggregate.NewRunner(p2p.ID(n.ID()), art, cfg.Aggregate, ropts...)
 	if err != nil {
 		cp.Close()
 		tr.Close()
@@ -134,8 +165,8 @@ func build(n *node.Node, cfg Config) (*Peer, error) {
 		state: newStateService(n.Host(), cfg.MaxStateValues, cfg.StateTimeout)}, nil
 }
 
-// ID returns the peer's id as strategies name it.
-func (p *Peer) ID() string { return p.Node.ID().String() }
+// ID returns the peer's ID.
+func (p *Peer) ID() peerid.ID { return peerid.ID(p.Node.ID().String()) }
 
 // Close stops the control plane, the transport, the state service and
 // (when Start built it) the node.
@@ -148,28 +179,16 @@ func (p *Peer) Close() error {
 	return errors.Join(errs...)
 }
 
-// doneBit marks a heartbeat version that says "stopped training at
-// version&^doneBit before the job's end" (train.Leaver, train.SyncStatus's
-// Done): the peer is up but takes part in nothing.
-const doneBit = 1 << 62
-
-// stopped reports whether a heartbeat version says its peer stopped.
-func stopped(version uint64) bool { return version&doneBit != 0 && version&joiningBit == 0 }
-
-// Members returns the sorted ids of the live peers training the same
-// model, including this one, less those that said they stopped.
-func (p *Peer) Members() []string {
-	out := []string{p.ID()}
+// Members returns the sorted IDs of the live peers training the same
+// model, this one included, less those that said they stopped.
+func (p *Peer) Members() []peerid.ID {
+	out := []peerid.ID{p.ID()}
 	for _, pi := range p.Control.Peers() {
 		if !stopped(pi.Version) {
-			out = append(out, pi.ID.String())
-			p.left.Delete(pi.ID.String()) // back (restarted)
-		} else {
-			p.left.Store(pi.ID.String(), struct{}{})
+			out = append(out, peerid.ID(pi.ID.String()))
 		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	return peerid.Sorted(out)
 }
 
 // WaitPeers waits until at least n peers (including this one) are live.
@@ -181,22 +200,16 @@ func (p *Peer) WaitPeers(ctx context.Context, n int) error {
 	return err
 }
 
-// Publish serves state as the global state at version.
-func (p *Peer) Publish(version uint64, state []float32) {
-	p.state.publish(version, state)
-	p.Control.SetStatus(version, 0)
-}
-
 // StateIdle reports whether the peer is serving no state to anyone and
 // has served none within the last d.
 func (p *Peer) StateIdle(d time.Duration) bool { return p.state.idle(d) }
 
 // Fetch fills dst with the state of version ≥ version from the given
-// peers (ids as strings), striped over up to Config.FetchFrom of them.
-func (p *Peer) Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error) {
+// peers, striped over up to Config.FetchFrom of them.
+func (p *Peer) Fetch(ctx context.Context, peers []peerid.ID, version uint64, dst []float32) (uint64, error) {
 	ids := make([]peer.ID, 0, len(peers))
 	for _, s := range peers {
-		id, err := peer.Decode(s)
+		id, err := peer.Decode(string(s))
 		if err != nil {
 			return 0, fmt.Errorf("swarm: bad peer id %q: %w", s, err)
 		}
@@ -205,65 +218,4 @@ func (p *Peer) Fetch(ctx context.Context, peers []string, version uint64, dst []
 		}
 	}
 	return p.state.fetch(ctx, ids, version, dst, p.cfg.FetchFrom)
-}
-
-var (
-	_ train.Versioned  = fedNet{}
-	_ train.Leaver     = fedNet{}
-	_ train.Departures = fedNet{}
-)
-
-// FedNet returns the peer as a train.FedNet.
-func (p *Peer) FedNet() train.FedNet { return fedNet{p} }
-
-type fedNet struct{ p *Peer }
-
-func (f fedNet) Self() string { return f.p.ID() }
-
-// Versions implements train.Versioned from the heartbeats' model versions
-// (of the peers in Members).
-func (f fedNet) Versions() map[string]uint64 {
-	out := map[string]uint64{}
-	for _, pi := range f.p.Control.Peers() {
-		if !stopped(pi.Version) {
-			out[pi.ID.String()] = pi.Version
-		}
-	}
-	return out
-}
-
-// Leave implements train.Leaver: the heartbeat says the peer stopped at
-// version, at once; Members leaves it out on the other peers.
-func (f fedNet) Leave(ctx context.Context, version uint64) error {
-	f.p.Control.SetStatus(version&^joiningBit|doneBit, 0)
-	return f.p.Control.Beat(ctx)
-}
-
-// Departed implements train.Departures: id's heartbeats said it stopped,
-// now or when Members last looked (a stopped peer drops out of the view
-// once its heartbeats end).
-func (f fedNet) Departed(id string) bool {
-	if _, ok := f.p.left.Load(id); ok {
-		return true
-	}
-	pid, err := peer.Decode(id)
-	if err != nil {
-		return false
-	}
-	pi, ok := f.p.Control.Peer(pid)
-	return ok && stopped(pi.Version)
-}
-
-func (f fedNet) Members(ctx context.Context, round uint64) ([]string, error) {
-	return f.p.Members(), nil
-}
-
-func (f fedNet) AllReduce(ctx context.Context, round uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
-	return train.AllReduceGroup(ctx, f.p.Runner, round, group, dst, src, weight)
-}
-
-func (f fedNet) Publish(version uint64, state []float32) { f.p.Publish(version, state) }
-
-func (f fedNet) Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error) {
-	return f.p.Fetch(ctx, peers, version, dst)
 }

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -91,13 +93,13 @@ func TestFetchStripedAndVerified(t *testing.T) {
 	ps := newSwarm(t, 5)
 	state := vec(100003, 1)
 	for _, p := range ps[1:4] {
-		p.Publish(7, state)
+		p.state.publish(7, state)
 	}
-	ps[4].Publish(7, vec(100003, 2)) // a liar: same version, other bytes
+	ps[4].state.publish(7, vec(100003, 2)) // a liar: same version, other bytes
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dst := make([]float32, len(state))
-	var ids []string
+	var ids []peerid.ID
 	for _, p := range ps[1:] {
 		ids = append(ids, p.ID())
 	}
@@ -113,7 +115,7 @@ func TestFetchStripedAndVerified(t *testing.T) {
 
 func TestFetchWaitsForVersion(t *testing.T) {
 	ps := newSwarm(t, 2)
-	ps[1].Publish(1, vec(10, 0))
+	ps[1].state.publish(1, vec(10, 0))
 	if !ps[1].StateIdle(time.Hour) {
 		t.Fatal("a peer that served nothing is not idle")
 	}
@@ -122,12 +124,12 @@ func TestFetchWaitsForVersion(t *testing.T) {
 		if ps[1].StateIdle(0) {
 			t.Error("idle while a fetch waits on it")
 		}
-		ps[1].Publish(2, vec(10, 3))
+		ps[1].state.publish(2, vec(10, 3))
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dst := make([]float32, 10)
-	v, err := ps[0].Fetch(ctx, []string{ps[1].ID()}, 2, dst)
+	v, err := ps[0].Fetch(ctx, []peerid.ID{ps[1].ID()}, 2, dst)
 	if err != nil || v != 2 || dst[0] != 3 {
 		t.Fatalf("v=%d dst[0]=%v err=%v", v, dst[0], err)
 	}
@@ -138,14 +140,14 @@ func TestFetchWaitsForVersion(t *testing.T) {
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel2()
 	start := time.Now()
-	if _, err := ps[0].Fetch(ctx2, []string{ps[1].ID()}, 9, dst); !errors.Is(err, ErrNoState) {
+	if _, err := ps[0].Fetch(ctx2, []peerid.ID{ps[1].ID()}, 9, dst); !errors.Is(err, ErrNoState) {
 		t.Fatalf("err = %v", err)
 	}
 	if time.Since(start) > 4*time.Second {
 		t.Fatalf("fetch overran its deadline: %v", time.Since(start))
 	}
 	// Wrong length is refused.
-	if _, err := ps[0].Fetch(ctx, []string{ps[1].ID()}, 1, make([]float32, 11)); err == nil {
+	if _, err := ps[0].Fetch(ctx, []peerid.ID{ps[1].ID()}, 1, make([]float32, 11)); err == nil {
 		t.Fatal("wrong length accepted")
 	}
 }
@@ -188,7 +190,7 @@ func TestFederatedOverMocknet(t *testing.T) {
 	cfg := train.DefaultFedConfig()
 	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 4, 0.5, 30*time.Second
 	var mu sync.Mutex
-	finals := map[uint64]map[string][]float32{}
+	finals := map[uint64]map[peerid.ID][]float32{}
 	var wg sync.WaitGroup
 	rec := &train.MemRecorder{}
 	defer func() {
@@ -203,7 +205,7 @@ func TestFederatedOverMocknet(t *testing.T) {
 		wg.Add(1)
 		go func(i int, p *Peer) {
 			defer wg.Done()
-			errs[i] = train.Federated(ctx, workers[i], p.FedNet(), cfg, rec, func(ri train.RoundInfo) bool {
+			errs[i] = train.Federated(ctx, workers[i], p.Net(1), cfg, rec, func(ri train.RoundInfo) bool {
 				if ri.Failed {
 					t.Errorf("%s: round %d failed", p.ID(), ri.Round)
 				}
@@ -212,7 +214,7 @@ func TestFederatedOverMocknet(t *testing.T) {
 				}
 				mu.Lock()
 				if finals[ri.Round] == nil {
-					finals[ri.Round] = map[string][]float32{}
+					finals[ri.Round] = map[peerid.ID][]float32{}
 				}
 				finals[ri.Round][p.ID()] = slices.Clone(ri.Global)
 				mu.Unlock()
@@ -242,7 +244,7 @@ func TestFederatedOverMocknet(t *testing.T) {
 }
 
 // TestFederatedPeerStopsOverMocknet: a peer whose Federated returns early
-// while its node stays up says so (train.Leaver); its partner leaves it out
+// while its node stays up says so (a Done status); its partner leaves it out
 // of Members and trains on alone instead of waiting for it in every
 // round (1.5 s of alignment, then a failed all-reduce: a pair's quorum
 // needs both).
@@ -256,7 +258,7 @@ func TestFederatedPeerStopsOverMocknet(t *testing.T) {
 	start := time.Now()
 	for i, p := range ps {
 		wg.Go(func() {
-			errs[i] = train.Federated(ctx, workers[i], p.FedNet(), cfg, nil, func(ri train.RoundInfo) bool {
+			errs[i] = train.Federated(ctx, workers[i], p.Net(1), cfg, nil, func(ri train.RoundInfo) bool {
 				last[i] = ri.Round
 				t.Logf("peer %d round %d synced %v failed %v", i, ri.Round, ri.Synced, ri.Failed)
 				return i == 1 && ri.Round == 3
@@ -268,7 +270,7 @@ func TestFederatedPeerStopsOverMocknet(t *testing.T) {
 		t.Fatalf("peers ended at rounds %v with %v, want 12 and 3", last, errs)
 	}
 	// Peer 1 announced its stop: peer 0, alone of the last round's two,
-	// is no minority waiting for it (train's quorate, fedNet.Departed).
+	// is no minority waiting for it (train's quorate).
 	if took := time.Since(start); took > cfg.RoundTimeout*3/4 {
 		t.Errorf("took %v: peer 0 waited for the peer that had stopped", took)
 	}
@@ -296,7 +298,7 @@ func TestFederatedSampledPeerCrashesOverMocknet(t *testing.T) {
 	start := time.Now()
 	for i, p := range ps {
 		wg.Go(func() {
-			errs[i] = train.Federated(ctx, workers[i], p.FedNet(), cfg, rec, func(ri train.RoundInfo) bool {
+			errs[i] = train.Federated(ctx, workers[i], p.Net(1), cfg, rec, func(ri train.RoundInfo) bool {
 				if ri.Round >= 2 && !ri.Failed && !ri.Synced && len(ri.Sampled) < n &&
 					slices.Contains(ri.Participants, p.ID()) && victim.CompareAndSwap(-1, int32(i)) {
 					cutOff(t, mn, ps, p) // before Federated's goodbye, which goes nowhere
@@ -320,7 +322,7 @@ func TestFederatedSampledPeerCrashesOverMocknet(t *testing.T) {
 		}
 	}
 	for _, e := range rec.Events() {
-		if e.Kind == "minority" && e.Peer != ps[v].ID() {
+		if e.Kind == "minority" && e.Peer != string(ps[v].ID()) {
 			t.Errorf("%s at %v: %s", e.Peer, e.At, e.Detail)
 		}
 	}

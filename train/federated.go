@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/device"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // FedConfig configures serverless federated learning. Every peer of a
@@ -151,7 +152,7 @@ func (c FedConfig) newServerOpt(n int) (ServerOpt, error) {
 // them (at least one), chosen by a hash of (seed, round, peer), so every
 // peer with the same member list derives the same sample. The result is
 // sorted.
-func Sample(seed, round uint64, members []string, fraction float64) []string {
+func Sample(seed, round uint64, members []peerid.ID, fraction float64) []peerid.ID {
 	n := len(members)
 	if n == 0 {
 		return nil
@@ -159,11 +160,11 @@ func Sample(seed, round uint64, members []string, fraction float64) []string {
 	k := min(n, max(1, int(math.Ceil(fraction*float64(n)-1e-9))))
 	type keyed struct {
 		h uint64
-		p string
+		p peerid.ID
 	}
 	ks := make([]keyed, n)
 	for i, p := range members {
-		ks[i] = keyed{device.Hash64(seed^round*0x9e3779b97f4a7c15, fnv64(p)), p}
+		ks[i] = keyed{device.Hash64(seed^round*0x9e3779b97f4a7c15, fnv64(string(p))), p}
 	}
 	slices.SortFunc(ks, func(a, b keyed) int {
 		if a.h != b.h {
@@ -172,9 +173,9 @@ func Sample(seed, round uint64, members []string, fraction float64) []string {
 			}
 			return 1
 		}
-		return strings.Compare(a.p, b.p)
+		return strings.Compare(string(a.p), string(b.p))
 	})
-	out := make([]string, k)
+	out := make([]peerid.ID, k)
 	for i := range out {
 		out[i] = ks[i].p
 	}
@@ -191,45 +192,6 @@ func fnv64(s string) uint64 {
 	return h
 }
 
-// FedNet is what a federated peer needs from the network. Implementations
-// are safe for concurrent use, and every blocking call honours ctx.
-type FedNet interface {
-	// Self returns this peer's id.
-	Self() string
-	// Members returns the sorted ids of the federation's live peers
-	// (including Self) as this peer sees them at the start of round.
-	Members(ctx context.Context, round uint64) ([]string, error)
-	// AllReduce sets dst to the sample-weighted mean of the src vectors of
-	// group (which includes Self) for round, and returns the peers whose
-	// contributions it holds.
-	AllReduce(ctx context.Context, round uint64, group []string, dst, src []float32, weight float64) ([]string, error)
-	// Publish makes state, the global state after round version, available
-	// to Fetch. The network keeps its own copy.
-	Publish(version uint64, state []float32)
-	// Fetch fills dst with the published state of one of peers whose
-	// version is at least version (waiting for one to get there until ctx
-	// ends), and returns the version it got.
-	Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error)
-}
-
-// Leaver is implemented by FedNets that can tell the other peers that
-// this one stopped before the federation's last round while its network
-// may stay up (a library user's node): they leave it out of their rounds
-// instead of waiting for it in each.
-type Leaver interface {
-	// Leave announces that this peer stopped at version; it returns once
-	// the announcement is out or ctx ends.
-	Leave(ctx context.Context, version uint64) error
-}
-
-// Departures is implemented by FedNets that learn which peers announced
-// that they stopped (Leaver). Federated does not count them among the
-// peers whose majority it needs to go on (see quorate).
-type Departures interface {
-	// Departed reports whether peer announced that it stopped.
-	Departed(peer string) bool
-}
-
 // quorate reports whether members hold a strict majority of ref (less the
 // peers that announced their departure); an empty ref is no constraint.
 // ref is the membership of the last round this peer completed: a peer cut
@@ -237,17 +199,16 @@ type Departures interface {
 // others died; it cannot tell which, so it waits (awaitMajority) rather than
 // train rounds of its own, whose state, numbered as the global rounds
 // are, would later pass for the newest and replace the majority's.
-func quorate(net FedNet, members, ref []string) bool {
-	in, total := tally(net, members, ref)
+func quorate(self peerid.ID, departed map[peerid.ID]bool, members, ref []peerid.ID) bool {
+	in, total := tally(self, departed, members, ref)
 	return total == 0 || 2*in > total
 }
 
 // tally returns how many of ref, less the peers that announced their
 // departure, there are (total) and how many of them are among members (in).
-func tally(net FedNet, members, ref []string) (in, total int) {
-	dep, _ := net.(Departures)
+func tally(self peerid.ID, departed map[peerid.ID]bool, members, ref []peerid.ID) (in, total int) {
 	for _, p := range ref {
-		if dep != nil && p != net.Self() && dep.Departed(p) {
+		if p != self && departed[p] {
 			continue
 		}
 		total++
@@ -258,63 +219,98 @@ func tally(net FedNet, members, ref []string) (in, total int) {
 	return in, total
 }
 
+// fedPeer is one federated peer's view of the others: the network, and
+// the peers it saw announce that they stopped.
+type fedPeer struct {
+	net   Net
+	cfg   FedConfig
+	rec   Recorder
+	self  peerid.ID
+	start time.Time
+	// departed holds the peers whose status said Done when this peer last
+	// looked: a stopped peer drops out of Statuses once its announcements
+	// end, and must still not count towards the majority (see quorate).
+	departed map[peerid.ID]bool
+}
+
+// members returns the live members and notes the peers that stopped (or
+// came back).
+func (f *fedPeer) members() []peerid.ID {
+	for p, st := range f.net.Statuses() {
+		if st.Done {
+			f.departed[p] = true
+		} else {
+			delete(f.departed, p)
+		}
+	}
+	return f.net.Members()
+}
+
+// versions returns the last version of each live peer that did not stop.
+func (f *fedPeer) versions() map[peerid.ID]uint64 {
+	out := map[peerid.ID]uint64{}
+	for p, st := range f.net.Statuses() {
+		if !st.Done {
+			out[p] = st.Version
+		}
+	}
+	return out
+}
+
+func (f *fedPeer) quorate(members, ref []peerid.ID) bool {
+	return quorate(f.self, f.departed, members, ref)
+}
+
+func (f *fedPeer) event(kind, detail string) {
+	if f.rec != nil {
+		f.rec.Event(Event{Peer: string(f.self), At: time.Since(f.start), Kind: kind, Detail: detail})
+	}
+}
+
+// publish serves state as version and says so in this peer's status.
+func (f *fedPeer) publish(ctx context.Context, version uint64, state []float32) {
+	f.net.Publish(version, state)
+	f.net.SetStatus(ctx, Status{Version: version})
+}
+
 // awaitMajority waits, up to cfg.RoundTimeout, until the members at round
 // r hold a majority of ref again, and returns them. After the wait it goes
 // on with the members it sees, which it returns with ok false: the others
 // are taken for dead (a peer of two whose partner died waits this long).
-func awaitMajority(ctx context.Context, net FedNet, cfg FedConfig, rec Recorder, start time.Time, r uint64, ref, members []string) (_ []string, ok bool, err error) {
-	event := func(kind, detail string) {
-		if rec != nil {
-			rec.Event(Event{Peer: net.Self(), At: time.Since(start), Kind: kind, Detail: detail})
-		}
-	}
-	in, total := tally(net, members, ref)
-	event("minority", fmt.Sprintf("round %d: %d of the last round's %d peers reachable; waiting up to %v for a majority of them", r, in, total, cfg.RoundTimeout))
-	deadline := time.Now().Add(cfg.RoundTimeout)
+func (f *fedPeer) awaitMajority(ctx context.Context, r uint64, ref, members []peerid.ID) (_ []peerid.ID, ok bool, err error) {
+	in, total := tally(f.self, f.departed, members, ref)
+	f.event("minority", fmt.Sprintf("round %d: %d of the last round's %d peers reachable; waiting up to %v for a majority of them", r, in, total, f.cfg.RoundTimeout))
+	deadline := time.Now().Add(f.cfg.RoundTimeout)
 	for {
 		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
 			return nil, false, err
 		}
-		if members, err = net.Members(ctx, r); err != nil {
-			return nil, false, fmt.Errorf("round %d: %w", r, err)
-		}
-		if quorate(net, members, ref) {
-			event("majority", fmt.Sprintf("round %d: a majority of the last round's peers is back", r))
+		members = f.members()
+		if f.quorate(members, ref) {
+			f.event("majority", fmt.Sprintf("round %d: a majority of the last round's peers is back", r))
 			return members, true, nil
 		}
 		if time.Now().After(deadline) {
-			event("minority", fmt.Sprintf("round %d: no majority of the last round's %d peers within %v; going on with %d", r, total, cfg.RoundTimeout, len(members)))
+			f.event("minority", fmt.Sprintf("round %d: no majority of the last round's %d peers within %v; going on with %d", r, total, f.cfg.RoundTimeout, len(members)))
 			return members, false, nil
 		}
 	}
 }
 
-// Versioned is implemented by FedNets that know the state version each
-// live peer last published (from heartbeats, say). Federated uses it to
-// line a peer up with the others after it starts or fails a round.
-type Versioned interface {
-	// Versions returns the last known version of each live peer.
-	Versions() map[string]uint64
-}
-
-// alignRound waits, up to 1.5 s, until every
-// other sampled peer has reached version r−1; if one has already finished
-// round r, it fetches the newest state into state and returns its version
-// (else it returns version).
-func alignRound(ctx context.Context, net FedNet, cfg FedConfig, state []float32, version, r uint64, sampled []string) (uint64, error) {
-	vn, ok := net.(Versioned)
-	if !ok {
-		return version, nil
-	}
+// alignRound waits, up to 1.5 s, until every other sampled peer has
+// reached version r−1; if one has already finished round r, it fetches the
+// newest state into state and returns its version (else it returns
+// version).
+func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r uint64, sampled []peerid.ID) (uint64, error) {
 	// Long enough for a heartbeat or two to show where the others are,
 	// short enough to stay well inside an all-reduce's stall timeout.
-	deadline := time.Now().Add(min(cfg.RoundTimeout/4, 1500*time.Millisecond))
+	deadline := time.Now().Add(min(f.cfg.RoundTimeout/4, 1500*time.Millisecond))
 	for {
-		vs := vn.Versions()
-		var ahead []string
+		vs := f.versions()
+		var ahead []peerid.ID
 		ready := true
 		for _, p := range sampled {
-			if p == net.Self() {
+			if p == f.self {
 				continue
 			}
 			v, known := vs[p]
@@ -327,8 +323,8 @@ func alignRound(ctx context.Context, net FedNet, cfg FedConfig, state []float32,
 			}
 		}
 		if len(ahead) > 0 {
-			fctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout/4)
-			v, err := net.Fetch(fctx, ahead, r, state)
+			fctx, cancel := context.WithTimeout(ctx, f.cfg.RoundTimeout/4)
+			v, err := f.net.Fetch(fctx, ahead, r, state)
 			cancel()
 			if err == nil {
 				return v, nil
@@ -352,8 +348,8 @@ var ErrNoState = errors.New("train: no peer provided the global state")
 // RoundInfo describes a finished round as one participant saw it.
 type RoundInfo struct {
 	Round        uint64
-	Participants []string // the group whose contributions were averaged
-	Sampled      []string
+	Participants []peerid.ID // the group whose contributions were averaged
+	Sampled      []peerid.ID
 	Global       []float32 // the new global parameters (a view; copy to keep)
 	State        []float32 // the whole global state (a view), for checkpoints
 	Loss         float64   // this peer's mean local training loss
@@ -376,11 +372,11 @@ type RoundInfo struct {
 // server optimiser to the averaged delta, identically on every
 // participant. onRound, if not nil, is called after each round this peer
 // took part in; returning true stops the peer. A peer that stops before
-// the last round tells the others so if net is a Leaver. A round that
+// the last round tells the others so (a Done status). A round that
 // fails for this peer leaves it the previous state as that round's
 // version; the next round it joins brings it back in line, and after a
 // failed last round it takes the others' final state if they have one.
-func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
+func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -405,18 +401,17 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	delta := make([]float32, n)
 	var version uint64
 	completed := false // every round done, whether sampled or not
-	if l, ok := net.(Leaver); ok {
-		defer func() {
-			if !completed && version < uint64(cfg.Rounds) { // stopped early, whatever the reason
-				announceStop(ctx, func(ctx context.Context) { l.Leave(ctx, version) })
-			}
-		}()
-	}
 	start := time.Now()
 	self := net.Self()
+	f := &fedPeer{net: net, cfg: cfg, rec: rec, self: self, start: start, departed: map[peerid.ID]bool{}}
+	defer func() {
+		if !completed && version < uint64(cfg.Rounds) { // stopped early, whatever the reason
+			announceStop(ctx, func(ctx context.Context) { net.SetStatus(ctx, Status{Version: version, Done: true}) })
+		}
+	}()
 	// ref is the membership of the last round this peer completed, else
 	// the first view of the others it had (see quorate).
-	var ref []string
+	var ref []peerid.ID
 	if cfg.Resume != nil {
 		if len(cfg.Resume.State) != len(state) {
 			return fmt.Errorf("%w: checkpointed state has %d values, %s with %s needs %d", ErrStrategy, len(cfg.Resume.State), w.Model.Arch, cfg.Strategy, len(state))
@@ -431,18 +426,13 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		// them without waiting for newer versions.
 		deadline := time.Now().Add(cfg.CatchUp)
 		for {
-			members, err := net.Members(ctx, version+1)
-			if err != nil {
-				return err
-			}
+			members := f.members()
 			if others := othersOf(self, members); len(others) > 0 {
 				ref = members // see quorate
 				if v, err := fetchState(ctx, net, others, version+1, state, 1500*time.Millisecond); err == nil {
 					copy(st, state[n:])
 					version = v
-					if rec != nil {
-						rec.Event(Event{Peer: self, At: time.Since(start), Kind: "caught-up", Detail: fmt.Sprintf("version %d", v)})
-					}
+					f.event("caught-up", fmt.Sprintf("version %d", v))
 				}
 				break
 			}
@@ -455,7 +445,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		}
 	}
 	copy(w.Model.Params, global)
-	net.Publish(version, state)
+	f.publish(ctx, version, state)
 	if version > 0 && (cfg.Resume == nil || version > cfg.Resume.Version) && onRound != nil {
 		if onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)}) {
 			return nil
@@ -468,7 +458,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		version = v
 		copy(st, state[n:])
 		copy(w.Model.Params, global)
-		net.Publish(version, state)
+		f.publish(ctx, version, state)
 		return onRound != nil && onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)})
 	}
 	align := true
@@ -480,19 +470,17 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		if version >= r {
 			continue // fetched past this round
 		}
-		members, err := net.Members(ctx, r)
-		if err != nil {
-			return fmt.Errorf("round %d: %w", r, err)
-		}
+		members := f.members()
 		if ref == nil {
 			// Before a first completed round, the view at the start of
 			// the first round it tries: a peer cut off before that round
 			// completes waits for it too.
 			ref = members
 		}
-		if !quorate(net, members, ref) {
+		if !f.quorate(members, ref) {
 			var back bool
-			if members, back, err = awaitMajority(ctx, net, cfg, rec, start, r, ref, members); err != nil {
+			var err error
+			if members, back, err = f.awaitMajority(ctx, r, ref, members); err != nil {
 				return err
 			}
 			if !back {
@@ -509,7 +497,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			// After a start or a failed round, line up with the others
 			// before joining an all-reduce: take a newer state if someone
 			// is ahead, and give laggards a moment to reach round r−1.
-			v, err := alignRound(ctx, net, cfg, state, version, r, sampled)
+			v, err := f.alignRound(ctx, state, version, r, sampled)
 			if err != nil {
 				return err
 			}
@@ -523,7 +511,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		}
 		rctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout)
 		before := version
-		info, synced, err := fedRound(rctx, w, net, cfg, server, state, send, avg, delta, &version, r, prev, sampled)
+		info, synced, err := f.round(rctx, w, server, state, send, avg, delta, &version, r, prev, sampled)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -535,9 +523,7 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 			// The round failed for this peer: it holds the others' result
 			// if they had one (synced), else the unchanged state of r−1
 			// as version r.
-			if rec != nil {
-				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "round-failed", Detail: err.Error()})
-			}
+			f.event("round-failed", err.Error())
 			align = true
 		}
 		if err == nil && !synced {
@@ -559,8 +545,8 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 		info.State = state
 		info.Elapsed = time.Since(start)
 		if rec != nil {
-			rec.Snapshot(self, info.Elapsed, int(version), global)
-			rec.Event(Event{Peer: self, At: info.Elapsed, Kind: "round", Loss: info.Loss, Weight: float64(len(info.Participants))})
+			rec.Snapshot(string(self), info.Elapsed, int(version), global)
+			rec.Event(Event{Peer: string(self), At: info.Elapsed, Kind: "round", Loss: info.Loss, Weight: float64(len(info.Participants))})
 		}
 		if onRound != nil && onRound(info) {
 			return nil
@@ -574,12 +560,10 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 	if last := uint64(cfg.Rounds); lastFailed && version == last {
 		// From the last round's other participants, else the other
 		// members; they may still be finishing it.
-		members, _ := net.Members(ctx, last) // on error: none, and no fetch
+		members := f.members()
 		from := othersOf(self, Sample(cfg.Seed, last, members, cfg.Fraction), members)
 		if v, err := fetchState(ctx, net, from, last, state, cfg.RoundTimeout/4); err == nil {
-			if rec != nil {
-				rec.Event(Event{Peer: self, At: time.Since(start), Kind: "caught-up", Detail: fmt.Sprintf("final version %d", v)})
-			}
+			f.event("caught-up", fmt.Sprintf("final version %d", v))
 			if adopt(v) {
 				return nil
 			}
@@ -594,9 +578,9 @@ func Federated(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, rec Re
 
 // othersOf returns the first of lists that names a peer other than self,
 // without self (nil if none does).
-func othersOf(self string, lists ...[]string) []string {
+func othersOf(self peerid.ID, lists ...[]peerid.ID) []peerid.ID {
 	for _, l := range lists {
-		if o := slices.DeleteFunc(slices.Clone(l), func(p string) bool { return p == self }); len(o) > 0 {
+		if o := slices.DeleteFunc(slices.Clone(l), func(p peerid.ID) bool { return p == self }); len(o) > 0 {
 			return o
 		}
 	}
@@ -605,7 +589,7 @@ func othersOf(self string, lists ...[]string) []string {
 
 // fetchState fetches the state of version ≥ version from peers into
 // state, waiting up to timeout; state is untouched unless it succeeds.
-func fetchState(ctx context.Context, net FedNet, peers []string, version uint64, state []float32, timeout time.Duration) (uint64, error) {
+func fetchState(ctx context.Context, net Net, peers []peerid.ID, version uint64, state []float32, timeout time.Duration) (uint64, error) {
 	if len(peers) == 0 {
 		return 0, ErrNoState
 	}
@@ -620,9 +604,10 @@ func fetchState(ctx context.Context, net FedNet, peers []string, version uint64,
 	return v, nil
 }
 
-// fedRound runs round r for a sampled peer. synced reports that the peer
+// round runs round r for a sampled peer. synced reports that the peer
 // took the round's result (or a later state) from others.
-func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server ServerOpt, state, send, avg, delta []float32, version *uint64, r uint64, prev, sampled []string) (RoundInfo, bool, error) {
+func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state, send, avg, delta []float32, version *uint64, r uint64, prev, sampled []peerid.ID) (RoundInfo, bool, error) {
+	net, cfg := f.net, f.cfg
 	n := len(w.Model.Params)
 	global := state[:n]
 	if *version < r-1 {
@@ -634,7 +619,7 @@ func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server 
 		}
 		copy(server.State(), state[n:])
 		*version = v
-		net.Publish(v, state)
+		f.publish(ctx, v, state)
 		if v >= r {
 			return RoundInfo{}, true, nil
 		}
@@ -682,7 +667,7 @@ func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server 
 		// brings it back in line with them.
 		copy(w.Model.Params, global)
 		*version = r
-		net.Publish(r, state)
+		f.publish(ctx, r, state)
 		return RoundInfo{}, false, fmt.Errorf("round %d: all-reduce: %w", r, err)
 	}
 	if len(avg) == n {
@@ -698,6 +683,6 @@ func fedRound(ctx context.Context, w *Worker, net FedNet, cfg FedConfig, server 
 	}
 	copy(w.Model.Params, global)
 	*version = r
-	net.Publish(r, state)
+	f.publish(ctx, r, state)
 	return RoundInfo{Round: r, Participants: used, Sampled: sampled, Loss: lossSum / float64(max(samples, 1))}, false, nil
 }

@@ -7,10 +7,10 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Synchronous data-parallel SGD.
@@ -29,7 +29,7 @@ import (
 // votes) and the survivors apply step s without it. A peer that starts
 // late, or that was left out of a step, (re)joins:
 //
-//  1. it looks at the others' statuses (SyncJoiner.Statuses): if no
+//  1. it looks at the others' statuses (Net.Statuses): if no
 //     running peer is ahead of it, it starts (or continues) from its own
 //     state with the peers at its own step — a fresh job starts this way;
 //  2. otherwise it picks a step T ahead of the most advanced running peer
@@ -42,8 +42,8 @@ import (
 //     time, the all-reduce's group vote leaves the minority out, and it
 //     tries again with a longer lead.
 //
-// A SyncNet that does not implement SyncJoiner runs a fixed job: every
-// member starts together and a peer left out of a step stops with an error.
+// A Fixed job has none of this: every member starts together and a peer
+// left out of a step stops with an error.
 
 // SyncConfig configures synchronous data-parallel SGD. Every peer of a job
 // uses the same settings, the same model and optimiser (WorkerConfig) and
@@ -67,6 +67,11 @@ type SyncConfig struct {
 	// SnapshotEvery records a snapshot of the parameters (Recorder) every
 	// that many steps; 0 records only the last.
 	SnapshotEvery int
+	// Fixed runs a fixed job: the members at the start take every step
+	// together, nobody joins, and a peer left out of a step stops with an
+	// error instead of rejoining. Simulations that compare strategies use
+	// it: the job's timing is then the steps', not the joins'.
+	Fixed bool
 	// Discover is how long a starting peer that knows of no other member
 	// waits for one to show up (and their statuses with it) before it
 	// starts alone: a restarted peer must not start a job of its own
@@ -97,63 +102,12 @@ func (c SyncConfig) Validate() error {
 	return nil
 }
 
-// SyncNet is what a synchronous data-parallel peer needs from the network.
-// Implementations are safe for concurrent use; every blocking call honours
-// ctx.
-type SyncNet interface {
-	// Self returns this peer's id.
-	Self() string
-	// Members returns the sorted ids of the job's live peers (Self
-	// included) as this peer sees them before step.
-	Members(ctx context.Context, step uint64) ([]string, error)
-	// AllReduce sets dst to the weighted mean of the src vectors of group
-	// (which includes Self) for step, and returns the sorted ids of the
-	// peers whose contributions it holds.
-	AllReduce(ctx context.Context, step uint64, group []string, dst, src []float32, weight float64) ([]string, error)
-}
-
-// SyncJoiner is implemented by SyncNets that let peers join a running job
-// and rejoin it after being left out of a step.
-type SyncJoiner interface {
-	// SetStatus tells the other peers where this peer is. A status with
-	// JoinAt set (a declaration) or Done set is sent before SetStatus
-	// returns; other statuses go out with the next periodic announcement.
-	SetStatus(ctx context.Context, st SyncStatus) error
-	// Statuses returns the last status heard from each other live peer.
-	Statuses() map[string]SyncStatus
-	// Publish serves state, the state after step version, to Fetch. The
-	// network keeps its own copy.
-	Publish(version uint64, state []float32)
-	// Fetch fills dst with the state one of peers published for a version
-	// ≥ version (waiting for one until ctx ends) and returns its version.
-	Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error)
-}
-
-// SyncStatus is what a peer tells the others about its progress.
-type SyncStatus struct {
-	// Step is the number of steps the peer has applied (its model version).
-	Step uint64
-	// JoinAt, when not 0, says the peer is waiting to join the job at that
-	// step (and Step is not meaningful).
-	JoinAt uint64
-	// Done says the peer stopped training before the job's last step (its
-	// Sync returned) and takes part in no further step, although it may
-	// still be reachable. The all-reduce of the step under way leaves it
-	// out; a peer that (re)joins leaves it out of its group, where it
-	// would otherwise be tried again at every step, and in a pair, whose
-	// quorum needs both, forever. (A peer that finished the job keeps its
-	// last Step: latecomers fetch the final state from it.)
-	Done bool
-	// Rate is the peer's pace in steps per second (0 if unknown).
-	Rate float64
-}
-
 // StepInfo describes a step as one peer saw it.
 type StepInfo struct {
 	// Step is the number of steps applied: the model version.
 	Step uint64
 	// Group lists the peers whose gradients step Step averaged (sorted).
-	Group []string
+	Group []peerid.ID
 	// Loss and Samples are this peer's batch loss and size for the step.
 	Loss    float64
 	Samples int
@@ -175,9 +129,9 @@ type StepInfo struct {
 // nil, is called after every step this peer applied, after it (re)joined,
 // and after a step it was left out of, from Sync's goroutine; it must not
 // keep the Group slice. Stopping before the last step, whatever the
-// reason, Sync tells a SyncJoiner's peers that this one is Done (taking
-// at most stopNotice).
-func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recorder, onStep func(StepInfo) bool) error {
+// reason, Sync tells the other peers that this one is Done (taking at
+// most stopNotice).
+func Sync(ctx context.Context, w *Worker, net Net, cfg SyncConfig, rec Recorder, onStep func(StepInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -190,23 +144,22 @@ func Sync(ctx context.Context, w *Worker, net SyncNet, cfg SyncConfig, rec Recor
 	}
 	s := &syncPeer{w: w, net: net, cfg: cfg, rec: rec, st: st, self: net.Self(), start: time.Now(),
 		avg: make([]float32, len(w.Model.Params)), version: uint64(w.Steps)}
-	s.joiner, _ = net.(SyncJoiner)
 	err = s.run(ctx, onStep)
 	switch {
-	case s.joiner == nil:
+	case cfg.Fixed:
 	case s.version < uint64(cfg.Steps):
 		// Whatever ended the run (ctx included), tell the others: a peer
 		// whose node stays up would otherwise be waited for at every step,
 		// and in a pair, whose quorum needs both, forever.
 		announceStop(ctx, func(ctx context.Context) {
-			s.joiner.SetStatus(ctx, SyncStatus{Step: s.version, Done: true, Rate: s.rate})
+			net.SetStatus(ctx, Status{Version: s.version, Done: true, Rate: s.rate})
 		})
 	default:
 		// Finished, perhaps by taking the final state as a late joiner
 		// (whose status still shows its declaration): peers that finished
 		// stay up while others are on their way (peer run's linger) and
 		// need not wait for this one.
-		s.joiner.SetStatus(ctx, SyncStatus{Step: s.version, Rate: s.rate})
+		net.SetStatus(ctx, Status{Version: s.version, Rate: s.rate})
 	}
 	return err
 }
@@ -238,29 +191,28 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // training before the job's end: one to leave out of every group. (A peer
 // that finished the job is still ahead of those behind: they fetch the
 // final state from it. It does not say Done; this also holds for a
-// SyncJoiner that sets it anyway.)
-func (s *syncPeer) stopped(st SyncStatus) bool {
-	return st.Done && st.Step < uint64(s.cfg.Steps)
+// Net that sets it anyway.)
+func (s *syncPeer) stopped(st Status) bool {
+	return st.Done && st.Version < uint64(s.cfg.Steps)
 }
 
 // syncPeer is one peer's synchronous loop.
 type syncPeer struct {
-	w      *Worker
-	net    SyncNet
-	joiner SyncJoiner
-	cfg    SyncConfig
-	rec    Recorder
-	st     *syncState
-	self   string
-	start  time.Time
-	avg    []float32
+	w     *Worker
+	net   Net
+	cfg   SyncConfig
+	rec   Recorder
+	st    *syncState
+	self  peerid.ID
+	start time.Time
+	avg   []float32
 
-	version  uint64    // steps applied
-	group    []string  // the group of the last step; nil: (re)join first
-	rate     float64   // steps per second (moving average)
-	lastStep time.Time // when the last step was applied
-	left     bool      // the last attempt failed: equal peers may be ahead
-	started  bool      // the first join (with its discovery wait) is done
+	version  uint64      // steps applied
+	group    []peerid.ID // the group of the last step; nil: (re)join first
+	rate     float64     // steps per second (moving average)
+	lastStep time.Time   // when the last step was applied
+	left     bool        // the last attempt failed: equal peers may be ahead
+	started  bool        // the first join (with its discovery wait) is done
 }
 
 func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
@@ -294,7 +246,7 @@ func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
 				return fatal.err
 			}
 			s.event("step-failed", err.Error())
-			if s.joiner == nil {
+			if s.cfg.Fixed {
 				return fmt.Errorf("train: sync step %d: %w", s.version+1, err)
 			}
 			s.group, s.left, s.lastStep = nil, true, time.Time{}
@@ -306,10 +258,10 @@ func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
 		if (s.cfg.SnapshotEvery > 0 && s.version%uint64(s.cfg.SnapshotEvery) == 0) || s.version == total {
 			s.snapshot()
 		}
-		if s.version == total && s.joiner != nil {
+		if s.version == total && !s.cfg.Fixed {
 			// Peers that come too late to take part can still end with
 			// the job's result.
-			s.joiner.Publish(s.version, s.st.pack(s.w))
+			s.net.Publish(s.version, s.st.pack(s.w))
 		}
 		if call(info) {
 			return nil
@@ -341,30 +293,27 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		return StepInfo{}, &syncFatal{err}
 	}
 	group := s.group
-	if s.joiner != nil {
+	if !s.cfg.Fixed {
 		// Peers that declared they join at this step take part from now;
 		// they fetch the state this step starts from.
-		members, err := s.net.Members(ctx, next)
-		if err != nil {
-			return StepInfo{}, err
-		}
-		var joining []string
-		for p, ps := range s.joiner.Statuses() {
+		members := s.net.Members()
+		var joining []peerid.ID
+		for p, ps := range s.net.Statuses() {
 			if !slices.Contains(members, p) || slices.Contains(group, p) || s.stopped(ps) {
 				continue
 			}
 			switch {
 			case ps.JoinAt == next:
 				joining = append(joining, p)
-			case ps.JoinAt == 0 && ps.Step > next:
+			case ps.JoinAt == 0 && ps.Version > next:
 				// A running peer outside our group is ahead of us: two
 				// groups of one job (peers that started apart, a healed
 				// partition). The group behind joins the one ahead.
-				return StepInfo{}, fmt.Errorf("%w: %s runs outside our group at step %d", errAhead, p, ps.Step)
+				return StepInfo{}, fmt.Errorf("%w: %s runs outside our group at step %d", errAhead, p, ps.Version)
 			}
 		}
 		if len(joining) > 0 {
-			s.joiner.Publish(s.version, s.st.pack(w))
+			s.net.Publish(s.version, s.st.pack(w))
 			group = slices.Concat(group, joining)
 			slices.Sort(group)
 			s.event("admit", fmt.Sprintf("%v at step %d", joining, next))
@@ -394,8 +343,8 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		}
 	}
 	s.lastStep = now
-	if s.joiner != nil {
-		if err := s.joiner.SetStatus(ctx, SyncStatus{Step: next, Rate: s.rate}); err != nil && ctx.Err() != nil {
+	if !s.cfg.Fixed {
+		if err := s.net.SetStatus(ctx, Status{Version: next, Rate: s.rate}); err != nil && ctx.Err() != nil {
 			return StepInfo{}, ctx.Err()
 		}
 	}
@@ -406,12 +355,8 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 // with the peers at the same step, or fetches the running peers' state and
 // joins them at a declared step. joined reports a fetched state.
 func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
-	if s.joiner == nil {
-		members, err := s.net.Members(ctx, s.version+1)
-		if err != nil {
-			return false, err
-		}
-		s.group = slices.Clone(members)
+	if s.cfg.Fixed {
+		s.group = s.net.Members()
 		return false, nil
 	}
 	lead := s.cfg.JoinLead
@@ -428,11 +373,8 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		members, err := s.net.Members(ctx, s.version+1)
-		if err != nil {
-			return false, err
-		}
-		statuses := s.joiner.Statuses()
+		members := s.net.Members()
+		statuses := s.net.Statuses()
 		if len(statuses) == 0 && time.Now().Before(discover) {
 			// Nobody known yet: give discovery a moment before starting
 			// alone.
@@ -441,7 +383,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 			}
 			continue
 		}
-		var running, ahead []string
+		var running, ahead []peerid.ID
 		var top uint64
 		var rate float64
 		for _, p := range members {
@@ -450,14 +392,14 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 				continue
 			}
 			running = append(running, p)
-			if ps.Step > s.version || (s.left && ps.Step == s.version) {
+			if ps.Version > s.version || (s.left && ps.Version == s.version) {
 				ahead = append(ahead, p)
-				top = max(top, ps.Step)
+				top = max(top, ps.Version)
 				rate = max(rate, ps.Rate)
 			}
 		}
 		if len(ahead) == 0 && s.left && time.Now().Before(stale) &&
-			slices.ContainsFunc(running, func(p string) bool { return statuses[p].Step < s.version }) {
+			slices.ContainsFunc(running, func(p peerid.ID) bool { return statuses[p].Version < s.version }) {
 			// Left out of a step, we see running peers behind us. Their
 			// statuses may predate the step (they travel with heartbeats)
 			// and the peers be well past it: look again before going on
@@ -470,12 +412,12 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 		if len(ahead) == 0 {
 			// Nobody is ahead: start (or go on) from our own state with
 			// the peers at our step. Those behind will join us.
-			if err := s.joiner.SetStatus(ctx, SyncStatus{Step: s.version, Rate: s.rate}); err != nil {
+			if err := s.net.SetStatus(ctx, Status{Version: s.version, Rate: s.rate}); err != nil {
 				return false, err
 			}
-			g := []string{s.self}
+			g := []peerid.ID{s.self}
 			for _, p := range running {
-				if statuses[p].Step == s.version {
+				if statuses[p].Version == s.version {
 					g = append(g, p)
 				}
 			}
@@ -489,7 +431,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 		T := top + 2 + uint64(math.Ceil(rate*lead.Seconds()))
 		if T > uint64(s.cfg.Steps) {
 			fctx, cancel := context.WithTimeout(ctx, min(4*lead+time.Duration(float64(uint64(s.cfg.Steps)-min(top, uint64(s.cfg.Steps)))/max(rate, 1)*float64(time.Second)), time.Until(deadline)+time.Second))
-			v, err := s.joiner.Fetch(fctx, ahead, uint64(s.cfg.Steps), buf)
+			v, err := s.net.Fetch(fctx, ahead, uint64(s.cfg.Steps), buf)
 			cancel()
 			if err == nil && v == uint64(s.cfg.Steps) {
 				if err := s.st.unpack(s.w, buf, v); err != nil {
@@ -508,7 +450,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 			s.left = false
 			continue
 		}
-		if err := s.joiner.SetStatus(ctx, SyncStatus{JoinAt: T, Rate: s.rate}); err != nil {
+		if err := s.net.SetStatus(ctx, Status{JoinAt: T, Rate: s.rate}); err != nil {
 			return false, err
 		}
 		s.event("join", fmt.Sprintf("declared step %d (others at %d, %.1f steps/s)", T, top, rate))
@@ -519,7 +461,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 		}
 		// (A second more: a state service may keep one to transfer.)
 		fctx, cancel := context.WithTimeout(ctx, min(wait+time.Second, time.Until(deadline)+time.Second))
-		v, err := s.joiner.Fetch(fctx, ahead, T-1, buf)
+		v, err := s.net.Fetch(fctx, ahead, T-1, buf)
 		cancel()
 		if err == nil && v == T-1 {
 			if err := s.st.unpack(s.w, buf, v); err != nil {
@@ -529,14 +471,11 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 			// The group of step T: every running peer (peers that have
 			// not started are not running), the other joiners of T, and
 			// us.
-			statuses = s.joiner.Statuses()
-			members, err = s.net.Members(ctx, T)
-			if err != nil {
-				return false, err
-			}
-			g := []string{s.self}
+			statuses = s.net.Statuses()
+			members = s.net.Members()
+			g := []peerid.ID{s.self}
 			for _, p := range members {
-				if ps, ok := statuses[p]; ok && p != s.self && !s.stopped(ps) && ((ps.JoinAt == 0 && ps.Step > 0) || ps.JoinAt == T) {
+				if ps, ok := statuses[p]; ok && p != s.self && !s.stopped(ps) && ((ps.JoinAt == 0 && ps.Version > 0) || ps.JoinAt == T) {
 					g = append(g, p)
 				}
 			}
@@ -562,13 +501,13 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 
 func (s *syncPeer) event(kind, detail string) {
 	if s.rec != nil {
-		s.rec.Event(Event{Peer: s.self, At: time.Since(s.start), Kind: kind, Detail: detail})
+		s.rec.Event(Event{Peer: string(s.self), At: time.Since(s.start), Kind: kind, Detail: detail})
 	}
 }
 
 func (s *syncPeer) snapshot() {
 	if s.rec != nil {
-		s.rec.Snapshot(s.self, time.Since(s.start), int(s.version), s.w.Model.Params)
+		s.rec.Snapshot(string(s.self), time.Since(s.start), int(s.version), s.w.Model.Params)
 	}
 }
 
@@ -639,108 +578,4 @@ func (st *syncState) unpack(w *Worker, state []float32, version uint64) error {
 	}
 	w.Steps = int(version)
 	return nil
-}
-
-// SyncBoard is the in-memory control plane of MemSyncNet: the job's live
-// members and their statuses. Safe for concurrent use.
-type SyncBoard struct {
-	mu     sync.Mutex
-	status map[string]SyncStatus
-}
-
-// NewSyncBoard returns an empty board.
-func NewSyncBoard() *SyncBoard { return &SyncBoard{status: map[string]SyncStatus{}} }
-
-// Join makes peer a live member (with a zero status).
-func (b *SyncBoard) Join(peer string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.status[peer]; !ok {
-		b.status[peer] = SyncStatus{}
-	}
-}
-
-// Leave removes peer, as a membership expiry would.
-func (b *SyncBoard) Leave(peer string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.status, peer)
-}
-
-// Members returns the live members, sorted.
-func (b *SyncBoard) Members() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := make([]string, 0, len(b.status))
-	for p := range b.status {
-		out = append(out, p)
-	}
-	slices.Sort(out)
-	return out
-}
-
-func (b *SyncBoard) set(peer string, st SyncStatus) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.status[peer]; ok {
-		b.status[peer] = st
-	}
-}
-
-func (b *SyncBoard) others(self string) map[string]SyncStatus {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := make(map[string]SyncStatus, len(b.status))
-	for p, st := range b.status {
-		if p != self {
-			out[p] = st
-		}
-	}
-	return out
-}
-
-// MemSyncNet is a SyncNet and SyncJoiner in one process: the all-reduce
-// runs on an aggregate.Runner over any Transport (aggtest's in-memory
-// network in tests and simulations), states go through a StateBoard and
-// membership and statuses through a SyncBoard.
-type MemSyncNet struct {
-	ID     string
-	Runner *aggregate.Runner
-	States *StateBoard
-	Board  *SyncBoard
-}
-
-var (
-	_ SyncNet    = (*MemSyncNet)(nil)
-	_ SyncJoiner = (*MemSyncNet)(nil)
-)
-
-// Self implements SyncNet.
-func (n *MemSyncNet) Self() string { return n.ID }
-
-// Members implements SyncNet.
-func (n *MemSyncNet) Members(ctx context.Context, step uint64) ([]string, error) {
-	return n.Board.Members(), nil
-}
-
-// AllReduce implements SyncNet.
-func (n *MemSyncNet) AllReduce(ctx context.Context, step uint64, group []string, dst, src []float32, weight float64) ([]string, error) {
-	return AllReduceGroup(ctx, n.Runner, step, group, dst, src, weight)
-}
-
-// SetStatus implements SyncJoiner.
-func (n *MemSyncNet) SetStatus(ctx context.Context, st SyncStatus) error {
-	n.Board.set(n.ID, st)
-	return nil
-}
-
-// Statuses implements SyncJoiner.
-func (n *MemSyncNet) Statuses() map[string]SyncStatus { return n.Board.others(n.ID) }
-
-// Publish implements SyncJoiner.
-func (n *MemSyncNet) Publish(version uint64, state []float32) { n.States.Publish(n.ID, version, state) }
-
-// Fetch implements SyncJoiner.
-func (n *MemSyncNet) Fetch(ctx context.Context, peers []string, version uint64, dst []float32) (uint64, error) {
-	return n.States.Fetch(ctx, peers, version, dst)
 }

@@ -19,22 +19,28 @@ import (
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
+	"github.com/starling-ml/starling/train/traintest"
 )
 
 var (
-	mnistOnce       sync.Once
-	mnistTrain      *data.Set
-	mnistErr        error
-	syncWorkerModel = "mlp:784-32-10"
+	mnistOnce             sync.Once
+	mnistTrain, mnistTest *data.Set
+	mnistErr              error
+	syncWorkerModel       = "mlp:784-32-10"
 )
 
-func trainSet(t testing.TB) *data.Set {
+func mnist(t testing.TB) (*data.Set, *data.Set) {
 	t.Helper()
-	mnistOnce.Do(func() { mnistTrain, _, mnistErr = data.LoadMNIST("") })
+	mnistOnce.Do(func() { mnistTrain, mnistTest, mnistErr = data.LoadMNIST("") })
 	if mnistErr != nil {
-		t.Skipf("MNIST not available: %v", mnistErr)
+		t.Fatalf("MNIST: %v", mnistErr)
 	}
-	return mnistTrain
+	return mnistTrain, mnistTest
+}
+
+func trainSet(t testing.TB) *data.Set {
+	tr, _ := mnist(t)
+	return tr
 }
 
 // order returns the sample order in which a worker with the given batch
@@ -90,26 +96,24 @@ func syncWorker(t testing.TB, shard *data.Set, batch int, seed uint64) *train.Wo
 // memJob is n in-process peers on an aggtest network.
 type memJob struct {
 	netw  *aggtest.Network
-	board *train.SyncBoard
-	state *train.StateBoard
+	board *traintest.Board
 	acfg  aggregate.Config
 }
 
 func newMemJob(stall time.Duration) *memJob {
 	acfg := aggregate.DefaultConfig()
 	acfg.StallTimeout = stall
-	return &memJob{netw: aggtest.NewNetwork(aggtest.Config{}), board: train.NewSyncBoard(), state: train.NewStateBoard(), acfg: acfg}
+	return &memJob{netw: aggtest.NewNetwork(aggtest.Config{}), board: traintest.NewBoard(), acfg: acfg}
 }
 
-func (j *memJob) net(t testing.TB, id string) *train.MemSyncNet {
+func (j *memJob) net(t testing.TB, id peerid.ID) *traintest.Net {
 	t.Helper()
-	ep := j.netw.Join(peerid.ID(id))
-	r, err := aggregate.NewRunner(peerid.ID(id), ep, j.acfg)
+	r, err := aggregate.NewRunner(id, j.netw.Join(id), j.acfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	j.board.Join(id)
-	return &train.MemSyncNet{ID: id, Runner: r, States: j.state, Board: j.board}
+	return &traintest.Net{ID: id, Runner: r, Board: j.board}
 }
 
 // logRec logs a peer's events (shown with -v or on failure).
@@ -157,10 +161,10 @@ func TestSyncMatchesBigBatch(t *testing.T) {
 			cfg := train.DefaultSyncConfig()
 			cfg.Steps = steps
 			workers := make([]*train.Worker, n)
-			nets := make([]*train.MemSyncNet, n)
+			nets := make([]*traintest.Net, n)
 			for k := range n {
 				workers[k] = syncWorker(t, shards[k], b, seeds[k])
-				nets[k] = job.net(t, fmt.Sprintf("peer%d", k))
+				nets[k] = job.net(t, peerid.ID(fmt.Sprintf("peer%d", k)))
 			}
 			var wg sync.WaitGroup
 			errs := make([]error, n)
@@ -203,7 +207,7 @@ func TestSyncMatchesBigBatch(t *testing.T) {
 }
 
 // runMem runs peers until they stop; onStep(k, si) may stop peer k.
-func runMem(t *testing.T, workers []*train.Worker, nets []*train.MemSyncNet, cfg train.SyncConfig, throttle time.Duration, onStep func(k int, si train.StepInfo) bool) []error {
+func runMem(t *testing.T, workers []*train.Worker, nets []*traintest.Net, cfg train.SyncConfig, throttle time.Duration, onStep func(k int, si train.StepInfo) bool) []error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -223,14 +227,14 @@ func runMem(t *testing.T, workers []*train.Worker, nets []*train.MemSyncNet, cfg
 	return errs
 }
 
-func memPeers(t *testing.T, job *memJob, n, per int, first uint64) ([]*train.Worker, []*train.MemSyncNet) {
+func memPeers(t *testing.T, job *memJob, n, per int, first uint64) ([]*train.Worker, []*traintest.Net) {
 	tr := trainSet(t)
 	workers := make([]*train.Worker, n)
-	nets := make([]*train.MemSyncNet, n)
+	nets := make([]*traintest.Net, n)
 	for k := range n {
 		i := int(first) + k
 		workers[k] = syncWorker(t, tr.Subset(seq(i*per, per)), 16, uint64(i+1))
-		nets[k] = job.net(t, fmt.Sprintf("peer%d", i))
+		nets[k] = job.net(t, peerid.ID(fmt.Sprintf("peer%d", i)))
 	}
 	return workers, nets
 }
@@ -289,7 +293,7 @@ func TestSyncPeerStops(t *testing.T) {
 				last[k] = si
 				return k == 1 && si.Step == 10
 			})
-			if st := nets[0].Statuses()["peer1"]; !st.Done || st.Step != 10 {
+			if st := nets[0].Statuses()["peer1"]; !st.Done || st.Version != 10 {
 				t.Errorf("the stopped peer's status is %+v, want done at step 10", st)
 			}
 			for k := range n {
@@ -333,7 +337,7 @@ func TestSyncOverSwarmPeerStops(t *testing.T) {
 	for k := range workers {
 		workers[k] = syncWorker(t, tr.Subset(seq(k*256, 256)), 16, uint64(k+1))
 		wg.Go(func() {
-			errs[k] = train.Sync(ctx, workers[k], peers[k].SyncNet(16), scfg, logRec{t}, func(si train.StepInfo) bool {
+			errs[k] = train.Sync(ctx, workers[k], peers[k].Net(16), scfg, logRec{t}, func(si train.StepInfo) bool {
 				return k == 1 && si.Step == 10
 			})
 		})
@@ -345,7 +349,7 @@ func TestSyncOverSwarmPeerStops(t *testing.T) {
 	if workers[0].Steps != scfg.Steps || workers[1].Steps != 10 {
 		t.Fatalf("peers ended at steps %d and %d, want %d and 10", workers[0].Steps, workers[1].Steps, scfg.Steps)
 	}
-	if st := peers[0].SyncNet(16).(train.SyncJoiner).Statuses()[peers[1].ID()]; !st.Done || st.Step != 10 {
+	if st := peers[0].Net(16).Statuses()[peers[1].ID()]; !st.Done || st.Version != 10 {
 		t.Fatalf("peer 0 sees peer 1 as %+v, want done at step 10", st)
 	}
 }
@@ -553,7 +557,7 @@ func TestSyncOverSwarm(t *testing.T) {
 					return
 				}
 			}
-			errs[k] = train.Sync(ctx, workers[k], peers[k].SyncNet(16), scfg, logRec{t}, func(si train.StepInfo) bool {
+			errs[k] = train.Sync(ctx, workers[k], peers[k].Net(16), scfg, logRec{t}, func(si train.StepInfo) bool {
 				time.Sleep(2 * time.Millisecond)
 				if si.Step >= 10 {
 					once.Do(func() { close(started) })
@@ -620,7 +624,7 @@ func TestSyncBothLeftOutAtOnce(t *testing.T) {
 // runPairLeftOut runs a 400-step job of two peers, calling onStep (under
 // a lock) after each of their steps; both must be left out of a step at
 // least once and end together.
-func runPairLeftOut(t *testing.T, workers []*train.Worker, nets []*train.MemSyncNet, onStep func(k int, si train.StepInfo)) {
+func runPairLeftOut(t *testing.T, workers []*train.Worker, nets []*traintest.Net, onStep func(k int, si train.StepInfo)) {
 	cfg := train.DefaultSyncConfig()
 	cfg.Steps = 400
 	cfg.JoinLead = 100 * time.Millisecond

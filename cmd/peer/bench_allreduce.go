@@ -15,8 +15,8 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/internal/cli"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/swarm"
-	"github.com/starling-ml/starling/train"
 )
 
 func init() {
@@ -166,7 +166,7 @@ func runBenchAllReduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	round := uint64(0)
 	one := func(v, out []float32) error {
 		round++
-		res, err := train.AllReduceResult(ctx, p.Runner, round, members, out, v, 1)
+		res, err := p.Runner.AllReduceAmong(ctx, round, members, out, v, 1)
 		if err != nil {
 			return err
 		}
@@ -242,7 +242,7 @@ func resultLine(label string, world, bytes int, per time.Duration) string {
 
 // join connects to the others and returns the sorted member ids and this
 // process's rank (its position in --peers, or in the sorted ids).
-func (b *allReduceBench) join(ctx context.Context, p *swarm.Peer) ([]string, int, error) {
+func (b *allReduceBench) join(ctx context.Context, p *swarm.Peer) ([]peerid.ID, int, error) {
 	wctx, cancel := context.WithTimeout(ctx, b.wait)
 	defer cancel()
 	dial := func(ai peer.AddrInfo) error {
@@ -252,10 +252,10 @@ func (b *allReduceBench) join(ctx context.Context, p *swarm.Peer) ([]string, int
 		return nil
 	}
 	if len(b.peers) > 0 {
-		ids := make([]string, len(b.peers))
+		ids := make([]peerid.ID, len(b.peers))
 		rank := -1
 		for i, ai := range b.peers {
-			ids[i] = ai.ID.String()
+			ids[i] = peerid.ID(ai.ID.String())
 			if ai.ID == p.Node.ID() {
 				rank = i
 			}

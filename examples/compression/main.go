@@ -2,8 +2,8 @@
 // (issue 5's table): 4 peers train FedAvg's 2NN on MNIST with synchronous
 // data-parallel SGD for 5 epochs, once per codec, and the command reports
 // the final test accuracy and the bytes each peer sent. Every peer runs in
-// this process on Starling's in-memory all-reduce network (aggtest), which
-// counts the bytes each peer puts on its link; see internal/compressexp.
+// this process on the simulated libp2p network (package sim), which
+// counts the bytes each peer's all-reduce sends; see sim.Compression.
 //
 //	go run ./examples/compression                      # the full table (minutes)
 //	go run ./examples/compression --codecs 'fp32;topk:0.01,ef' --epochs 1 --json out.json
@@ -21,7 +21,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/data"
-	"github.com/starling-ml/starling/internal/compressexp"
+	"github.com/starling-ml/starling/sim"
 )
 
 func main() {
@@ -34,7 +34,7 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	def := compressexp.DefaultConfig()
+	def := sim.DefaultCompressConfig()
 	fs := flag.NewFlagSet("compression", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	peers := fs.Int("peers", def.Peers, "number of peers")
@@ -82,24 +82,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "%d peers, model %s, batch %d per peer, %s lr %g (%s), %d epochs, all-reduce %s, in one process on an in-memory network\n",
 		cfg.Peers, *model, cfg.Worker.Batch, cfg.Worker.Optimizer, cfg.Worker.LR, cfg.Worker.Schedule, cfg.Epochs, cfg.Algorithm)
 	progress := func(s string) { fmt.Fprintln(stderr, s) }
-	var runs [][]compressexp.Row
+	var runs [][]sim.CompressRow
 	for r := range *repeat {
 		c := cfg
 		c.Seed = cfg.Seed + uint64(r)
-		rows, err := compressexp.Run(ctx, c, trainSet, testSet, progress)
+		rows, err := sim.Compression(ctx, c, trainSet, testSet, progress)
 		if err != nil {
 			return err
 		}
 		runs = append(runs, rows)
 		if *repeat > 1 {
-			fmt.Fprintf(stderr, "seed %d:\n%s", c.Seed, compressexp.Table(rows))
+			fmt.Fprintf(stderr, "seed %d:\n%s", c.Seed, sim.CompressTable(rows))
 		}
 	}
-	rows := compressexp.MeanRows(runs)
+	rows := sim.MeanCompressRows(runs)
 	if *repeat > 1 {
 		fmt.Fprintf(stdout, "mean of %d seeds:\n", *repeat)
 	}
-	fmt.Fprint(stdout, compressexp.Table(rows))
+	fmt.Fprint(stdout, sim.CompressTable(rows))
 	if *jsonOut != "" {
 		out := struct {
 			Peers     int                 `json:"peers"`
@@ -111,8 +111,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			LR        float32             `json:"lr"`
 			Algorithm string              `json:"algorithm"`
 			Seed      uint64              `json:"seed"`
-			Rows      []compressexp.Row   `json:"rows"`
-			Runs      [][]compressexp.Row `json:"runs"`
+			Rows      []sim.CompressRow   `json:"rows"`
+			Runs      [][]sim.CompressRow `json:"runs"`
 		}{cfg.Peers, cfg.Epochs, *model, cfg.Worker.Batch, cfg.Worker.Optimizer, cfg.Worker.Schedule, cfg.Worker.LR, cfg.Algorithm.String(), cfg.Seed, rows, runs}
 		b, err := json.MarshalIndent(out, "", "  ")
 		if err != nil {

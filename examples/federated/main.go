@@ -17,6 +17,7 @@ import (
 	"os/signal"
 
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/sim"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -65,10 +66,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg := train.FedSimConfig{Clients: *clients, Partition: *partition, Fed: fed, Worker: wc, Target: *target, Seed: *seed}
+	cfg := sim.FedConfig{Clients: *clients, Partition: *partition, Fed: fed, Worker: wc, Target: *target, Seed: *seed}
 	fmt.Fprintf(stderr, "%s: %d clients (%s), C=%g, E=%d, B=%d, lr %g, model %s, target %.2f%%\n",
 		fed.Strategy, *clients, *partition, *fraction, *epochs, *batch, *lr, *model, 100**target)
-	res, err := train.SimulateFederation(ctx, cfg, trainSet, testSet, func(p train.RoundPoint) {
+	res, err := sim.Federation(ctx, cfg, trainSet, testSet, func(p sim.RoundPoint) {
 		if p.Round%10 == 0 || p.Accuracy >= *target {
 			fmt.Fprintf(stderr, "round %4d  test acc %.2f%%  loss %.4f  %.0fs\n", p.Round, 100*p.Accuracy, p.Loss, p.Seconds)
 		}

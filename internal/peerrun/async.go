@@ -113,7 +113,7 @@ func runGossip(ctx context.Context, env *Env) error {
 	// is skipped (Alive); one that joins later is not gossiped with.
 	var group []peer.ID
 	for _, m := range env.Peer.Members() {
-		id, err := peer.Decode(m)
+		id, err := peer.Decode(string(m))
 		if err != nil {
 			return err
 		}

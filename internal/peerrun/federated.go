@@ -23,7 +23,8 @@ func runFederated(ctx context.Context, env *Env) error {
 	eval := env.Worker
 	var lastErr error
 	rec := loggedEvents{Recorder: env.Recorder, log: env.Log}
-	err := train.Federated(ctx, env.Worker, env.Peer.FedNet(), cfg, rec, func(ri train.RoundInfo) bool {
+	net := env.Peer.Net(env.Opts.Worker.Batch)
+	err := train.Federated(ctx, env.Worker, net, cfg, rec, func(ri train.RoundInfo) bool {
 		ck := &train.Checkpoint{Strategy: cfg.Strategy, Version: ri.Round, State: ri.State}
 		ck.Capture(env.Worker)
 		if err := env.Save(ck); err != nil {
@@ -47,13 +48,9 @@ func runFederated(ctx context.Context, env *Env) error {
 	// After the last round, stay up while a live peer has yet to finish
 	// it or is fetching state from this one: a peer that failed the last
 	// round takes the others' final state (train.Federated).
-	fed, ok := env.Peer.FedNet().(train.Versioned)
-	if !ok {
-		return err
-	}
 	env.LingerWhile = func() bool {
-		for _, v := range fed.Versions() {
-			if v < uint64(cfg.Rounds) {
+		for _, st := range net.Statuses() {
+			if !st.Done && st.Version < uint64(cfg.Rounds) {
 				return true
 			}
 		}

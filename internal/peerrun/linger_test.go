@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -41,15 +42,15 @@ func TestSyncBehind(t *testing.T) {
 	const total = 100
 	for _, tc := range []struct {
 		name     string
-		statuses map[string]train.SyncStatus
+		statuses map[peerid.ID]train.Status
 		want     bool
 	}{
 		{"nobody", nil, false},
-		{"all finished", map[string]train.SyncStatus{"a": {Step: total}, "b": {Step: total}}, false},
-		{"one behind", map[string]train.SyncStatus{"a": {Step: total}, "b": {Step: 80}}, true},
-		{"one joining", map[string]train.SyncStatus{"a": {Step: total}, "b": {JoinAt: 102}}, true},
-		{"one stopped early", map[string]train.SyncStatus{"a": {Step: total}, "b": {Step: 80, Done: true}}, false},
-		{"one not started", map[string]train.SyncStatus{"a": {}}, true},
+		{"all finished", map[peerid.ID]train.Status{"a": {Version: total}, "b": {Version: total}}, false},
+		{"one behind", map[peerid.ID]train.Status{"a": {Version: total}, "b": {Version: 80}}, true},
+		{"one joining", map[peerid.ID]train.Status{"a": {Version: total}, "b": {JoinAt: 102}}, true},
+		{"one stopped early", map[peerid.ID]train.Status{"a": {Version: total}, "b": {Version: 80, Done: true}}, false},
+		{"one not started", map[peerid.ID]train.Status{"a": {}}, true},
 	} {
 		if got := syncBehind(tc.statuses, total); got != tc.want {
 			t.Errorf("%s: syncBehind = %v, want %v", tc.name, got, tc.want)

@@ -215,7 +215,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		return nil, err
 	}
 	trainSet = trainSet.Head(opts.Limit)
-	parts, err := train.Partition(trainSet, opts.Shards, opts.Partition, opts.DataSeed)
+	parts, err := data.Partition(trainSet, opts.Shards, opts.Partition, opts.DataSeed)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +267,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	}
 	rec := &train.MemRecorder{MinGap: time.Second}
 	start := time.Now()
-	sum := &Summary{Peer: p.ID(), Mode: opts.Mode, Model: w.Model.Arch, ShardSize: shard.Len()}
+	sum := &Summary{Peer: string(p.ID()), Mode: opts.Mode, Model: w.Model.Arch, ShardSize: shard.Len()}
 	switch opts.Mode {
 	case "federated":
 		sum.Strategy = opts.Fed.Strategy
@@ -278,7 +278,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	}
 	var mu sync.Mutex
 	report := func(pr Progress) {
-		pr.Peer, pr.Mode = p.ID(), opts.Mode
+		pr.Peer, pr.Mode = string(p.ID()), opts.Mode
 		if pr.Seconds == 0 {
 			pr.Seconds = time.Since(start).Seconds()
 		}

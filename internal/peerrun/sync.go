@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -64,7 +65,7 @@ func runSync(ctx context.Context, env *Env) error {
 	}
 	total := o.Sync.Steps
 	var lastErr error
-	net := env.Peer.SyncNet(env.Opts.Worker.Batch)
+	net := env.Peer.Net(env.Opts.Worker.Batch)
 	err := train.Sync(ctx, w, net, o.Sync, env.Recorder, func(si train.StepInfo) bool {
 		due := si.Step%uint64(o.EvalEvery) == 0 || si.Step == uint64(total) || si.Joined || si.Failed
 		if !due {
@@ -95,18 +96,16 @@ func runSync(ctx context.Context, env *Env) error {
 	// the job (it was left out of a step and is rejoining, or came late):
 	// past the last step a joiner takes the final state from the peers
 	// that finished (train.Sync), and they must still be there to give it.
-	if j, ok := net.(train.SyncJoiner); ok {
-		env.LingerWhile = func() bool { return syncBehind(j.Statuses(), uint64(total)) }
-		env.LingerMax = o.Sync.StepTimeout
-	}
+	env.LingerWhile = func() bool { return syncBehind(net.Statuses(), uint64(total)) }
+	env.LingerMax = o.Sync.StepTimeout
 	return err
 }
 
 // syncBehind reports whether a peer in statuses is still on its way to the
 // job's last step: joining, or short of it without having stopped.
-func syncBehind(statuses map[string]train.SyncStatus, total uint64) bool {
+func syncBehind(statuses map[peerid.ID]train.Status, total uint64) bool {
 	for _, st := range statuses {
-		if st.JoinAt != 0 || (!st.Done && st.Step < total) {
+		if st.JoinAt != 0 || (!st.Done && st.Version < total) {
 			return true
 		}
 	}

@@ -1,4 +1,4 @@
-package compressexp
+package sim
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"github.com/starling-ml/starling/data"
 )
 
-func mnist(t *testing.T) (*data.Set, *data.Set) {
+func compressMNIST(t *testing.T) (*data.Set, *data.Set) {
 	t.Helper()
 	tr, te, err := data.LoadMNIST("")
 	if errors.Is(err, data.ErrNoDataset) {
@@ -23,14 +23,14 @@ func mnist(t *testing.T) (*data.Set, *data.Set) {
 // TestRunSmall trains a logistic regression on 2 400 samples for an epoch
 // with three codecs: every run learns, compressed runs send fewer bytes by
 // about the codec's ratio, and the fp32 row is the reference of the others.
-func TestRunSmall(t *testing.T) {
-	tr, te := mnist(t)
-	cfg := DefaultConfig()
+func TestCompressionSmall(t *testing.T) {
+	tr, te := compressMNIST(t)
+	cfg := DefaultCompressConfig()
 	cfg.Peers, cfg.Epochs = 3, 1
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR = "logreg", 32, 0.1
 	cfg.Codecs = []string{"fp32", "int8", "topk:0.05,ef"}
 	var lines []string
-	rows, err := Run(t.Context(), cfg, tr, te, func(s string) { lines = append(lines, s) })
+	rows, err := Compression(t.Context(), cfg, tr, te, func(s string) { lines = append(lines, s) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,44 +57,44 @@ func TestRunSmall(t *testing.T) {
 			t.Errorf("%s loses %.1f pp", r.Codec, 100*d)
 		}
 	}
-	tab := Table(rows)
+	tab := CompressTable(rows)
 	if !strings.Contains(tab, "topk:0.05,ef") || strings.Count(tab, "\n") != 4 {
 		t.Fatalf("table:\n%s", tab)
 	}
-	mean := MeanRows([][]Row{rows, rows})
+	mean := MeanCompressRows([][]CompressRow{rows, rows})
 	if mean[2].FinalAccuracy != rows[2].FinalAccuracy || mean[2].Ratio != rows[2].Ratio {
 		t.Fatalf("mean of two equal runs: %+v", mean[2])
 	}
 }
 
-func TestValidate(t *testing.T) {
-	for _, f := range []func(*Config){
-		func(c *Config) { c.Peers = 0 },
-		func(c *Config) { c.Epochs = 0 },
-		func(c *Config) { c.Codecs = nil },
-		func(c *Config) { c.Codecs = []string{"zip"} },
-		func(c *Config) { c.Worker.Batch = 0 },
+func TestCompressConfigValidate(t *testing.T) {
+	for _, f := range []func(*CompressConfig){
+		func(c *CompressConfig) { c.Peers = 0 },
+		func(c *CompressConfig) { c.Epochs = 0 },
+		func(c *CompressConfig) { c.Codecs = nil },
+		func(c *CompressConfig) { c.Codecs = []string{"zip"} },
+		func(c *CompressConfig) { c.Worker.Batch = 0 },
 	} {
-		c := DefaultConfig()
+		c := DefaultCompressConfig()
 		f(&c)
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: want error", c)
 		}
 	}
-	if err := DefaultConfig().Validate(); err != nil {
+	if err := DefaultCompressConfig().Validate(); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // TestDiverged: a run whose loss blows up is a row that says so, and the
 // runs after it still run.
-func TestDiverged(t *testing.T) {
-	tr, te := mnist(t)
-	cfg := DefaultConfig()
+func TestCompressionDiverged(t *testing.T) {
+	tr, te := compressMNIST(t)
+	cfg := DefaultCompressConfig()
 	cfg.Peers, cfg.Epochs = 2, 1
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR = "mlp:784-32-32-10", 32, 1e30
 	cfg.Codecs = []string{"fp32", "fp16"}
-	rows, err := Run(t.Context(), cfg, tr, te, nil)
+	rows, err := Compression(t.Context(), cfg, tr, te, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestDiverged(t *testing.T) {
 			t.Fatalf("row %+v: want a divergence in the first epoch", r)
 		}
 	}
-	if !strings.Contains(Table(rows), "diverged at step") {
-		t.Fatalf("table:\n%s", Table(rows))
+	if !strings.Contains(CompressTable(rows), "diverged at step") {
+		t.Fatalf("table:\n%s", CompressTable(rows))
 	}
 }

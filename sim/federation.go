@@ -1,39 +1,41 @@
-package train
+package sim
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/starling-ml/starling/aggregate"
-	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/data"
-	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/train"
 )
 
-// FedSimConfig configures a federation of many clients simulated in one
-// process: every client is a full peer (its own Worker and all-reduce
-// Runner) on an in-memory network.
-type FedSimConfig struct {
+// FedConfig configures a federation simulated in one process: Clients
+// peers on the in-memory libp2p network, each a swarm.Peer as `peer run`
+// builds it, running train.Federated round by round.
+type FedConfig struct {
 	Clients   int
 	Partition string // "iid", "shards" (McMahan's 2 label shards each) or "dirichlet:α"
-	Fed       FedConfig
-	Worker    WorkerConfig
+	Fed       train.FedConfig
+	Worker    train.WorkerConfig
 	// Target stops the run once the global model reaches this test
 	// accuracy (0: run all rounds).
 	Target float64
 	// EvalEvery evaluates the global model every that many rounds (1).
 	EvalEvery int
-	// Net shapes the in-memory links.
-	Net aggtest.Config
-	// Seed drives the partition.
+	// Bandwidth (bytes/s, 0: unlimited) and Latency shape every link.
+	Bandwidth float64
+	Latency   time.Duration
+	// Seed drives the partition and the peers' identities.
 	Seed uint64
+	// Log, if not nil, receives the peers' logs.
+	Log *slog.Logger
 }
 
-// FedSimResult is the outcome of a simulated federation.
-type FedSimResult struct {
+// FedResult is the outcome of a simulated federation.
+type FedResult struct {
 	RoundsToTarget int           `json:"rounds_to_target"` // -1 if not reached
 	TimeToTarget   float64       `json:"seconds_to_target"`
 	FinalAccuracy  float64       `json:"final_accuracy"`
@@ -55,28 +57,12 @@ type RoundPoint struct {
 	Loss     float64 `json:"loss"`
 }
 
-// Partition splits train between clients as spec says.
-func Partition(train *data.Set, clients int, spec string, seed uint64) ([][]int, error) {
-	switch {
-	case spec == "iid":
-		return data.IID(train.Len(), clients, seed)
-	case spec == "shards":
-		return data.Shards(train.Y, clients, 2, seed)
-	default:
-		var alpha float64
-		if _, err := fmt.Sscanf(spec, "dirichlet:%g", &alpha); err != nil {
-			return nil, fmt.Errorf("train: unknown partition %q (want iid, shards or dirichlet:α)", spec)
-		}
-		return data.Dirichlet(train.Y, clients, alpha, 10, seed)
-	}
-}
-
-// SimulateFederation runs a federation of cfg.Clients peers over trainSet
-// and evaluates the global model on testSet after every EvalEvery rounds.
+// Federation runs a federation of cfg.Clients peers over trainSet and
+// evaluates the global model on testSet after every EvalEvery rounds.
 // progress, if not nil, sees every evaluated point.
-func SimulateFederation(ctx context.Context, cfg FedSimConfig, trainSet, testSet *data.Set, progress func(RoundPoint)) (*FedSimResult, error) {
-	if cfg.Clients <= 0 {
-		return nil, fmt.Errorf("train: need at least one client")
+func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set, progress func(RoundPoint)) (*FedResult, error) {
+	if cfg.Clients <= 0 || cfg.Clients > 1024 {
+		return nil, fmt.Errorf("%w: %d clients not in 1..1024", ErrConfig, cfg.Clients)
 	}
 	if err := cfg.Fed.Validate(); err != nil {
 		return nil, err
@@ -84,29 +70,34 @@ func SimulateFederation(ctx context.Context, cfg FedSimConfig, trainSet, testSet
 	if cfg.EvalEvery <= 0 {
 		cfg.EvalEvery = 1
 	}
-	parts, err := Partition(trainSet, cfg.Clients, cfg.Partition, cfg.Seed)
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	parts, err := data.Partition(trainSet, cfg.Clients, cfg.Partition, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
-	ids := make([]string, cfg.Clients)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("client%03d", i)
-	}
-	netw := aggtest.NewNetwork(cfg.Net)
-	board := NewStateBoard()
-	acfg := aggregate.DefaultConfig()
-	eval, err := NewWorker(cfg.Worker, testSet.Head(1))
+	eval, err := train.NewWorker(cfg.Worker, testSet.Head(1))
 	if err != nil {
 		return nil, err
 	}
+	nc := DefaultConfig()
+	nc.Peers, nc.Bandwidth, nc.Latency, nc.Seed, nc.Worker = cfg.Clients, cfg.Bandwidth, cfg.Latency, cfg.Seed, cfg.Worker
+	nc.SyncAlgorithm, nc.StallTimeout = "auto", 10*time.Second // the all-reduce as `peer run` runs it
+	netw, err := newNetwork(ctx, &nc, log)
+	if err != nil {
+		return nil, err
+	}
+	defer netw.close()
 
-	res := &FedSimResult{RoundsToTarget: -1, Strategy: cfg.Fed.Strategy, Clients: cfg.Clients, Fraction: cfg.Fed.Fraction, Partition: cfg.Partition}
+	res := &FedResult{RoundsToTarget: -1, Strategy: cfg.Fed.Strategy, Clients: cfg.Clients, Fraction: cfg.Fed.Fraction, Partition: cfg.Partition}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
 	var mu sync.Mutex
 	evaluated := map[uint64]bool{}
-	onRound := func(ri RoundInfo) bool {
+	onRound := func(ri train.RoundInfo) bool {
 		mu.Lock()
 		defer mu.Unlock()
 		if evaluated[ri.Round] {
@@ -135,24 +126,16 @@ func SimulateFederation(ctx context.Context, cfg FedSimConfig, trainSet, testSet
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, cfg.Clients)
-	for i, id := range ids {
-		ep := netw.Join(peerid.ID(id))
-		r, err := aggregate.NewRunner(peerid.ID(id), ep, acfg)
-		if err != nil {
-			return nil, err
-		}
+	for i, p := range netw.peers {
 		wc := cfg.Worker
 		wc.DataSeed = cfg.Seed*1000 + uint64(i) + 1
-		w, err := NewWorker(wc, trainSet.Subset(parts[i]))
+		w, err := train.NewWorker(wc, trainSet.Subset(parts[i]))
 		if err != nil {
 			return nil, fmt.Errorf("client %d: %w", i, err)
 		}
-		net := &RunnerNet{ID: id, Runner: r, Board: board, Static: ids}
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			errs[i] = Federated(ctx, w, net, cfg.Fed, nil, onRound)
-		}(i)
+		wg.Go(func() {
+			errs[i] = train.Federated(ctx, w, p.Swarm.Net(wc.Batch), cfg.Fed, nil, onRound)
+		})
 	}
 	wg.Wait()
 	res.Elapsed = time.Since(start)

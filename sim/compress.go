@@ -1,22 +1,24 @@
-// Package compressexp measures what gradient compression costs synchronous
-// data-parallel SGD in accuracy and saves in bytes: N peers in one process,
-// each a train.Worker on an IID shard of the training set, run train.Sync
-// over a train.MemSyncNet whose aggregate.Runner has
-// aggregate.Config.Compress set to the codec under test, on an aggtest
-// in-memory network that counts the bytes every peer puts on its link. The
-// same seed gives every codec the same initial model, data shards and batch
-// order, so the rows of the table differ only in the codec.
+// Compression experiments: what gradient compression costs synchronous
+// data-parallel SGD in accuracy and saves in bytes. N peers, each a
+// train.Worker on an IID shard of the training set, run train.Sync over
+// the simulated network with Config.Compress set to the codec under test,
+// and every peer's all-reduce sends are counted. The same seed gives every
+// codec the same initial model, data shards and batch order, so the rows
+// of the table differ only in the codec.
 //
-//	rows, err := compressexp.Run(ctx, compressexp.DefaultConfig(), trainSet, testSet, nil)
+//	rows, err := sim.Compression(ctx, sim.DefaultCompressConfig(), trainSet, testSet, nil)
 //
 // Test accuracy is evaluated after every epoch from parameter snapshots,
 // after the run, so evaluation never stalls an all-reduce.
-package compressexp
+
+package sim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -24,14 +26,12 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
-	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/data"
-	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
 
-// Config describes one experiment.
-type Config struct {
+// CompressConfig describes one experiment.
+type CompressConfig struct {
 	// Peers is the number of peers. Default 4.
 	Peers int
 	// Epochs is the number of passes over each peer's shard. Default 5.
@@ -60,54 +60,53 @@ func DefaultCodecs() []string {
 	return []string{"fp32", "fp16", "bf16", "int8", "topk:0.01,ef", "topk:0.01", "sign:ef", "randk:0.01,ef", "powersgd:4,ef"}
 }
 
-// DefaultConfig returns the settings documented on Config.
-func DefaultConfig() Config {
+// DefaultCompressConfig returns the settings documented on CompressConfig.
+func DefaultCompressConfig() CompressConfig {
 	wc := train.DefaultWorkerConfig()
 	wc.Model, wc.Batch, wc.LR, wc.Optimizer, wc.Schedule = "mlp", 64, 0.05, "momentum", "cosine"
-	return Config{Peers: 4, Epochs: 5, Worker: wc, Codecs: DefaultCodecs(), Seed: 1, StallTimeout: time.Minute}
+	return CompressConfig{Peers: 4, Epochs: 5, Worker: wc, Codecs: DefaultCodecs(), Seed: 1, StallTimeout: time.Minute}
 }
 
 // Validate reports settings that cannot run.
-func (c Config) Validate() error {
+func (c CompressConfig) Validate() error {
 	switch {
 	case c.Peers < 1:
-		return fmt.Errorf("compressexp: %d peers", c.Peers)
+		return fmt.Errorf("sim: %d peers", c.Peers)
 	case c.Epochs < 1:
-		return fmt.Errorf("compressexp: %d epochs", c.Epochs)
+		return fmt.Errorf("sim: %d epochs", c.Epochs)
 	case len(c.Codecs) == 0:
-		return fmt.Errorf("compressexp: no codecs")
+		return fmt.Errorf("sim: no codecs")
 	}
 	for _, s := range c.Codecs {
-		if _, err := aggregateConfig(c, s); err != nil {
+		nc := c.network(s)
+		if err := swarmConfig(&nc, "mlp", nil).Aggregate.Validate(); err != nil {
 			return err
 		}
 	}
 	return c.Worker.Validate()
 }
 
-// aggregateConfig is the all-reduce configuration of a run of spec.
-func aggregateConfig(c Config, spec string) (aggregate.Config, error) {
-	acfg := aggregate.DefaultConfig()
-	acfg.Algorithm = c.Algorithm
-	if c.StallTimeout > 0 {
-		acfg.StallTimeout = c.StallTimeout
-	}
+// network is the simulated network of a run of spec.
+func (c CompressConfig) network(spec string) Config {
+	nc := DefaultConfig()
+	nc.Peers, nc.Seed, nc.Worker, nc.Bandwidth, nc.Latency = c.Peers, c.Seed, c.Worker, 0, 0
+	nc.SyncAlgorithm, nc.StallTimeout = c.Algorithm.String(), cmp.Or(c.StallTimeout, time.Minute)
 	if spec != "fp32" {
-		acfg.Compress = spec
+		nc.Compress = spec
 	}
-	return acfg, acfg.Validate()
+	return nc
 }
 
-// Point is the model's test accuracy after an epoch.
-type Point struct {
+// EpochPoint is the model's test accuracy after an epoch.
+type EpochPoint struct {
 	Epoch    int     `json:"epoch"`
 	Steps    int     `json:"steps"`
 	Accuracy float64 `json:"accuracy"`
 	Loss     float64 `json:"loss"`
 }
 
-// Row is one codec's outcome.
-type Row struct {
+// CompressRow is one codec's outcome.
+type CompressRow struct {
 	Codec string `json:"codec"`
 	// ErrorFeedback reports whether the codec ran with error feedback.
 	ErrorFeedback bool `json:"error_feedback"`
@@ -137,31 +136,31 @@ type Row struct {
 	// WallS is the run's wall-clock time (peers share the machine's cores).
 	WallS float64 `json:"wall_s"`
 	// Curve is the test accuracy after every epoch.
-	Curve []Point `json:"curve"`
+	Curve []EpochPoint `json:"curve"`
 }
 
-// Run runs every codec of cfg in turn and returns one row per codec, with
+// Compression runs every codec of cfg in turn and returns one row per codec, with
 // DeltaPP and Ratio filled against the fp32 row when there is one.
 // progress, if not nil, sees one line per finished epoch and run.
-func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, progress func(string)) ([]Row, error) {
+func Compression(ctx context.Context, cfg CompressConfig, trainSet, testSet *data.Set, progress func(string)) ([]CompressRow, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var rows []Row
+	var rows []CompressRow
 	for _, spec := range cfg.Codecs {
-		row, err := RunOne(ctx, cfg, spec, trainSet, testSet, progress)
+		row, err := CompressionOne(ctx, cfg, spec, trainSet, testSet, progress)
 		if err != nil {
 			return rows, fmt.Errorf("%s: %w", spec, err)
 		}
 		rows = append(rows, *row)
 	}
-	Compare(rows)
+	CompareCodecs(rows)
 	return rows, nil
 }
 
-// Compare fills DeltaPP and Ratio against the fp32 row, if any.
-func Compare(rows []Row) {
-	i := slices.IndexFunc(rows, func(r Row) bool { return r.Codec == "fp32" })
+// CompareCodecs fills DeltaPP and Ratio against the fp32 row, if any.
+func CompareCodecs(rows []CompressRow) {
+	i := slices.IndexFunc(rows, func(r CompressRow) bool { return r.Codec == "fp32" })
 	if i < 0 {
 		return
 	}
@@ -174,12 +173,9 @@ func Compare(rows []Row) {
 	}
 }
 
-// RunOne trains with one codec and returns its row.
-func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *data.Set, progress func(string)) (*Row, error) {
-	acfg, err := aggregateConfig(cfg, spec)
-	if err != nil {
-		return nil, err
-	}
+// CompressionOne trains with one codec and returns its row.
+func CompressionOne(ctx context.Context, cfg CompressConfig, spec string, trainSet, testSet *data.Set, progress func(string)) (*CompressRow, error) {
+	nc := cfg.network(spec)
 	parts, err := data.IID(trainSet.Len(), cfg.Peers, cfg.Seed)
 	if err != nil {
 		return nil, err
@@ -188,30 +184,26 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	for _, p := range parts {
 		spe = min(spe, (len(p)+cfg.Worker.Batch-1)/cfg.Worker.Batch)
 	}
-	net := aggtest.NewNetwork(aggtest.Config{})
-	board, states := train.NewSyncBoard(), train.NewStateBoard()
-	ids := make([]peerid.ID, cfg.Peers)
+	netw, err := newNetwork(ctx, &nc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	defer netw.close()
 	workers := make([]*train.Worker, cfg.Peers)
-	runners := make([]*aggregate.Runner, cfg.Peers)
-	for i := range cfg.Peers {
-		ids[i] = peerid.ID(fmt.Sprintf("peer%02d", i))
+	for i, p := range netw.peers {
 		wc := cfg.Worker
 		wc.ModelSeed, wc.DataSeed, wc.TotalSteps = cfg.Seed, cfg.Seed*1000+uint64(i)+1, cfg.Epochs*spe
 		if workers[i], err = train.NewWorker(wc, trainSet.Subset(parts[i])); err != nil {
 			return nil, err
 		}
-		if runners[i], err = aggregate.NewRunner(ids[i], net.Join(ids[i]), acfg); err != nil {
-			return nil, err
-		}
-		board.Join(string(ids[i]))
-		if c := runners[i].Compression(); c != nil {
+		if c := p.Swarm.Runner.Compression(); c != nil {
 			if err := c.SetLayout(train.CompressionLayout(workers[i].Model)); err != nil {
 				return nil, err
 			}
 		}
 	}
-	row := &Row{Codec: spec, Steps: cfg.Epochs * spe}
-	if c := runners[0].Compression(); c != nil {
+	row := &CompressRow{Codec: spec, Steps: cfg.Epochs * spe}
+	if c := netw.peers[0].Swarm.Runner.Compression(); c != nil {
 		row.ErrorFeedback = c.ErrorFeedback()
 	}
 
@@ -227,8 +219,8 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	var wg sync.WaitGroup
 	for i := range cfg.Peers {
 		wg.Go(func() {
-			sn := &train.MemSyncNet{ID: string(ids[i]), Runner: runners[i], States: states, Board: board}
-			step, left, err := syncPeer(ctx, sn, workers[i], row.Steps, spe, func(epoch int, loss float64) {
+			p := netw.peers[i]
+			step, left, err := compressPeer(ctx, p.Swarm.Net(cfg.Worker.Batch), workers[i], row.Steps, spe, func(epoch int, loss float64) {
 				if i == 0 {
 					snaps[epoch] = slices.Clone(workers[i].Model.Params)
 					losses[epoch] = loss
@@ -240,7 +232,7 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 				diverged[i] = step
 				cancel()
 			case err != nil && ctx.Err() == nil:
-				errs[i] = fmt.Errorf("%s: %w", ids[i], err)
+				errs[i] = fmt.Errorf("%s: %w", peerName(i), err)
 				cancel()
 			}
 		})
@@ -263,12 +255,11 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	// every peer applied the same bits every step.
 	for i, w := range workers[1:] {
 		if row.DivergedAt == 0 && !slices.Equal(w.Model.Params, workers[0].Model.Params) {
-			return nil, fmt.Errorf("compressexp: peer %d's parameters differ from peer 0's", i+1)
+			return nil, fmt.Errorf("sim: peer %d's parameters differ from peer 0's", i+1)
 		}
 	}
-	for i := range ids {
-		b, _ := net.Sent(ids[i])
-		row.BytesPerPeer += float64(b) / float64(cfg.Peers)
+	for _, p := range netw.peers {
+		row.BytesPerPeer += float64(p.sent.Load()) / float64(cfg.Peers)
 	}
 	ran := row.Steps
 	if row.DivergedAt > 0 {
@@ -284,7 +275,7 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 		}
 		copy(eval.Model.Params, p)
 		loss, acc := eval.Evaluate(testSet)
-		row.Curve = append(row.Curve, Point{Epoch: e + 1, Steps: (e + 1) * spe, Accuracy: acc, Loss: loss})
+		row.Curve = append(row.Curve, EpochPoint{Epoch: e + 1, Steps: (e + 1) * spe, Accuracy: acc, Loss: loss})
 		if progress != nil {
 			progress(fmt.Sprintf("%-14s epoch %d  train loss %.4f  test acc %.2f%%  test loss %.4f", spec, e+1, losses[e], 100*acc, loss))
 		}
@@ -303,12 +294,12 @@ func RunOne(ctx context.Context, cfg Config, spec string, trainSet, testSet *dat
 	return row, nil
 }
 
-// syncPeer runs train.Sync for one peer for steps steps and calls
+// compressPeer runs train.Sync for one peer for steps steps and calls
 // epochEnd(e, meanLoss) after every spe steps it applied. It returns the
 // last step the peer reached, the number of steps it was left out of, and
 // Sync's error (wrapping train.ErrDiverged when the loss stopped being
 // finite).
-func syncPeer(ctx context.Context, net *train.MemSyncNet, w *train.Worker, steps, spe int, epochEnd func(int, float64)) (int, int, error) {
+func compressPeer(ctx context.Context, net train.Net, w *train.Worker, steps, spe int, epochEnd func(int, float64)) (int, int, error) {
 	cfg := train.DefaultSyncConfig()
 	cfg.Steps, cfg.SnapshotEvery = steps, 0
 	var (
@@ -338,8 +329,8 @@ func syncPeer(ctx context.Context, net *train.MemSyncNet, w *train.Worker, steps
 	return last + 1, left, err
 }
 
-// Table formats rows as an aligned text table.
-func Table(rows []Row) string {
+// CompressTable formats rows as an aligned text table.
+func CompressTable(rows []CompressRow) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-15s %4s %9s %8s %14s %12s %9s\n", "codec", "EF", "test acc", "Δ pp", "bytes/peer", "bytes/step", "× fewer")
 	for _, r := range rows {
@@ -356,10 +347,10 @@ func Table(rows []Row) string {
 	return b.String()
 }
 
-// MeanRows averages repeated runs of the same codecs (same order) into one
+// MeanCompressRows averages repeated runs of the same codecs (same order) into one
 // row per codec: accuracies, losses and bytes are means; Curve is the
 // first run's, and DivergedAt the first that diverged.
-func MeanRows(runs [][]Row) []Row {
+func MeanCompressRows(runs [][]CompressRow) []CompressRow {
 	if len(runs) == 0 {
 		return nil
 	}
@@ -379,6 +370,6 @@ func MeanRows(runs [][]Row) []Row {
 		n := float64(len(runs))
 		out[k].FinalAccuracy, out[k].TrainLoss, out[k].BytesPerPeer, out[k].BytesPerStep, out[k].WallS = acc/n, loss/n, bytes/n, perStep/n, wall/n
 	}
-	Compare(out)
+	CompareCodecs(out)
 	return out
 }
