@@ -63,5 +63,5 @@ func ExampleCombiner() {
 func ExampleParse_errors() {
 	_, err := compression.Parse("topk:2")
 	fmt.Println(err)
-	// Output: compression: bad codec spec: "topk:2": frac="2": want a fraction in (0, 1], like 0.01 or 1%
+	// Output: compression: bad codec spec: spec "topk:2": topk: frac="2": want a number in (0, 1]
 }

@@ -2,9 +2,10 @@ package compression
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
+
+	"github.com/starling-ml/starling/internal/spec"
 )
 
 // A codec spec names a codec and its parameters, as the --compress flag
@@ -53,21 +54,20 @@ var autoEntropy = map[ID]EntropyMode{
 
 // Parse returns a new codec for spec. The codec is fresh: stateful codecs
 // start with zero state.
-func Parse(spec string) (Codec, error) {
-	name, params, _ := strings.Cut(strings.TrimSpace(spec), ":")
-	name = strings.ToLower(strings.TrimSpace(name))
+func Parse(s string) (Codec, error) {
+	t, err := spec.One(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w (have %s)", ErrBadSpec, err, strings.Join(Names(), ", "))
+	}
+	name := t.Name
 	if name == "none" {
 		name = "fp32"
 	}
 	id, ok := idByName(name)
 	if !ok {
-		return nil, fmt.Errorf("%w: %q: unknown codec %q (have %s)", ErrBadSpec, spec, name, strings.Join(Names(), ", "))
+		return nil, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("unknown codec %q (have %s)", t.Name, strings.Join(Names(), ", ")))
 	}
-	c, err := build(id, params)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %v", ErrBadSpec, spec, err)
-	}
-	return c, nil
+	return build(id, t)
 }
 
 // New returns a codec for the wire id (IDEntropy may be set) with params in
@@ -93,11 +93,11 @@ func New(id ID, params string) (Codec, error) {
 	} else {
 		params += "," + entropy
 	}
-	c, err := build(base, params)
+	t, err := spec.One(Names()[base] + ":" + params)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s:%s: %v", ErrBadSpec, Names()[base], params, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
-	return c, nil
+	return build(base, t)
 }
 
 func idByName(name string) (ID, bool) {
@@ -109,57 +109,64 @@ func idByName(name string) (ID, bool) {
 	return 0, false
 }
 
-// build makes the codec id from the parameter list.
-func build(id ID, params string) (Codec, error) {
-	var (
-		ef      bool
-		entropy = "auto"
-		kv      = map[string]string{}
-	)
-	if params != "" {
-		for i, p := range strings.Split(params, ",") {
-			p = strings.TrimSpace(p)
-			k, v, hasEq := strings.Cut(p, "=")
-			k = strings.ToLower(strings.TrimSpace(k))
-			v = strings.TrimSpace(v)
-			switch {
-			case p == "":
-				return nil, fmt.Errorf("empty parameter")
-			case !hasEq && k == "ef":
-				ef = true
-				continue
-			case !hasEq && i == 0:
-				k, v = mainParam(id), p
-				if k == "" {
-					return nil, fmt.Errorf("%s takes no positional parameter (got %q)", Names()[id], p)
-				}
-			case !hasEq:
-				return nil, fmt.Errorf("parameter %q needs key=value", p)
+// build makes the codec id from t's arguments: the flag ef first, then
+// the codec's main parameter (the only one that may be given without its
+// key), then the others by key.
+func build(id ID, t spec.Term) (Codec, error) {
+	r := t.Reader()
+	ef := r.Flag("ef")
+	var c Codec
+	switch id {
+	case IDFP32:
+		r.Keyed()
+		c = FP32{}
+	case IDFP16:
+		r.Keyed()
+		c = FP16{}
+	case IDBF16:
+		r.Keyed()
+		c = BF16{}
+	case IDInt8:
+		block := r.Int("block", DefaultInt8Block, 1, maxBlock)
+		r.Keyed()
+		c = Int8{Block: block}
+	case IDTopK:
+		frac := r.Float("frac", DefaultFrac, spec.In(0, 1, false, true))
+		r.Keyed()
+		c = &TopK{Frac: frac}
+	case IDRandK:
+		frac := r.Float("frac", DefaultFrac, spec.In(0, 1, false, true))
+		r.Keyed()
+		c = &RandK{Frac: frac, Seed: r.Uint("seed", 0)}
+	case IDSign:
+		block := DefaultSignBlock
+		switch v := r.String("block", ""); v {
+		case "":
+		case "all":
+			block = -1
+		default:
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxBlock {
+				r.Failf("block=%q: want all or an integer in [1, %d]", v, maxBlock)
 			}
-			if _, dup := kv[k]; dup {
-				return nil, fmt.Errorf("parameter %q given twice", k)
-			}
-			switch k {
-			case "ef":
-				b, err := strconv.ParseBool(v)
-				if err != nil {
-					return nil, fmt.Errorf("ef=%q: want true or false", v)
-				}
-				ef = b
-			case "entropy":
-				entropy = strings.ToLower(v)
-			default:
-				kv[k] = v
-			}
+			block = n
 		}
+		r.Keyed()
+		c = Sign{Block: block}
+	case IDPowerSGD:
+		rank := r.Int("rank", DefaultRank, 1, 1024)
+		r.Keyed()
+		c = &PowerSGD{Rank: rank, Seed: r.Uint("seed", 0)}
+	default:
+		return nil, fmt.Errorf("%w: %d", ErrUnknownCodec, id)
 	}
-	c, err := buildBase(id, kv)
-	if err != nil {
-		return nil, err
+	entropy := r.String("entropy", "auto", "auto", "none", "s2", "zstd")
+	if err := r.Done(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
 	if ef {
 		if id == IDFP32 {
-			return nil, fmt.Errorf("ef needs a lossy codec; fp32 is exact")
+			return nil, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("ef needs a lossy codec; fp32 is exact"))
 		}
 		c = NewErrorFeedback(c)
 	}
@@ -167,117 +174,15 @@ func build(id ID, params string) (Codec, error) {
 	switch entropy {
 	case "auto":
 		mode = autoEntropy[id]
-	case "none":
 	case "s2":
 		mode = EntropyS2
 	case "zstd":
 		mode = EntropyZstd
-	default:
-		return nil, fmt.Errorf("entropy=%q: want auto, none, s2 or zstd", entropy)
 	}
 	if mode != EntropyStored {
 		return NewEntropy(c, mode)
 	}
 	return c, nil
-}
-
-func mainParam(id ID) string {
-	switch id {
-	case IDInt8, IDSign:
-		return "block"
-	case IDTopK, IDRandK:
-		return "frac"
-	case IDPowerSGD:
-		return "rank"
-	}
-	return ""
-}
-
-func buildBase(id ID, kv map[string]string) (Codec, error) {
-	allowed := map[ID][]string{
-		IDInt8:     {"block"},
-		IDTopK:     {"frac"},
-		IDRandK:    {"frac", "seed"},
-		IDSign:     {"block"},
-		IDPowerSGD: {"rank", "seed"},
-	}[id]
-	for k := range kv {
-		ok := false
-		for _, a := range allowed {
-			ok = ok || a == k
-		}
-		if !ok {
-			if len(allowed) == 0 {
-				return nil, fmt.Errorf("%s takes no parameter %q", Names()[id], k)
-			}
-			return nil, fmt.Errorf("%s has no parameter %q (has %s)", Names()[id], k, strings.Join(allowed, ", "))
-		}
-	}
-	var err error
-	intParam := func(k string, def, lo, hi int) int {
-		v, ok := kv[k]
-		if !ok || err != nil {
-			return def
-		}
-		x, e := strconv.Atoi(v)
-		if e != nil || x < lo || x > hi {
-			err = fmt.Errorf("%s=%q: want an integer in [%d, %d]", k, v, lo, hi)
-		}
-		return x
-	}
-	fracParam := func() float64 {
-		v, ok := kv["frac"]
-		if !ok {
-			return DefaultFrac
-		}
-		x, e := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-		if e == nil && strings.HasSuffix(v, "%") {
-			x /= 100
-		}
-		if e != nil || !(x > 0 && x <= 1) || math.IsNaN(x) {
-			err = fmt.Errorf("frac=%q: want a fraction in (0, 1], like 0.01 or 1%%", v)
-		}
-		return x
-	}
-	seedParam := func() uint64 {
-		v, ok := kv["seed"]
-		if !ok {
-			return 0
-		}
-		x, e := strconv.ParseUint(v, 10, 64)
-		if e != nil {
-			err = fmt.Errorf("seed=%q: want an unsigned integer", v)
-		}
-		return x
-	}
-	var c Codec
-	switch id {
-	case IDFP32:
-		c = FP32{}
-	case IDFP16:
-		c = FP16{}
-	case IDBF16:
-		c = BF16{}
-	case IDInt8:
-		c = Int8{Block: intParam("block", DefaultInt8Block, 1, maxBlock)}
-	case IDTopK:
-		c = &TopK{Frac: fracParam()}
-	case IDRandK:
-		c = &RandK{Frac: fracParam(), Seed: seedParam()}
-	case IDSign:
-		block := DefaultSignBlock
-		if v := kv["block"]; strings.EqualFold(v, "all") {
-			block = -1
-		} else {
-			block = intParam("block", DefaultSignBlock, 1, maxBlock)
-		}
-		c = Sign{Block: block}
-	case IDPowerSGD:
-		c = &PowerSGD{Rank: intParam("rank", DefaultRank, 1, 1024), Seed: seedParam()}
-	default:
-		return nil, fmt.Errorf("%w: %d", ErrUnknownCodec, id)
-	}
-	return c, err
 }
 
 // specOf returns c's spec without the entropy stage.

@@ -48,7 +48,7 @@ func TestParse(t *testing.T) {
 
 func TestParseErrors(t *testing.T) {
 	for _, c := range []struct{ spec, msg string }{
-		{"", "unknown codec"},
+		{"", "empty"},
 		{"gzip", "unknown codec"},
 		{"topk:0", "frac"},
 		{"topk:1.5", "frac"},
@@ -58,9 +58,9 @@ func TestParseErrors(t *testing.T) {
 		{"int8:block=0", "block"},
 		{"int8:block=x", "block"},
 		{"int8:block=99999999999", "block"},
-		{"int8:rank=3", "no parameter"},
-		{"fp16:0.5", "no positional"},
-		{"fp16:block=4", "no parameter"},
+		{"int8:rank=3", `unknown parameter "rank"`},
+		{"fp16:0.5", "name the parameters"},
+		{"fp16:block=4", `unknown parameter "block"`},
 		{"fp32:ef", "lossy"},
 		{"topk:0.01,0.02", "key=value"},
 		{"topk:frac=0.1,frac=0.2", "twice"},

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/starling-ml/starling/device"
+	"github.com/starling-ml/starling/internal/spec"
 )
 
 // Errors returned by nn.
@@ -261,31 +262,39 @@ func NewCNN(h, w, c, classes int, seed uint64) (*Model, error) {
 // name: "logreg", "mlp" (784-200-200-10, FedAvg's 2NN), "mlp:784-128-10"
 // (explicit widths), "2nn", or "cnn" (FedAvg's CNN).
 func New(arch string, seed uint64) (*Model, error) {
-	name, arg, _ := strings.Cut(arch, ":")
-	switch name {
+	t, err := spec.One(arch)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrArch, err)
+	}
+	r := t.Reader()
+	switch t.Name {
 	case "logreg":
+		if err := r.Done(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrArch, err)
+		}
 		return NewLogReg(784, 10, seed)
 	case "mlp", "2nn":
-		if arg == "" {
-			return NewMLP([]int{784, 200, 200, 10}, seed)
+		ws := r.String("widths", "784-200-200-10")
+		if err := r.Done(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrArch, err)
 		}
 		var widths []int
-		for _, f := range strings.Split(arg, "-") {
+		for _, f := range strings.Split(ws, "-") {
 			w, err := strconv.Atoi(f)
 			if err != nil {
-				return nil, fmt.Errorf("%w: %q: widths must be integers joined by '-'", ErrArch, arch)
+				return nil, fmt.Errorf("%w: %w", ErrArch, t.Errorf("widths must be integers joined by '-'"))
 			}
 			widths = append(widths, w)
 		}
 		if widths[0] != 784 || widths[len(widths)-1] != 10 {
-			return nil, fmt.Errorf("%w: %q: MNIST models start at 784 and end at 10", ErrArch, arch)
+			return nil, fmt.Errorf("%w: %w", ErrArch, t.Errorf("MNIST models start at 784 and end at 10"))
 		}
 		return NewMLP(widths, seed)
 	case "cnn":
-		if arg != "" {
-			return nil, fmt.Errorf("%w: %q: cnn takes no parameters", ErrArch, arch)
+		if err := r.Done(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrArch, err)
 		}
 		return NewCNN(28, 28, 1, 10, seed)
 	}
-	return nil, fmt.Errorf("%w: unknown model %q (want logreg, mlp, mlp:W-W-…, 2nn or cnn)", ErrArch, arch)
+	return nil, fmt.Errorf("%w: %w", ErrArch, t.Errorf("unknown model %q (want logreg, mlp, mlp:W-W-…, 2nn or cnn)", t.Name))
 }

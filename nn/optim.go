@@ -4,10 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 
 	"github.com/starling-ml/starling/device"
+	"github.com/starling-ml/starling/internal/spec"
 )
 
 // ErrOptimizer reports an unknown optimiser or bad optimiser settings.
@@ -251,40 +250,57 @@ func LinearScaling(baseLR float32, baseBatch, batch int) float32 {
 	return baseLR * float32(batch) / float32(baseBatch)
 }
 
-// ParseSchedule builds a schedule from a name for a run of total steps:
-// "constant", "step" (×0.1 at 1/2 and 3/4... every total/3 steps) or
-// "step:EVERY,GAMMA", "cosine", and any of them prefixed with "warmup:N+".
-func ParseSchedule(spec string, base float32, total int) (Schedule, error) {
-	if rest, ok := strings.CutPrefix(spec, "warmup:"); ok {
-		nStr, inner, ok := strings.Cut(rest, "+")
-		n, err := strconv.Atoi(nStr)
-		if !ok || err != nil || n < 0 {
-			return nil, fmt.Errorf("nn: schedule %q: want warmup:STEPS+SCHEDULE", spec)
-		}
-		s, err := ParseSchedule(inner, base, max(total-n, 1))
-		if err != nil {
-			return nil, err
-		}
-		return Warmup{Steps: n, Inner: s}, nil
+// ErrSchedule reports a schedule spec that does not parse.
+var ErrSchedule = errors.New("nn: bad schedule")
+
+// ParseSchedule builds a schedule from a spec for a run of total steps:
+// "constant", "step" (×0.1 every total/3 steps) or "step:EVERY,GAMMA",
+// "cosine", and any of them after "warmup:N+" (N steps of linear warmup).
+// Errors wrap ErrSchedule.
+func ParseSchedule(s string, base float32, total int) (Schedule, error) {
+	terms, err := spec.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSchedule, err)
 	}
-	name, arg, _ := strings.Cut(spec, ":")
-	switch name {
+	warmup := -1
+	if terms[0].Name == "warmup" {
+		r := terms[0].Reader()
+		r.Require("steps")
+		warmup = r.Int("steps", 0, 0, math.MaxInt32)
+		if err := r.Done(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrSchedule, err)
+		}
+		terms = terms[1:]
+		total = max(total-warmup, 1)
+	}
+	if len(terms) != 1 {
+		return nil, fmt.Errorf("%w: %q: want [warmup:N+]constant|step[:EVERY,GAMMA]|cosine", ErrSchedule, s)
+	}
+	t := terms[0]
+	r := t.Reader()
+	var out Schedule
+	switch t.Name {
 	case "constant", "const":
-		return Constant(base), nil
+		out = Constant(base)
 	case "cosine":
-		return Cosine{Base: base, Total: max(total, 1)}, nil
+		out = Cosine{Base: base, Total: max(total, 1)}
 	case "step":
-		s := StepDecay{Base: base, Every: max(total/3, 1), Gamma: 0.1}
-		if arg != "" {
-			e, g, ok := strings.Cut(arg, ",")
-			every, err1 := strconv.Atoi(e)
-			gamma, err2 := strconv.ParseFloat(g, 32)
-			if !ok || err1 != nil || err2 != nil || every <= 0 || gamma <= 0 {
-				return nil, fmt.Errorf("nn: schedule %q: want step:EVERY,GAMMA", spec)
-			}
-			s.Every, s.Gamma = every, float32(gamma)
+		st := StepDecay{Base: base, Every: max(total/3, 1), Gamma: 0.1}
+		if len(t.Args) > 0 {
+			r.Require("every")
+			st.Every = r.Int("every", st.Every, 1, math.MaxInt32)
+			r.Require("gamma")
+			st.Gamma = float32(r.Float("gamma", 0.1, spec.Positive()))
 		}
-		return s, nil
+		out = st
+	default:
+		return nil, fmt.Errorf("%w: %w", ErrSchedule, t.Errorf("unknown schedule %q (want constant, step[:EVERY,GAMMA], cosine, or warmup:N+…)", t.Name))
 	}
-	return nil, fmt.Errorf("nn: unknown schedule %q (want constant, step[:EVERY,GAMMA], cosine, or warmup:N+…)", spec)
+	if err := r.Done(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSchedule, err)
+	}
+	if warmup >= 0 {
+		out = Warmup{Steps: warmup, Inner: out}
+	}
+	return out, nil
 }

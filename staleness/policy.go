@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/starling-ml/starling/internal/spec"
 )
 
 // Func is a staleness weight function: it maps τ ≥ 0 to a weight, which
@@ -198,108 +200,56 @@ func fmtFloat(f float64) string {
 	return strings.Replace(strconv.FormatFloat(f, 'g', -1, 64), "e+", "e", 1)
 }
 
-// maxSpecLen bounds the spec strings Parse reads (they come from flags and
-// config files, but config may come from a peer one day).
-const maxSpecLen = 256
-
 // Parse reads a policy spec: a weight term, an SSP term, or both joined by
 // '+' in either order. Weight terms: "const", "poly[:a]", "hinge[:a,b]",
 // "inv", "sqrt"; omitted arguments take the papers' defaults. SSP term:
 // "ssp:s" with an integer s ≥ 0. Errors wrap ErrBadSpec.
-func Parse(spec string) (Policy, error) {
-	if len(spec) > maxSpecLen {
-		return Policy{}, fmt.Errorf("%w: spec longer than %d bytes", ErrBadSpec, maxSpecLen)
-	}
-	spec = strings.TrimSpace(spec)
-	if spec == "" {
-		return Policy{}, fmt.Errorf("%w: empty spec (want const, poly:a, hinge:a,b, inv, sqrt or ssp:s)", ErrBadSpec)
+func Parse(s string) (Policy, error) {
+	terms, err := spec.Parse(s)
+	if err != nil {
+		return Policy{}, fmt.Errorf("%w: %w (want const, poly:a, hinge:a,b, inv, sqrt or ssp:s)", ErrBadSpec, err)
 	}
 	var (
-		p         = Constant()
-		haveW     bool
-		bound     = -1
-		haveBound bool
+		p            = Constant()
+		haveW, haveB bool
+		bound        = -1
 	)
-	for _, term := range strings.Split(spec, "+") {
-		term = strings.TrimSpace(term)
-		name, args, hasArgs := strings.Cut(term, ":")
-		name = strings.ToLower(strings.TrimSpace(name))
-		if name == "ssp" {
-			if haveBound {
-				return Policy{}, fmt.Errorf("%w: %q: more than one ssp term", ErrBadSpec, spec)
+	for _, t := range terms {
+		r := t.Reader()
+		switch t.Name {
+		case "ssp":
+			if haveB {
+				return Policy{}, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("more than one ssp term"))
 			}
-			if !hasArgs {
-				return Policy{}, fmt.Errorf("%w: %q: ssp needs a bound, e.g. ssp:3", ErrBadSpec, term)
+			r.Require("s")
+			bound, haveB = r.Int("s", -1, 0, math.MaxInt32), true
+		case "const", "constant", "inv", "sqrt", "poly", "hinge":
+			if haveW {
+				return Policy{}, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("more than one weight term"))
 			}
-			s, err := strconv.Atoi(strings.TrimSpace(args))
-			if err != nil || s < 0 {
-				return Policy{}, fmt.Errorf("%w: %q: bound %q is not an integer ≥ 0", ErrBadSpec, term, args)
+			haveW = true
+			switch t.Name {
+			case "const", "constant":
+				p = Constant()
+			case "inv":
+				p = Inverse()
+			case "sqrt":
+				p = InvSqrt()
+			case "poly":
+				p = Polynomial(r.Float("a", DefaultPolyA, spec.AtLeast(0)))
+			case "hinge": // both or neither
+				a := r.Float("a", DefaultHingeA, spec.AtLeast(0))
+				if len(t.Args) > 0 {
+					r.Require("b")
+				}
+				p = Hinge(a, r.Float("b", DefaultHingeB, spec.AtLeast(0)))
 			}
-			bound, haveBound = s, true
-			continue
+		default:
+			return Policy{}, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("unknown policy %q (want const, poly:a, hinge:a,b, inv, sqrt or ssp:s)", t.Name))
 		}
-		if haveW {
-			return Policy{}, fmt.Errorf("%w: %q: more than one weight term", ErrBadSpec, spec)
+		if err := r.Done(); err != nil {
+			return Policy{}, fmt.Errorf("%w: %w", ErrBadSpec, err)
 		}
-		w, err := parseWeight(term, name, args, hasArgs)
-		if err != nil {
-			return Policy{}, err
-		}
-		p, haveW = w, true
 	}
 	return p.WithBound(bound), nil
-}
-
-func parseWeight(term, name, args string, hasArgs bool) (Policy, error) {
-	nums := func(want int) ([]float64, error) {
-		if !hasArgs {
-			return nil, nil
-		}
-		parts := strings.Split(args, ",")
-		if len(parts) != want {
-			return nil, fmt.Errorf("%w: %q: want %d argument(s), got %d", ErrBadSpec, term, want, len(parts))
-		}
-		out := make([]float64, want)
-		for i, s := range parts {
-			f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-			if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 {
-				return nil, fmt.Errorf("%w: %q: argument %q is not a finite number ≥ 0", ErrBadSpec, term, s)
-			}
-			out[i] = f
-		}
-		return out, nil
-	}
-	noArgs := func(p Policy) (Policy, error) {
-		if hasArgs {
-			return Policy{}, fmt.Errorf("%w: %q: %s takes no arguments", ErrBadSpec, term, name)
-		}
-		return p, nil
-	}
-	switch name {
-	case "const", "constant":
-		return noArgs(Constant())
-	case "inv":
-		return noArgs(Inverse())
-	case "sqrt":
-		return noArgs(InvSqrt())
-	case "poly":
-		v, err := nums(1)
-		if err != nil {
-			return Policy{}, err
-		}
-		if v == nil {
-			return Polynomial(DefaultPolyA), nil
-		}
-		return Polynomial(v[0]), nil
-	case "hinge":
-		v, err := nums(2)
-		if err != nil {
-			return Policy{}, err
-		}
-		if v == nil {
-			return Hinge(DefaultHingeA, DefaultHingeB), nil
-		}
-		return Hinge(v[0], v[1]), nil
-	}
-	return Policy{}, fmt.Errorf("%w: unknown policy %q (want const, poly:a, hinge:a,b, inv, sqrt or ssp:s)", ErrBadSpec, name)
 }

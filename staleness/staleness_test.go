@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/starling-ml/starling/internal/spec"
 )
 
 func TestPolicyWeights(t *testing.T) {
@@ -137,22 +139,22 @@ func TestParse(t *testing.T) {
 		{"", "empty"},
 		{"  ", "empty"},
 		{"exp", `unknown policy "exp"`},
-		{"poly:x", `argument "x"`},
-		{"poly:-1", `argument "-1"`},
-		{"poly:NaN", `argument "NaN"`},
-		{"poly:inf", `argument "inf"`},
-		{"poly:1,2", "want 1 argument"},
-		{"hinge:1", "want 2 argument"},
-		{"hinge:1,2,3", "want 2 argument"},
+		{"poly:x", `a="x"`},
+		{"poly:-1", `a="-1"`},
+		{"poly:NaN", `a="NaN"`},
+		{"poly:inf", `a="inf"`},
+		{"poly:1,2", "too many values"},
+		{"hinge:1", "missing b="},
+		{"hinge:1,2,3", "too many values"},
 		{"inv:1", "takes no arguments"},
 		{"const:1", "takes no arguments"},
-		{"ssp", "needs a bound"},
-		{"ssp:1.5", "not an integer"},
-		{"ssp:-2", "not an integer"},
+		{"ssp", "missing s="},
+		{"ssp:1.5", `s="1.5"`},
+		{"ssp:-2", `s="-2"`},
 		{"ssp:1+ssp:2", "more than one ssp"},
 		{"poly+inv", "more than one weight"},
-		{"+", "unknown policy"},
-		{strings.Repeat("x", maxSpecLen+1), "longer than"},
+		{"+", "no name"},
+		{strings.Repeat("x", spec.MaxLen+1), "longer than"},
 	}
 	for _, tt := range bad {
 		_, err := Parse(tt.spec)

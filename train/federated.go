@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/device"
+	"github.com/starling-ml/starling/internal/spec"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -70,48 +71,39 @@ func DefaultFedConfig() FedConfig {
 // ParseStrategy sets Strategy and its parameters from a flag value such as
 // "fedavg", "fedprox:mu=0.01", "fedadam:lr=0.01", "fedyogi", "fedadagrad",
 // "diloco:h=50,lr=0.7,momentum=0.9", filling the papers' defaults.
-func (c *FedConfig) ParseStrategy(spec string) error {
-	name, args, _ := strings.Cut(spec, ":")
-	kv, err := parseKV(spec, args)
+func (c *FedConfig) ParseStrategy(s string) error {
+	t, err := spec.One(s)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrStrategy, err)
 	}
-	take := func(key string, dst *float32, def float32) {
-		if v, ok := kv[key]; ok {
-			*dst = float32(v)
-			delete(kv, key)
-		} else {
-			*dst = def
-		}
-	}
-	c.Strategy = name
-	switch name {
+	r := t.Reader()
+	r.Keyed()
+	lr := func(def float64) float32 { return float32(r.Float("lr", def, spec.Positive())) }
+	c.Strategy = t.Name
+	switch t.Name {
 	case "fedavg":
-		take("lr", &c.ServerLR, 1)
+		c.ServerLR = lr(1)
 		c.ResetClientOpt = true
 	case "fedprox":
-		take("mu", &c.Mu, 0.01)
-		take("lr", &c.ServerLR, 1)
+		c.Mu = float32(r.Float("mu", 0.01, spec.AtLeast(0)))
+		c.ServerLR = lr(1)
 		c.ResetClientOpt = true
-	case "fedadam", "fedyogi", "fedadagrad":
-		def := float32(0.01)
-		if name == "fedadagrad" {
-			def = 0.1
-		}
-		take("lr", &c.ServerLR, def)
+	case "fedadam", "fedyogi":
+		c.ServerLR = lr(0.01)
+		c.ResetClientOpt = true
+	case "fedadagrad":
+		c.ServerLR = lr(0.1)
 		c.ResetClientOpt = true
 	case "diloco":
-		take("lr", &c.ServerLR, 0.7)
-		take("momentum", &c.ServerMomentum, 0.9)
-		var h float32
-		take("h", &h, 50)
-		c.LocalSteps, c.LocalEpochs = int(h), 0
+		c.ServerLR = lr(0.7)
+		c.ServerMomentum = float32(r.Float("momentum", 0.9, spec.In(0, 1, true, false)))
+		c.LocalSteps, c.LocalEpochs = r.Int("h", 50, 1, math.MaxInt32), 0
 		c.ResetClientOpt = false
 	default:
-		return fmt.Errorf("%w: unknown strategy %q (want fedavg, fedprox, fedadam, fedyogi, fedadagrad or diloco)", ErrStrategy, name)
+		return fmt.Errorf("%w: %w", ErrStrategy, t.Errorf("unknown strategy %q (want fedavg, fedprox, fedadam, fedyogi, fedadagrad or diloco)", t.Name))
 	}
-	for k := range kv {
-		return fmt.Errorf("%w: %q: unknown parameter %q", ErrStrategy, spec, k)
+	if err := r.Done(); err != nil {
+		return fmt.Errorf("%w: %w", ErrStrategy, err)
 	}
 	return nil
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 )
 
 // ErrStrategy reports an unknown strategy (federated, asynchronous or
@@ -129,21 +127,4 @@ func (s *NesterovServer) State() []float32 { return s.buf }
 // Name implements ServerOpt.
 func (s *NesterovServer) Name() string {
 	return fmt.Sprintf("outer-nesterov(lr=%g, momentum=%g)", s.LR, s.Momentum)
-}
-
-// parseKV reads "a=1,b=2" into a map of floats.
-func parseKV(spec, args string) (map[string]float64, error) {
-	out := map[string]float64{}
-	if args == "" {
-		return out, nil
-	}
-	for _, kv := range strings.Split(args, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		f, err := strconv.ParseFloat(v, 64)
-		if !ok || err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-			return nil, fmt.Errorf("%w: %q: want key=number pairs separated by commas", ErrStrategy, spec)
-		}
-		out[k] = f
-	}
-	return out, nil
 }
