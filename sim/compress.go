@@ -14,7 +14,6 @@
 package sim
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,8 +49,7 @@ type CompressConfig struct {
 	Codecs []string
 	// Seed drives the shards, the batch order and the initial model.
 	Seed uint64
-	// StallTimeout bounds every wait on a peer (aggregate.Config); the
-	// default 60 s leaves room for a starved CPU.
+	// StallTimeout bounds every wait on a peer (aggregate.Config).
 	StallTimeout time.Duration
 }
 
@@ -64,7 +62,7 @@ func DefaultCodecs() []string {
 func DefaultCompressConfig() CompressConfig {
 	wc := train.DefaultWorkerConfig()
 	wc.Model, wc.Batch, wc.LR, wc.Optimizer, wc.Schedule = "mlp", 64, 0.05, "momentum", "cosine"
-	return CompressConfig{Peers: 4, Epochs: 5, Worker: wc, Codecs: DefaultCodecs(), Seed: 1, StallTimeout: time.Minute}
+	return CompressConfig{Peers: 4, Epochs: 5, Worker: wc, Codecs: DefaultCodecs(), Seed: 1, StallTimeout: aggregate.DefaultConfig().StallTimeout}
 }
 
 // Validate reports settings that cannot run.
@@ -90,7 +88,7 @@ func (c CompressConfig) Validate() error {
 func (c CompressConfig) network(spec string) Config {
 	nc := DefaultConfig()
 	nc.Peers, nc.Seed, nc.Worker, nc.Bandwidth, nc.Latency = c.Peers, c.Seed, c.Worker, 0, 0
-	nc.SyncAlgorithm, nc.StallTimeout = c.Algorithm.String(), cmp.Or(c.StallTimeout, time.Minute)
+	nc.SyncAlgorithm, nc.StallTimeout = c.Algorithm.String(), c.StallTimeout
 	if spec != "fp32" {
 		nc.Compress = spec
 	}

@@ -61,11 +61,8 @@ type Config struct {
 	// Kill maps a peer index to the time it dies (its training stops and
 	// its node and host close).
 	Kill map[int]time.Duration `json:"kill_ns,omitempty"`
-	// StallTimeout is how long the sync strategy's all-reduce waits for a
-	// silent peer before it goes on without it (0: 2 s, rather than
-	// aggregate's 10 s, so that a simulated death does not dominate a run).
-	// Recovery from a death mid-step takes a few of these: the data phase's
-	// stall, the vote window, the re-run without the dead peer.
+	// StallTimeout is how long the all-reduce waits for a silent peer
+	// before it goes on without it (aggregate.Config.StallTimeout).
 	StallTimeout time.Duration `json:"stall_timeout_ns,omitempty"`
 	// SyncAlgorithm is the sync strategy's all-reduce algorithm
 	// (aggregate.ParseAlgorithm). "butterfly" by default, not aggregate's
@@ -75,8 +72,9 @@ type Config struct {
 	// steps with 4 peers and the default MLP); on a switched LAN, where
 	// each host's one link is the limit, the ring is as fast from 1 MB up.
 	SyncAlgorithm string `json:"sync_algorithm"`
-	// Compress is the codec of the sync strategy's all-reduce
-	// (compression.Parse; "" sends float32).
+	// Compress is the codec of what peers send (compression.Parse): the
+	// sync strategy's all-reduce and the vectors fedasync and fedbuff
+	// publish; "" keeps Async.Codec and float32 all-reduces.
 	Compress string `json:"compress,omitempty"`
 	// Worker, Async and Gossip configure the peers and the strategies.
 	Worker train.WorkerConfig `json:"worker"`
@@ -93,7 +91,8 @@ func DefaultConfig() Config {
 	return Config{
 		Peers: 4, Strategy: "fedasync", Bandwidth: 125e6, Latency: 500 * time.Microsecond, Seed: 1,
 		Duration: 30 * time.Second, MonitorEvery: time.Second, Partition: "iid",
-		SnapshotEvery: 250 * time.Millisecond, SyncAlgorithm: "butterfly", Worker: w, Async: a, Gossip: g,
+		SnapshotEvery: 250 * time.Millisecond, SyncAlgorithm: "butterfly", StallTimeout: aggregate.DefaultConfig().StallTimeout,
+		Worker: w, Async: a, Gossip: g,
 	}
 }
 
@@ -119,8 +118,8 @@ func (c Config) Validate() error {
 		return bad("snapshot interval %v must be > 0", c.SnapshotEvery)
 	case c.TrainLimit < 0 || c.TestLimit < 0:
 		return bad("limits must be ≥ 0")
-	case c.StallTimeout < 0:
-		return bad("stall timeout %v must be ≥ 0", c.StallTimeout)
+	case c.StallTimeout <= 0:
+		return bad("stall timeout %v must be > 0", c.StallTimeout)
 	}
 	if _, err := aggregate.ParseAlgorithm(c.SyncAlgorithm); err != nil {
 		return bad("sync algorithm: %v", err)
@@ -141,6 +140,9 @@ func (c Config) Validate() error {
 	a := c.Async
 	if c.Policy != "" {
 		a.Policy = c.Policy
+	}
+	if c.Compress != "" {
+		a.Codec = c.Compress
 	}
 	if err := a.Validate(); err != nil {
 		return err

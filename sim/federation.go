@@ -84,7 +84,7 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 	}
 	nc := DefaultConfig()
 	nc.Peers, nc.Bandwidth, nc.Latency, nc.Seed, nc.Worker = cfg.Clients, cfg.Bandwidth, cfg.Latency, cfg.Seed, cfg.Worker
-	nc.SyncAlgorithm, nc.StallTimeout = "auto", 10*time.Second // the all-reduce as `peer run` runs it
+	nc.SyncAlgorithm = "auto" // the all-reduce as `peer run` runs it
 	netw, err := newNetwork(ctx, &nc, log)
 	if err != nil {
 		return nil, err

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -118,6 +117,9 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	if cfg.Policy != "" {
 		cfg.Async.Policy = cfg.Policy
 	}
+	if cfg.Compress != "" {
+		cfg.Async.Codec = cfg.Compress
+	}
 	cfg.Policy = cfg.Async.Policy
 	trainSet, testSet = trainSet.Head(cfg.TrainLimit), testSet.Head(cfg.TestLimit)
 	probe, err := nn.New(cfg.Worker.Model, 0)
@@ -228,7 +230,7 @@ func swarmConfig(cfg *Config, model string, log *slog.Logger) swarm.Config {
 	sc.Gossip.Namespace, sc.Gossip.Model = "sim", model
 	sc.Gossip.HeartbeatInterval, sc.Gossip.PeerTTL = 250*time.Millisecond, 2*time.Second
 	sc.Gossip.AnnounceQueue = 1024
-	sc.Aggregate.StallTimeout = cmp.Or(cfg.StallTimeout, 2*time.Second)     // see Config.StallTimeout
+	sc.Aggregate.StallTimeout = cfg.StallTimeout
 	sc.Aggregate.Algorithm, _ = aggregate.ParseAlgorithm(cfg.SyncAlgorithm) // checked by Validate
 	sc.Aggregate.Compress = cfg.Compress
 	sc.Log = log

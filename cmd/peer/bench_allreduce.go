@@ -57,7 +57,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	algo := fs.String("algo", "auto", "all-reduce algorithm: tree, butterfly, ring or auto")
 	chunkKB := fs.Int("chunk-kb", 0, "values per pipelined chunk, in KiB of float32 (default: aggregate's)")
 	stripes := fs.Int("stripes", 0, "streams per tensor (default: node's)")
-	stall := fs.Duration("stall-timeout", 30*time.Second, "how long a silent peer is waited for")
+	stall := fs.Duration("stall-timeout", aggregate.DefaultConfig().StallTimeout, "how long a silent peer is waited for")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for the other processes")
 	label := fs.String("label", "starling", "first word of the result line")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")

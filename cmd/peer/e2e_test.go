@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/train"

@@ -97,8 +97,9 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	bufRule := fs.String("buffer-rule", def.Async.BufferRule, bufferRuleUsage)
 	syncAlgo := fs.String("sync-algo", def.SyncAlgorithm, "sync: all-reduce algorithm (auto, tree, butterfly, ring); butterfly suits the simulated network, where every pair of peers has a link of its own")
 	clipPeers := fs.Float64("clip-peers", def.Async.ClipFactor, "fedasync, adpsgd, sgp: "+clipPeersUsage)
-	codec := fs.String("compress", def.Async.Codec, "fedasync/fedbuff: codec of published vectors (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
-	fs.StringVar(codec, "codec", def.Async.Codec, "the older name of --compress")
+	codec := fs.String("compress", def.Compress, "sync: codec of the gradient all-reduce; fedasync/fedbuff: codec of published vectors (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
+	fs.StringVar(codec, "codec", def.Compress, "the older name of --compress")
+	stall := fs.Duration("stall-timeout", def.StallTimeout, "all-reduce (sync): how long a silent peer is waited for before it is dropped, as peer run --stall-timeout")
 	every := fs.Int("gossip-every", def.Gossip.Every, "adpsgd/sgp: local steps between exchanges")
 	period := fs.Duration("gossip-period", def.Gossip.Period, "adpsgd/sgp: least time between exchanges a peer starts")
 	verbose := fs.Bool("v", false, "log progress to stderr")
@@ -127,7 +128,8 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR, cfg.Worker.Optimizer = *model, *batch, float32(*lr), *opt
 	cfg.Async.RoundTime = *roundTime
-	cfg.Async.LocalSteps, cfg.Async.Alpha, cfg.Async.BufferK, cfg.Async.ServerLR, cfg.Async.Codec = *localSteps, *alpha, *bufK, *serverLR, *codec
+	cfg.Async.LocalSteps, cfg.Async.Alpha, cfg.Async.BufferK, cfg.Async.ServerLR, cfg.Compress = *localSteps, *alpha, *bufK, *serverLR, *codec
+	cfg.StallTimeout = *stall
 	cfg.Gossip.Every, cfg.Gossip.Period = *every, *period
 	cfg.Async.BufferRule, cfg.Async.ClipFactor, cfg.Gossip.ClipFactor = *bufRule, *clipPeers, *clipPeers
 	cfg.SyncAlgorithm = *syncAlgo

@@ -77,11 +77,17 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	linger := fs.Duration("linger", 3*time.Second, "stay up this long after training to serve state to slower peers (federated: longer, up to --round-timeout, while a live peer has yet to finish the last round or is fetching state)")
 	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+	compress := fs.String("compress", "", "sync: codec of the gradient all-reduce; async: codec of published models (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
+	d := peerrun.DefaultSyncOptions()
+	jobSteps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip: local steps of this peer (0: until --duration)")
+	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip: evaluate, report and checkpoint every N steps")
+	buildSync := syncFlags(fs, jobSteps, evalEvery)
+	buildAsync := asyncFlags(fs, jobSteps, evalEvery)
 
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
 			Partition: *partition, DataSeed: *dataSeed, Limit: *limit, Checkpoint: *ckpt, Resume: *resume,
-			Out: *out, ProgressJSON: *progressJSON, Linger: *linger}
+			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: *compress}
 		log, err := textLogger(*logLevel, stderr)
 		if err != nil {
 			return o, err
@@ -125,6 +131,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		} else if o.Fed.Strategy != "diloco" {
 			o.Fed.LocalEpochs = *epochs
 		}
+		o.Sync, o.Async = buildSync(), buildAsync()
 		o.Log = log
 		return o, nil
 	}
@@ -144,9 +151,6 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlagSet("run", stderr)
 	config := fs.String("config", "", "JSON file of flag names to values (flags > STARLING_* variables > this file > defaults)")
 	build := runFlags(fs, stderr)
-	buildSync := syncFlags(fs)
-	buildAsync := asyncFlags(fs)
-	compress := fs.String("compress", "", "sync: codec of the gradient all-reduce; async: codec of published models (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -163,20 +167,14 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
-	opts.Async = buildAsync()
-	if *compress != "" {
-		opts.Swarm.Aggregate.Compress = *compress
-		opts.Async.Async.Codec = *compress
-	}
-	_, err = peerrun.Run(peerrun.WithSync(ctx, buildSync()), opts, stdout, stderr)
+	_, err = peerrun.Run(ctx, opts, stdout, stderr)
 	return err
 }
 
-// syncFlags defines the flags of --mode sync on fs.
-func syncFlags(fs *flag.FlagSet) func() peerrun.SyncOptions {
+// syncFlags defines the flags only --mode sync reads on fs; steps and
+// evalEvery are the shared --steps and --eval-every.
+func syncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.SyncOptions {
 	d := peerrun.DefaultSyncOptions()
-	steps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip: local steps of this peer (0: until --duration)")
-	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip: evaluate, report and checkpoint every N steps")
 	stepTimeout := fs.Duration("step-timeout", d.Sync.StepTimeout, "sync: longest one step's all-reduce may take")
 	joinLead := fs.Duration("join-lead", d.Sync.JoinLead, "sync: how far ahead (at the others' pace) a joining peer declares the step it joins at")
 	return func() peerrun.SyncOptions {
@@ -187,9 +185,9 @@ func syncFlags(fs *flag.FlagSet) func() peerrun.SyncOptions {
 	}
 }
 
-// asyncFlags defines the flags of --mode async and --mode gossip on fs
-// (--steps and --eval-every are shared with sync and read from fs).
-func asyncFlags(fs *flag.FlagSet) func() peerrun.AsyncOptions {
+// asyncFlags defines the flags of --mode async and --mode gossip on fs;
+// steps and evalEvery are the shared --steps and --eval-every.
+func asyncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.AsyncOptions {
 	d := peerrun.DefaultAsyncOptions()
 	strategy := fs.String("async", d.Async.Mode, "async: fedasync (mix each fresh model in) or fedbuff (apply after K buffered deltas)")
 	policy := fs.String("policy", d.Async.Policy, "async: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S")
@@ -209,7 +207,7 @@ func asyncFlags(fs *flag.FlagSet) func() peerrun.AsyncOptions {
 		o.Async.Mode, o.Async.Policy, o.Async.Alpha, o.Async.BufferK = *strategy, *policy, *alpha, *bufferK
 		o.Async.ServerLR, o.Async.LocalSteps, o.Async.RoundTime = *serverLR, *publish, *roundTime
 		o.Gossip.Algorithm, o.Gossip.Every, o.Gossip.Period = *algo, *every, *period
-		o.Steps, o.EvalEvery, o.Duration = intFlag(fs, "steps"), intFlag(fs, "eval-every"), *duration
+		o.Steps, o.EvalEvery, o.Duration = *steps, *evalEvery, *duration
 		o.Async.ClipFactor, o.Gossip.ClipFactor, o.Async.BufferRule = *clipPeers, *clipPeers, *bufRule
 		switch *algo {
 		case "pairwise":
@@ -219,10 +217,6 @@ func asyncFlags(fs *flag.FlagSet) func() peerrun.AsyncOptions {
 		}
 		return o
 	}
-}
-
-func intFlag(fs *flag.FlagSet, name string) int {
-	return fs.Lookup(name).Value.(flag.Getter).Get().(int)
 }
 
 // checkModeFlags refuses flags that belong to another mode than --mode.

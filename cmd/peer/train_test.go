@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/train"
 )
 
 func TestTrainWritesSummary(t *testing.T) {
@@ -65,5 +68,31 @@ func TestTrainBadInput(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"frobnicate"}, &out, &errb); err == nil {
 		t.Error("unknown command: want error")
+	}
+}
+
+// TestRunFlagsOneDestination: every `peer run` flag lands in one field of
+// the options: --compress in Options.Compress (which the sync and async
+// modes read), the shared --steps and --eval-every in both modes'
+// settings, and --stall-timeout defaults to the all-reduce's default.
+func TestRunFlagsOneDestination(t *testing.T) {
+	var errb strings.Builder
+	fs := newFlagSet("run", &errb)
+	build := runFlags(fs, &errb)
+	if err := fs.Parse([]string{"--mode", "sync", "--compress", "fp16", "--steps", "7", "--eval-every", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Compress != "fp16" || o.Swarm.Aggregate.Compress != "" || o.Async.Async.Codec != train.DefaultAsyncConfig().Codec {
+		t.Errorf("--compress: Options.Compress %q, aggregate %q, async %q", o.Compress, o.Swarm.Aggregate.Compress, o.Async.Async.Codec)
+	}
+	if o.Sync.Sync.Steps != 7 || o.Async.Steps != 7 || o.Sync.EvalEvery != 3 || o.Async.EvalEvery != 3 {
+		t.Errorf("--steps/--eval-every: sync %d/%d, async %d/%d", o.Sync.Sync.Steps, o.Sync.EvalEvery, o.Async.Steps, o.Async.EvalEvery)
+	}
+	if d := aggregate.DefaultConfig().StallTimeout; o.Swarm.Aggregate.StallTimeout != d {
+		t.Errorf("--stall-timeout defaults to %v, want the all-reduce's %v", o.Swarm.Aggregate.StallTimeout, d)
 	}
 }

@@ -1,6 +1,7 @@
 package peerrun
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -38,7 +39,7 @@ type AsyncOptions struct {
 // DefaultAsyncOptions returns train's defaults, 1000 steps, evaluating
 // every 100.
 func DefaultAsyncOptions() AsyncOptions {
-	return AsyncOptions{Async: train.DefaultAsyncConfig(), Gossip: train.DefaultGossipConfig(), Steps: 1000, EvalEvery: 100}
+	return AsyncOptions{Async: train.DefaultAsyncConfig(), Gossip: train.DefaultGossipConfig(), Steps: defaultSteps, EvalEvery: defaultEvalEvery}
 }
 
 func (o AsyncOptions) validate() error {
@@ -60,7 +61,7 @@ func (o *Options) validateAsync() error {
 	switch o.Mode {
 	case "async":
 		cfg := o.Async.Async
-		cfg.Model = o.Swarm.Gossip.Model
+		cfg.Model, cfg.Codec = o.Swarm.Gossip.Model, cmp.Or(o.Compress, cfg.Codec)
 		err = cfg.Validate()
 	case "gossip":
 		err = o.Async.Gossip.Validate()
@@ -89,7 +90,7 @@ func gossipTransport(env *Env) (*gossip.NodeTransport, error) {
 // by its staleness) or FedBuff (apply after K buffered deltas).
 func runAsync(ctx context.Context, env *Env) error {
 	cfg := env.Opts.Async.Async
-	cfg.Model, cfg.MaxSteps = env.Opts.Swarm.Gossip.Model, env.Opts.Async.Steps
+	cfg.Model, cfg.MaxSteps, cfg.Codec = env.Opts.Swarm.Gossip.Model, env.Opts.Async.Steps, cmp.Or(env.Opts.Compress, cfg.Codec)
 	return runStreaming(ctx, env, cfg.Mode, func(ctx context.Context, net *train.P2PNet, ev *evaluator) (string, error) {
 		sum, err := train.RunAsync(ctx, env.Worker, net, cfg, ev)
 		if err != nil {

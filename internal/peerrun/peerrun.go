@@ -43,8 +43,14 @@ type Options struct {
 
 	Worker train.WorkerConfig
 	Fed    train.FedConfig
+	// Sync holds the settings of --mode sync.
+	Sync SyncOptions
 	// Async holds the settings of --mode async and --mode gossip.
 	Async AsyncOptions
+	// Compress is the codec spec of what this peer sends (compression.
+	// Parse): sync's gradient all-reduce, async's published models. ""
+	// sends float32.
+	Compress string
 
 	Checkpoint string // path of this peer's checkpoint file ("" for none)
 	Resume     bool   // continue from Checkpoint
@@ -181,6 +187,14 @@ func (o *Options) Validate() error {
 	if err := o.validateAsync(); err != nil {
 		return err
 	}
+	if o.Mode == "sync" {
+		if err := o.Sync.validate(); err != nil {
+			return err
+		}
+	}
+	if o.Compress != "" && o.Mode != "sync" && o.Mode != "async" {
+		return fmt.Errorf("%w: --compress applies to --mode sync and async, not %s", ErrUsage, o.Mode)
+	}
 	if o.Mode == "federated" {
 		if err := o.Fed.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -194,13 +208,11 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+	if opts.Mode == "sync" {
+		opts.Swarm.Aggregate.Compress = opts.Compress
+	}
 	if err := opts.Validate(); err != nil {
 		return nil, err
-	}
-	if opts.Mode == "sync" {
-		if err := syncOptions(ctx).validate(); err != nil {
-			return nil, err
-		}
 	}
 	mode, _ := lookupMode(opts.Mode)
 	var ck *train.Checkpoint

@@ -19,25 +19,19 @@ type SyncOptions struct {
 	EvalEvery int
 }
 
-// DefaultSyncOptions returns train's defaults, evaluating every 100 steps.
+// The defaults sync, async and gossip share: the job's steps (sync) or
+// this peer's (async, gossip), and how often to evaluate.
+const (
+	defaultSteps     = 1000
+	defaultEvalEvery = 100
+)
+
+// DefaultSyncOptions returns train's defaults for a 1000-step job,
+// evaluating every 100 steps.
 func DefaultSyncOptions() SyncOptions {
-	return SyncOptions{Sync: train.DefaultSyncConfig(), EvalEvery: 100}
-}
-
-type syncKey struct{}
-
-// WithSync returns ctx carrying the options of --mode sync for Run.
-// (Options has no field for them yet; see the package's integration
-// notes.)
-func WithSync(ctx context.Context, o SyncOptions) context.Context {
-	return context.WithValue(ctx, syncKey{}, o)
-}
-
-func syncOptions(ctx context.Context) SyncOptions {
-	if o, ok := ctx.Value(syncKey{}).(SyncOptions); ok {
-		return o
-	}
-	return DefaultSyncOptions()
+	o := SyncOptions{Sync: train.DefaultSyncConfig(), EvalEvery: defaultEvalEvery}
+	o.Sync.Steps = defaultSteps
+	return o
 }
 
 // validate checks the settings of --mode sync before anything starts.
@@ -54,7 +48,7 @@ func (o SyncOptions) validate() error {
 // runSync is --mode sync: synchronous data-parallel SGD, one all-reduce of
 // the gradients per step.
 func runSync(ctx context.Context, env *Env) error {
-	o := syncOptions(ctx) // checked by Run (validate)
+	o := env.Opts.Sync // checked by Options.Validate
 	if ck := env.Checkpoint; ck != nil && ck.Strategy != "sync" {
 		return fmt.Errorf("%w: checkpoint is from strategy %q, this run is sync", train.ErrCheckpoint, ck.Strategy)
 	}
