@@ -92,42 +92,29 @@ func WithAllReduceTransport(wrap func(aggregate.Transport) aggregate.Transport) 
 	return func(opts *options) { opts.wrap = wrap }
 }
 
-func collect(opts []Option) options {
-	var o options
-	for _, f := range opts {
-		f(&o)
-	}
-	return o
-}
-
 // Start builds a libp2p host from cfg.Node (with discovery) and the rest
 // of the peer on it.
 func Start(ctx context.Context, cfg Config, opts ...Option) (*Peer, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	o := collect(opts)
-	n, err := node.New(ctx, cfg.Node, o.node...)
-	if err != nil {
-		return nil, err
-	}
-	p, err := build(n, cfg, o)
-	if err != nil {
-		n.Close()
-		return nil, err
-	}
-	p.own = true
-	return p, nil
+	return assemble(cfg, opts, true, func(o []node.Option) (*node.Node, error) { return node.New(ctx, cfg.Node, o...) })
 }
 
 // Attach builds the peer on an existing host (mocknet, simulations). The
 // host stays the caller's.
 func Attach(h host.Host, cfg Config, opts ...Option) (*Peer, error) {
+	return assemble(cfg, opts, false, func(o []node.Option) (*node.Node, error) { return node.Attach(h, cfg.Node, o...) })
+}
+
+// assemble checks cfg, makes the node with newNode and builds the peer on
+// it; own says whether Close closes the node.
+func assemble(cfg Config, opts []Option, own bool, newNode func([]node.Option) (*node.Node, error)) (*Peer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	o := collect(opts)
-	n, err := node.Attach(h, cfg.Node, o.node...)
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	n, err := newNode(o.node)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +123,7 @@ func Attach(h host.Host, cfg Config, opts ...Option) (*Peer, error) {
 		n.Close()
 		return nil, err
 	}
+	p.own = own
 	return p, nil
 }
 
