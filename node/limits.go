@@ -8,32 +8,9 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 )
 
-// Why the limits are what they are.
-//
-// A yamux stream starts with a receive window (256 KiB in yamux, 4 MiB here:
-// see initialWindow) and doubles it (up to Config.StreamWindow) when the
-// reader keeps up — but each growth asks the
-// resource manager for the memory at priority 128, which succeeds only while
-// the connection's (and the peer's, and the system's) reservations stay
-// under about half of that scope's limit. libp2p's default connection limit
-// is 32 MiB, so all streams of one connection together stop growing at
-// 16 MiB: a striped tensor's windows stay small, with no error anywhere, and
-// throughput on a link with any latency collapses. We therefore size the
-// connection and peer memory for every stream a peer may be receiving at
-// once (2*Stripes: a striped tensor plus a pipelined Link, both at full
-// window) at twice that, for the priority-128 headroom:
-//
-//	perPeer = 2 * (2*Stripes) * StreamWindow   // 256 MiB with the defaults
-//
-// and give the whole node MemoryLimit (2 GiB by default: eight peers at full
-// windows, since a reservation also stops at half the system limit). These
-// are reservations, not allocations: yamux buffers hold data only while the
-// application is slower than the link.
-//
-// Stream counts stay at libp2p's scaled defaults (hundreds per peer), far
-// above the Stripes streams a tensor opens. Connection counts per peer stay
-// at 8, libp2p's default; loopback is exempt from the per-IP connection
-// limits.
+// perPeerMemory is the resource manager's memory for one peer: every
+// stream it may be receiving at once (a striped tensor and a pipelined
+// Link) at full window, twice over (docs/design.md, "Resource limits").
 func perPeerMemory(c *Config) int64 {
 	return 2 * int64(2*c.Stripes) * int64(c.StreamWindow)
 }
