@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/aggregate/rule"
 )
@@ -322,10 +322,10 @@ func TestPairwiseAverage(t *testing.T) {
 	}
 }
 
-func testIDs(n int) []peer.ID {
-	ids := make([]peer.ID, n)
+func testIDs(n int) []peerid.ID {
+	ids := make([]peerid.ID, n)
 	for i := range ids {
-		ids[i] = peer.ID(fmt.Sprintf("peer-%02d", i))
+		ids[i] = peerid.ID(fmt.Sprintf("peer-%02d", i))
 	}
 	return ids
 }
@@ -346,7 +346,7 @@ func TestPushSumOverExchanger(t *testing.T) {
 	var faultMu sync.Mutex
 	fr := rand.New(rand.NewPCG(5, 5))
 	errInjected := errors.New("injected")
-	net.SetFault(func(from, to peer.ID) error {
+	net.SetFault(func(from, to peerid.ID) error {
 		faultMu.Lock()
 		defer faultMu.Unlock()
 		if fr.IntN(10) == 0 {
@@ -499,7 +499,7 @@ func TestPushSumPeerClip(t *testing.T) {
 	// Two honest senders set the radius: their X/W are 1 and 2 away.
 	for i, off := range []float32{1, 2} {
 		x := []float32{(1 + off) * 0.5, 0.5, 0.5, 0.5}
-		if err := p.HandleShare(Share{From: peer.ID(fmt.Sprint("h", i)), X: x, W: 0.5}); err != nil {
+		if err := p.HandleShare(Share{From: peerid.ID(fmt.Sprint("h", i)), X: x, W: 0.5}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Clock tells the time. The control plane reads it for heartbeat arrival
@@ -119,6 +121,7 @@ func WithPubSubOptions(opts ...pubsub.Option) Option {
 type ControlPlane struct {
 	cfg   Config
 	h     host.Host
+	self  peerid.ID // h's ID as messages name it
 	clock Clock
 	log   *slog.Logger
 
@@ -141,6 +144,9 @@ type ControlPlane struct {
 	hbReplay   *replayGuard
 	annReplay  *replayGuard
 	lastExpire time.Time
+
+	// warnedVersion is set once a peer on another wire version was logged.
+	warnedVersion atomic.Bool
 }
 
 // New starts a GossipSub router on h with strict message signing, joins the
@@ -168,6 +174,7 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 	c := &ControlPlane{
 		cfg:       cfg,
 		h:         h,
+		self:      idOf(h.ID()),
 		clock:     o.clock,
 		log:       o.log,
 		hbName:    "/starling/" + cfg.Namespace + "/members/1",
@@ -297,7 +304,7 @@ func (c *ControlPlane) Peers() []PeerInfo {
 }
 
 // Peer returns one live peer's info.
-func (c *ControlPlane) Peer(id peer.ID) (PeerInfo, bool) {
+func (c *ControlPlane) Peer(id peerid.ID) (PeerInfo, bool) {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -330,7 +337,7 @@ func (c *ControlPlane) WaitPeers(ctx context.Context, n int) ([]PeerInfo, error)
 // Expire removes peers whose heartbeats stopped and forgets replay state
 // older than ReplayRetention. It returns the expired peers. The heartbeat
 // loop calls it every interval; call it yourself when the loop is off.
-func (c *ControlPlane) Expire() []peer.ID {
+func (c *ControlPlane) Expire() []peerid.ID {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -358,7 +365,7 @@ func (c *ControlPlane) addrs() []ma.Multiaddr {
 // Beat publishes one heartbeat now.
 func (c *ControlPlane) Beat(ctx context.Context) error {
 	hb := &Heartbeat{
-		Peer:          c.h.ID(),
+		Peer:          c.self,
 		Seq:           c.nextSeq(),
 		Model:         c.cfg.Model,
 		Version:       c.version.Load(),
@@ -371,7 +378,7 @@ func (c *ControlPlane) Beat(ctx context.Context) error {
 // Announce publishes a; it fills in Peer, Seq and Model. The vector must be
 // ready to serve under a.Key before Announce is called.
 func (c *ControlPlane) Announce(ctx context.Context, a Announcement) error {
-	a.Peer = c.h.ID()
+	a.Peer = c.self
 	a.Seq = c.nextSeq()
 	a.Model = c.cfg.Model
 	b := AppendAnnouncement(nil, &a)
@@ -439,14 +446,13 @@ func (c *ControlPlane) heartbeatLoop(ctx context.Context) {
 
 func (c *ControlPlane) readHeartbeats(ctx context.Context) {
 	defer c.wg.Done()
-	self := c.h.ID()
 	for {
 		msg, err := c.hbSub.Next(ctx)
 		if err != nil {
 			return
 		}
 		hb, ok := msg.ValidatorData.(*Heartbeat)
-		if !ok || hb.Peer == self {
+		if !ok || hb.Peer == c.self {
 			continue
 		}
 		now := c.clock.Now()
@@ -457,7 +463,8 @@ func (c *ControlPlane) readHeartbeats(ctx context.Context) {
 		c.mu.Unlock()
 		c.stats.heartbeats.Add(1)
 		if len(hb.Addrs) > 0 {
-			c.h.Peerstore().AddAddrs(hb.Peer, hb.Addrs, c.cfg.PeerTTL)
+			// The validator checked that hb.Peer is the signer.
+			c.h.Peerstore().AddAddrs(msg.GetFrom(), hb.Addrs, c.cfg.PeerTTL)
 		}
 		if joined {
 			c.log.Debug("gossip: peer joined", "peer", hb.Peer, "version", hb.Version)
@@ -467,14 +474,13 @@ func (c *ControlPlane) readHeartbeats(ctx context.Context) {
 
 func (c *ControlPlane) readAnnouncements(ctx context.Context) {
 	defer c.wg.Done()
-	self := c.h.ID()
 	for {
 		msg, err := c.annSub.Next(ctx)
 		if err != nil {
 			return
 		}
 		a, ok := msg.ValidatorData.(*Announcement)
-		if !ok || a.Peer == self {
+		if !ok || a.Peer == c.self {
 			continue
 		}
 		c.stats.announcements.Add(1)
@@ -500,13 +506,13 @@ func (c *ControlPlane) readAnnouncements(ctx context.Context) {
 
 // validateHeartbeat is the heartbeat topic's validator (see validate).
 func (c *ControlPlane) validateHeartbeat(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-	return validate(c, msg, c.hbReplay, DecodeHeartbeat, func(hb *Heartbeat) (peer.ID, string, uint64) { return hb.Peer, hb.Model, hb.Seq })
+	return validate(c, msg, c.hbReplay, DecodeHeartbeat, func(hb *Heartbeat) (peerid.ID, string, uint64) { return hb.Peer, hb.Model, hb.Seq })
 }
 
 // validateAnnouncement is the announcement topic's validator (see
 // validate).
 func (c *ControlPlane) validateAnnouncement(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-	return validate(c, msg, c.annReplay, DecodeAnnouncement, func(a *Announcement) (peer.ID, string, uint64) { return a.Peer, a.Model, a.Seq })
+	return validate(c, msg, c.annReplay, DecodeAnnouncement, func(a *Announcement) (peerid.ID, string, uint64) { return a.Peer, a.Model, a.Seq })
 }
 
 // validate checks a control message of one topic: decoded by decode, whose
@@ -514,8 +520,10 @@ func (c *ControlPlane) validateAnnouncement(_ context.Context, _ peer.ID, msg *p
 // (size, encoding, NaN, a sender that is not the signer) are Reject, which
 // also lowers the forwarder's GossipSub score; a foreign model or a replay
 // (against replay) is Ignore, since an honest forwarder may relay those.
-// An accepted message carries its decoded form in msg.ValidatorData.
-func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, decode func([]byte) (M, error), fields func(M) (from peer.ID, model string, seq uint64)) pubsub.ValidationResult {
+// A message of another wire version is logged once (its sender runs
+// another release). An accepted message carries its decoded form in
+// msg.ValidatorData.
+func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, decode func([]byte) (M, error), fields func(M) (from peerid.ID, model string, seq uint64)) pubsub.ValidationResult {
 	data := msg.GetData()
 	if len(data) > c.cfg.MaxMessageSize {
 		c.stats.drop(DropOversized)
@@ -523,11 +531,17 @@ func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, 
 	}
 	m, err := decode(data)
 	if err != nil {
-		c.stats.drop(reasonOf(err))
+		r := reasonOf(err)
+		if r == DropVersion && !c.warnedVersion.Swap(true) {
+			c.log.Warn("gossip: dropping the messages of a peer on another Starling release", "peer", msg.GetFrom(), "err", err)
+		}
+		c.stats.drop(r)
 		return pubsub.ValidationReject
 	}
+	// Both sides are canonical texts (the decoder checks the claimed one),
+	// so equal texts are equal IDs.
 	from, model, seq := fields(m)
-	if from != msg.GetFrom() {
+	if from != idOf(msg.GetFrom()) {
 		c.stats.drop(DropOrigin)
 		return pubsub.ValidationReject
 	}
@@ -545,3 +559,7 @@ func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, 
 	msg.ValidatorData = m
 	return pubsub.ValidationAccept
 }
+
+// idOf names a libp2p peer as Starling's messages and APIs do: the text
+// form of its ID.
+func idOf(p peer.ID) peerid.ID { return peerid.ID(p.String()) }

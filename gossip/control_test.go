@@ -168,7 +168,7 @@ func TestMembershipOn16Hosts(t *testing.T) {
 			if i == j {
 				continue
 			}
-			p, ok := cp.Peer(h.ID())
+			p, ok := cp.Peer(idOf(h.ID()))
 			if !ok || p.Version != uint64(100+j) || p.SamplesPerSec != float32(10*j) || p.Model != "mnist-mlp" {
 				t.Fatalf("host %d's view of %d: %+v %v", i, j, p, ok)
 			}
@@ -197,7 +197,7 @@ func TestMembershipOn16Hosts(t *testing.T) {
 	}
 	eventually(t, 20*time.Second, "host 1 to come back", func() bool {
 		p := cps[0].Peers()
-		return len(p) == 1 && p[0].ID == hosts[1].ID()
+		return len(p) == 1 && p[0].ID == idOf(hosts[1].ID())
 	})
 }
 
@@ -222,8 +222,8 @@ func TestAnnouncements(t *testing.T) {
 		if err != nil {
 			t.Fatalf("host %d: %v (stats %v)", i, err, cps[i].Stats())
 		}
-		if got.Peer != hosts[0].ID() || got.Model != "mnist-mlp" || got.Version != 12 || got.Base != 10 ||
-			got.Digest != a.Digest || got.Key != "delta/12" || got.Source() != hosts[0].ID() {
+		if got.Peer != idOf(hosts[0].ID()) || got.Model != "mnist-mlp" || got.Version != 12 || got.Base != 10 ||
+			got.Digest != a.Digest || got.Key != "delta/12" || got.Source() != idOf(hosts[0].ID()) {
 			t.Fatalf("host %d got %+v", i, got)
 		}
 	}
@@ -303,7 +303,7 @@ func TestBadMessagesDropped(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	evilID := hosts[3].ID()
+	evilID := idOf(hosts[3].ID())
 	hb := func(seq uint64, f func(*Heartbeat)) []byte {
 		h := &Heartbeat{Peer: evilID, Seq: seq, Model: cfg.Model, Version: 1, SamplesPerSec: 1}
 		if f != nil {
@@ -327,8 +327,9 @@ func TestBadMessagesDropped(t *testing.T) {
 		{evil.hb, nanHB},
 		{evil.ann, nanAnn},
 		{evil.hb, make([]byte, cfg.MaxMessageSize+1)},
-		{evil.hb, hb(3, func(h *Heartbeat) { h.Peer = honest[0].ID() })}, // claims another origin
+		{evil.hb, hb(3, func(h *Heartbeat) { h.Peer = idOf(honest[0].ID()) })}, // claims another origin
 		{evil.hb, hb(4, func(h *Heartbeat) { h.Model = "other-model" })},
+		{evil.hb, append([]byte{1}, hb(5, nil)[1:]...)}, // format 1: a peer on an older release
 		{evil.hb, hb(10, nil)}, // valid
 		{evil.hb, hb(10, nil)}, // replayed sequence number (a new pubsub message)
 		{unsigned.hb, []byte("unsigned")},
@@ -340,7 +341,7 @@ func TestBadMessagesDropped(t *testing.T) {
 	}
 	want := map[DropReason]uint64{
 		DropMalformed: 1, DropNonFinite: 2, DropOversized: 1, DropOrigin: 1,
-		DropModel: 1, DropReplay: 1, DropUnsigned: 1,
+		DropModel: 1, DropReplay: 1, DropUnsigned: 1, DropVersion: 1,
 	}
 	eventually(t, 20*time.Second, "every drop counted at every honest peer", func() bool {
 		for _, cp := range cps {

@@ -4,14 +4,15 @@ import (
 	"slices"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/starling-ml/starling/peerid"
 )
 
 // PeerInfo is what the membership view knows about one live peer: its last
 // heartbeat and when it arrived (by the local clock).
 type PeerInfo struct {
-	ID            peer.ID
+	ID            peerid.ID
 	Addrs         []ma.Multiaddr
 	Model         string
 	Version       uint64
@@ -27,13 +28,13 @@ type PeerInfo struct {
 // wraps one in a mutex.
 type Membership struct {
 	ttl   time.Duration
-	peers map[peer.ID]*PeerInfo
+	peers map[peerid.ID]*PeerInfo
 }
 
 // NewMembership returns an empty view whose peers expire after ttl without
 // a heartbeat.
 func NewMembership(ttl time.Duration) *Membership {
-	return &Membership{ttl: ttl, peers: make(map[peer.ID]*PeerInfo)}
+	return &Membership{ttl: ttl, peers: make(map[peerid.ID]*PeerInfo)}
 }
 
 // Observe records hb, received at now, and reports whether hb.Peer is new
@@ -66,7 +67,7 @@ func (m *Membership) live(p *PeerInfo, now time.Time) bool {
 }
 
 // Get returns the peer's info if it is live at now.
-func (m *Membership) Get(id peer.ID, now time.Time) (PeerInfo, bool) {
+func (m *Membership) Get(id peerid.ID, now time.Time) (PeerInfo, bool) {
 	p, ok := m.peers[id]
 	if !ok || !m.live(p, now) {
 		return PeerInfo{}, false
@@ -96,8 +97,8 @@ func (m *Membership) Live(now time.Time) []PeerInfo {
 }
 
 // Expire removes the peers not live at now and returns their IDs, sorted.
-func (m *Membership) Expire(now time.Time) []peer.ID {
-	var gone []peer.ID
+func (m *Membership) Expire(now time.Time) []peerid.ID {
+	var gone []peerid.ID
 	for id, p := range m.peers {
 		if !m.live(p, now) {
 			gone = append(gone, id)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Errors of the node/ transport; match them with errors.Is.
@@ -292,7 +293,7 @@ func (t *NodeTransport) Bind(h Handler, dim int) {
 }
 
 // Self returns the node's peer ID.
-func (t *NodeTransport) Self() peer.ID { return t.n.ID() }
+func (t *NodeTransport) Self() peerid.ID { return idOf(t.n.ID()) }
 
 // Stats returns a snapshot of the counters.
 func (t *NodeTransport) Stats() NodeStats {
@@ -361,11 +362,25 @@ func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *fr
 	return rk, r.Payload, nil
 }
 
+// libp2pID converts id at the transport's edge. An ID that is not a
+// libp2p peer ID names no peer the node can reach: nothing is sent.
+func libp2pID(id peerid.ID) (peer.ID, error) {
+	p, err := peer.Decode(string(id))
+	if err != nil {
+		return "", fmt.Errorf("%w: %w: %q is not a libp2p peer ID: %v", ErrNotDelivered, ErrUnknownPeer, id, err)
+	}
+	return p, nil
+}
+
 // Push implements Exchanger: the share goes in one frame; the remote
 // absorbs it only once the whole frame is verified, then acks.
-func (t *NodeTransport) Push(ctx context.Context, to peer.ID, s Share) error {
+func (t *NodeTransport) Push(ctx context.Context, to peerid.ID, s Share) error {
+	p, err := libp2pID(to)
+	if err != nil {
+		return err
+	}
 	f := frame{n: uint32(len(s.X)), step: s.Step, version: s.Version, weight: s.W}
-	rk, _, err := t.request(ctx, to, kindPush, &f, s.X, nil, nil, maxReason)
+	rk, _, err := t.request(ctx, p, kindPush, &f, s.X, nil, nil, maxReason)
 	if err != nil {
 		return err
 	}
@@ -379,12 +394,16 @@ func (t *NodeTransport) Push(ctx context.Context, to peer.ID, s Share) error {
 // HandleSwap and replies with its model from before the averaging. If the
 // reply is lost after with averaged, Swap fails and the caller does not
 // average: the pair ends half-mixed, which AD-PSGD tolerates.
-func (t *NodeTransport) Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error {
+func (t *NodeTransport) Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error {
 	if len(theirs) != len(mine) {
 		return fmt.Errorf("%w: mine %d, theirs %d", ErrShape, len(mine), len(theirs))
 	}
+	p, err := libp2pID(with)
+	if err != nil {
+		return err
+	}
 	f := frame{n: uint32(len(mine))}
-	rk, body, err := t.request(ctx, with, kindSwap, &f, mine, nil, nil, max(4*len(mine), maxReason))
+	rk, body, err := t.request(ctx, p, kindSwap, &f, mine, nil, nil, max(4*len(mine), maxReason))
 	if err != nil {
 		return err
 	}
@@ -437,8 +456,12 @@ func (t *NodeTransport) Fetch(ctx context.Context, a *Announcement, dst []byte) 
 		return dst[:0], fmt.Errorf("gossip: fetch %q: %w: %d bytes announced, cap %d", a.Key, ErrTooLarge, a.Size, t.cfg.MaxFetchBytes)
 	}
 	src := a.Source()
+	p, err := libp2pID(src)
+	if err != nil {
+		return dst[:0], fmt.Errorf("gossip: fetch %q: %w", a.Key, err)
+	}
 	f := frame{n: uint32(len(a.Key))}
-	rk, body, err := t.request(ctx, src, kindFetch, &f, nil, []byte(a.Key), dst, max(int(a.Size), maxReason))
+	rk, body, err := t.request(ctx, p, kindFetch, &f, nil, []byte(a.Key), dst, max(int(a.Size), maxReason))
 	if err != nil {
 		return dst[:0], fmt.Errorf("gossip: fetch %q: %w", a.Key, err)
 	}
@@ -506,14 +529,14 @@ func (t *NodeTransport) handle(from peer.ID, f *frame) {
 	case f.kind != kindFetch && int(f.n) != b.dim:
 		refuse(&t.stats.refShape, "%d values, model has %d", f.n, b.dim)
 	case f.kind == kindPush:
-		if err := b.h.HandleShare(Share{From: from, Step: f.step, Version: f.version, X: f.floats(), W: f.weight}); err != nil {
+		if err := b.h.HandleShare(Share{From: idOf(from), Step: f.step, Version: f.version, X: f.floats(), W: f.weight}); err != nil {
 			refuse(&t.stats.refHandler, "%v", err)
 			break
 		}
 		t.stats.pushesIn.Add(1)
 	case f.kind == kindSwap:
 		mine := make([]float32, b.dim)
-		if err := b.h.HandleSwap(from, f.floats(), mine); err != nil {
+		if err := b.h.HandleSwap(idOf(from), f.floats(), mine); err != nil {
 			refuse(&t.stats.refHandler, "%v", err)
 			break
 		}

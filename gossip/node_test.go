@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // nodeTransports attaches n nodes with gossip transports to a fully
@@ -398,7 +398,7 @@ type barrierExchanger struct {
 	shared *sync.WaitGroup
 }
 
-func (b barrierExchanger) Push(ctx context.Context, to peer.ID, s Share) error {
+func (b barrierExchanger) Push(ctx context.Context, to peerid.ID, s Share) error {
 	b.shared.Done()
 	b.shared.Wait()
 	return b.Exchanger.Push(ctx, to, s)

@@ -24,13 +24,14 @@ const (
 	DropOverflow                       // our announcement queue was full (oldest dropped)
 	DropUndelivered                    // our subscription's buffer was full (the reader fell behind)
 	DropSendQueue                      // a peer's outbound queue was full (counted by the sender)
+	DropVersion                        // another wire format version (a peer on another release)
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
 	"oversized", "malformed", "nonfinite", "origin", "model", "replay",
 	"unsigned", "bad-signature", "throttled", "overflow", "undelivered",
-	"send-queue",
+	"send-queue", "version",
 }
 
 func (r DropReason) String() string {
@@ -43,6 +44,8 @@ func (r DropReason) String() string {
 // reasonOf maps a decode error to its drop reason.
 func reasonOf(err error) DropReason {
 	switch {
+	case errors.Is(err, ErrVersion):
+		return DropVersion
 	case errors.Is(err, ErrTooLarge):
 		return DropOversized
 	case errors.Is(err, ErrNonFinite):

@@ -5,29 +5,31 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
+	mh "github.com/multiformats/go-multihash"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/peerid"
 )
 
-func newPeerID(t testing.TB, seed byte) peer.ID {
+// newPeerID returns the text form of the libp2p peer ID of an Ed25519 key
+// (seed repeated): the identity multihash of the key's protobuf encoding
+// (type Ed25519, 32 bytes), as libp2p builds it.
+func newPeerID(t testing.TB, seed byte) peerid.ID {
 	t.Helper()
-	_, pub, err := crypto.GenerateEd25519Key(bytes.NewReader(bytes.Repeat([]byte{seed}, 64)))
+	key := append([]byte{0x08, 0x01, 0x12, 0x20}, bytes.Repeat([]byte{seed}, 32)...)
+	m, err := mh.Encode(key, mh.IDENTITY)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := peer.IDFromPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
+	return peerid.ID(mh.Multihash(m).B58String())
 }
 
 func sampleHeartbeat(t testing.TB) *Heartbeat {
@@ -137,7 +139,7 @@ func TestWireRejects(t *testing.T) {
 		want error
 	}{
 		{"empty", nil, false, ErrMalformed},
-		{"version", append([]byte{2}, good[1:]...), false, ErrMalformed},
+		{"version", append([]byte{1}, good[1:]...), false, ErrVersion},
 		{"truncated", good[:len(good)-3], false, ErrMalformed},
 		{"trailing", append(append([]byte(nil), good...), 0), false, ErrMalformed},
 		{"bad peer id", hb(func(h *Heartbeat) { h.Peer = "not-a-peer-id" }), false, ErrMalformed},
@@ -158,7 +160,7 @@ func TestWireRejects(t *testing.T) {
 		{"bad holder", an(func(a *Announcement) { a.Holder = "xx" }), true, ErrMalformed},
 	}
 	// A hand-built address that is not a multiaddr.
-	badAddr := []byte{wireVersion, kindHeartbeat}
+	badAddr := []byte{FormatVersion, kindHeartbeat}
 	badAddr = appendBytes(badAddr, []byte(newPeerID(t, 1)))
 	badAddr = binary.AppendUvarint(badAddr, 1)
 	badAddr = appendBytes(badAddr, []byte("m"))
@@ -173,7 +175,7 @@ func TestWireRejects(t *testing.T) {
 		want error
 	}{"bad multiaddr", badAddr, false, ErrMalformed})
 	// Elements beyond the cap.
-	hugeElems := []byte{wireVersion, kindAnnounce}
+	hugeElems := []byte{FormatVersion, kindAnnounce}
 	hugeElems = appendBytes(hugeElems, []byte(newPeerID(t, 1)))
 	hugeElems = binary.AppendUvarint(hugeElems, 1)
 	hugeElems = appendBytes(hugeElems, []byte("m"))
@@ -201,14 +203,55 @@ func TestWireRejects(t *testing.T) {
 	}
 }
 
+// TestWireVersion: a message of another format version (a peer on another
+// Starling release) fails with ErrVersion, whose text names both versions,
+// and not as a malformed message; bytes that only start with another
+// version byte are malformed.
+func TestWireVersion(t *testing.T) {
+	for _, b := range [][]byte{
+		append([]byte{1}, AppendHeartbeat(nil, sampleHeartbeat(t))[1:]...),
+		{1, kindHeartbeat, 38, 0, 36, 8, 1}, // a v1 heartbeat's start: binary peer ID
+		{3, kindAnnounce},
+	} {
+		_, err := DecodeHeartbeat(b)
+		if !errors.Is(err, ErrVersion) || errors.Is(err, ErrMalformed) {
+			t.Fatalf("% x: %v, want ErrVersion only", b, err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, fmt.Sprintf("format %d", b[0])) || !strings.Contains(msg, "format 2") {
+			t.Errorf("%q does not name both versions", msg)
+		}
+	}
+	_, err := DecodeAnnouncement(append([]byte{1}, AppendAnnouncement(nil, sampleAnnouncement(t))[1:]...))
+	if !errors.Is(err, ErrVersion) {
+		t.Fatalf("v1 announcement: %v, want ErrVersion", err)
+	}
+	for _, b := range [][]byte{[]byte("garbage"), {0, kindHeartbeat}, {1}} {
+		if _, err := DecodeHeartbeat(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%q: %v, want ErrMalformed", b, err)
+		}
+	}
+}
+
+// wrapsSentinel reports whether a decoder's error wraps one of the
+// documented sentinels.
+func wrapsSentinel(err error) bool {
+	for _, s := range []error{ErrVersion, ErrMalformed, ErrTooLarge, ErrNonFinite} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
 func FuzzDecodeHeartbeat(f *testing.F) {
 	f.Add(AppendHeartbeat(nil, sampleHeartbeat(f)))
+	f.Add([]byte{FormatVersion, 1})
 	f.Add([]byte{1, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		hb, err := DecodeHeartbeat(b)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNonFinite) {
+			if !wrapsSentinel(err) {
 				t.Fatalf("error %v wraps no sentinel", err)
 			}
 			return
@@ -227,11 +270,12 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 
 func FuzzDecodeAnnouncement(f *testing.F) {
 	f.Add(AppendAnnouncement(nil, sampleAnnouncement(f)))
+	f.Add([]byte{FormatVersion, 2})
 	f.Add([]byte{1, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := DecodeAnnouncement(b)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNonFinite) {
+			if !wrapsSentinel(err) {
 				t.Fatalf("error %v wraps no sentinel", err)
 			}
 			return
@@ -249,7 +293,7 @@ func FuzzDecodeAnnouncement(f *testing.F) {
 func TestReplayGuard(t *testing.T) {
 	g := newReplayGuard()
 	t0 := time.Unix(0, 0)
-	p := peer.ID("p")
+	p := peerid.ID("p")
 	steps := []struct {
 		seq  uint64
 		want bool

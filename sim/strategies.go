@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/p2p"
 	"github.com/starling-ml/starling/gossip"
@@ -84,7 +82,7 @@ func asyncStrategy(mode string) Strategy {
 		cfg.Mode = mode
 		var opts []train.AsyncOption
 		if p.Config.Delay > 0 {
-			opts = append(opts, train.WithDeliveryDelay(func(peer.ID) time.Duration { return p.Delay() }))
+			opts = append(opts, train.WithDeliveryDelay(func(peerid.ID) time.Duration { return p.Delay() }))
 		}
 		return train.RunAsync(ctx, p.Worker, &train.P2PNet{CP: p.CP, T: t}, cfg, p.Rec, opts...)
 	}
@@ -103,7 +101,11 @@ func gossipStrategy(algo string) Strategy {
 		if p.Config.Delay > 0 {
 			net = &delayGossipNet{GossipNet: net, p: p}
 		}
-		return train.RunGossip(ctx, p.Worker, net, p.Group, cfg, p.Rec)
+		group := make([]peerid.ID, len(p.Group))
+		for i, id := range p.Group {
+			group[i] = p2p.ID(id)
+		}
+		return train.RunGossip(ctx, p.Worker, net, group, cfg, p.Rec)
 	}
 }
 
@@ -122,14 +124,14 @@ type delayExchanger struct {
 	p *Peer
 }
 
-func (e *delayExchanger) Push(ctx context.Context, to peer.ID, s gossip.Share) error {
+func (e *delayExchanger) Push(ctx context.Context, to peerid.ID, s gossip.Share) error {
 	if err := Sleep(ctx, e.p.Delay()); err != nil {
 		return fmt.Errorf("%w: %w", gossip.ErrNotDelivered, err)
 	}
 	return e.Exchanger.Push(ctx, to, s)
 }
 
-func (e *delayExchanger) Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error {
+func (e *delayExchanger) Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error {
 	if err := Sleep(ctx, e.p.Delay()); err != nil {
 		return fmt.Errorf("%w: %w", gossip.ErrNotDelivered, err)
 	}

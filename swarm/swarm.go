@@ -250,7 +250,7 @@ func (f fedNet) Departed(id string) bool {
 	if err != nil {
 		return false
 	}
-	pi, ok := f.p.Control.Peer(pid)
+	pi, ok := f.p.Control.Peer(p2p.ID(pid))
 	return ok && stopped(pi.Version)
 }
 

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
@@ -300,20 +300,20 @@ type AsyncSummary struct {
 type AsyncOption func(*asyncOptions)
 
 type asyncOptions struct {
-	delay func(from peer.ID) time.Duration
+	delay func(from peerid.ID) time.Duration
 }
 
 // WithDeliveryDelay delays every fetched contribution by f(sender) before
 // it may be merged, without holding a pull slot: experiments use it to
 // inject message delays and so staleness. f is called from several
 // goroutines.
-func WithDeliveryDelay(f func(from peer.ID) time.Duration) AsyncOption {
+func WithDeliveryDelay(f func(from peerid.ID) time.Duration) AsyncOption {
 	return func(o *asyncOptions) { o.delay = f }
 }
 
 // contribution is a fetched, decoded vector waiting to be merged.
 type contribution struct {
-	from               peer.ID
+	from               peerid.ID
 	seq, version, base uint64
 	kind               gossip.PayloadKind
 	vec                []float32
@@ -325,7 +325,7 @@ type contribution struct {
 type asyncPeer struct {
 	cfg   AsyncConfig
 	pol   staleness.Policy
-	self  peer.ID
+	self  peerid.ID
 	w     *Worker
 	rec   Recorder
 	start time.Time
@@ -336,7 +336,7 @@ type asyncPeer struct {
 	// clip and roundFrom (the peers merged in this own round) are
 	// FedAsync's with ClipFactor > 0.
 	clip      *rule.DistanceClip
-	roundFrom map[peer.ID]bool
+	roundFrom map[peerid.ID]bool
 	buffer    *staleness.Buffer // FedBuff
 	server    []float32         // FedBuff: the peer's model; training runs on w.Model.Params
 	robust    bool              // FedBuff with a robust BufferRule: votes per peer, a quorum
@@ -344,7 +344,7 @@ type asyncPeer struct {
 	local   atomic.Uint64 // vc.Local() for the receiver goroutine
 	peersMu sync.Mutex    // guards vc's peer table (Observe, Lag): both goroutines use it
 	drops   [numDropReasons]atomic.Uint64
-	seen    map[peer.ID]*seqWindow // receiver goroutine only
+	seen    map[peerid.ID]*seqWindow // receiver goroutine only
 
 	merged, flushes int
 	tauSum          float64
@@ -354,17 +354,17 @@ type asyncPeer struct {
 	bufs, vecs sync.Pool
 }
 
-func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts asyncOptions) (*asyncPeer, error) {
+func newAsyncPeer(w *Worker, self peerid.ID, cfg AsyncConfig, rec Recorder, opts asyncOptions) (*asyncPeer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	pol, _ := staleness.Parse(cfg.Policy)
 	p := &asyncPeer{cfg: cfg, pol: pol, self: self, w: w, rec: rec, opts: opts, start: time.Now(),
-		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peer.ID]*seqWindow)}
+		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peerid.ID]*seqWindow)}
 	p.vc.SetStall(3 * cfg.PeerTTL)
 	if cfg.Mode == ModeFedAsync && cfg.ClipFactor > 0 {
 		p.clip = distanceClip(cfg.ClipFactor)
-		p.roundFrom = map[peer.ID]bool{}
+		p.roundFrom = map[peerid.ID]bool{}
 	}
 	var err error
 	if cfg.Mode == ModeFedAsync {
@@ -401,7 +401,7 @@ func (p *asyncPeer) kind() gossip.PayloadKind {
 
 func (p *asyncPeer) since() time.Duration { return time.Since(p.start) }
 
-func (p *asyncPeer) drop(r DropReason, from peer.ID, tau int) {
+func (p *asyncPeer) drop(r DropReason, from peerid.ID, tau int) {
 	p.drops[r].Add(1)
 	p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "drop:" + r.String(), Staleness: tau})
 }
@@ -816,14 +816,14 @@ func (p *asyncPeer) puller(ctx context.Context, net AsyncNet, q *pullQueue, inbo
 type pullQueue struct {
 	mu       sync.Mutex
 	items    []*gossip.Announcement
-	byPeer   map[peer.ID]*gossip.Announcement
+	byPeer   map[peerid.ID]*gossip.Announcement
 	coalesce bool
 	max      int
 	ready    chan struct{}
 }
 
 func newPullQueue(coalesce bool, max int) *pullQueue {
-	return &pullQueue{byPeer: make(map[peer.ID]*gossip.Announcement), coalesce: coalesce, max: max, ready: make(chan struct{}, 1)}
+	return &pullQueue{byPeer: make(map[peerid.ID]*gossip.Announcement), coalesce: coalesce, max: max, ready: make(chan struct{}, 1)}
 }
 
 // push queues a and returns the announcement it displaced, if any, and why.

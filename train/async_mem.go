@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/gossip"
 )
@@ -16,7 +16,7 @@ import (
 // bad-input tests). Safe for concurrent use.
 type MemBus struct {
 	mu    sync.Mutex
-	subs  map[peer.ID]chan *gossip.Announcement
+	subs  map[peerid.ID]chan *gossip.Announcement
 	blobs map[string][]byte
 	seq   uint64
 	lost  uint64
@@ -24,13 +24,13 @@ type MemBus struct {
 
 // NewMemBus returns an empty bus.
 func NewMemBus() *MemBus {
-	return &MemBus{subs: make(map[peer.ID]chan *gossip.Announcement), blobs: make(map[string][]byte)}
+	return &MemBus{subs: make(map[peerid.ID]chan *gossip.Announcement), blobs: make(map[string][]byte)}
 }
 
 // Join attaches peer id training model; up to queue announcements wait for
 // its Next (further ones are lost, as a full control-plane queue loses
 // them).
-func (b *MemBus) Join(id peer.ID, model string, queue int) AsyncNet {
+func (b *MemBus) Join(id peerid.ID, model string, queue int) AsyncNet {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.subs[id] = make(chan *gossip.Announcement, queue)
@@ -38,7 +38,7 @@ func (b *MemBus) Join(id peer.ID, model string, queue int) AsyncNet {
 }
 
 // Leave detaches id: it gets no more announcements and its bytes are gone.
-func (b *MemBus) Leave(id peer.ID) {
+func (b *MemBus) Leave(id peerid.ID) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.subs, id)
@@ -56,7 +56,7 @@ func (b *MemBus) Lost() uint64 {
 	return b.lost
 }
 
-func blobKey(holder peer.ID, key string) string { return string(holder) + "\x00" + key }
+func blobKey(holder peerid.ID, key string) string { return string(holder) + "\x00" + key }
 
 // Inject serves payload under (a.Source(), a.Key) and queues a, unchanged,
 // for every member but a.Peer.
@@ -79,11 +79,11 @@ func (b *MemBus) Inject(a gossip.Announcement, payload []byte) {
 
 type memAsyncNet struct {
 	bus   *MemBus
-	self  peer.ID
+	self  peerid.ID
 	model string
 }
 
-func (n *memAsyncNet) Self() peer.ID { return n.self }
+func (n *memAsyncNet) Self() peerid.ID { return n.self }
 
 func (n *memAsyncNet) Publish(ctx context.Context, a gossip.Announcement, payload []byte) error {
 	if err := ctx.Err(); err != nil {
@@ -136,8 +136,8 @@ func (n *memAsyncNet) SetStatus(uint64, float32) {}
 // simulations. Dead, if set, reports peers to treat as not alive.
 type MemGossipNet struct {
 	Net  *gossip.MemNetwork
-	ID   peer.ID
-	Dead func(peer.ID) bool
+	ID   peerid.ID
+	Dead func(peerid.ID) bool
 	// Board, if set, carries the peers' step counts (GossipProgress);
 	// the peers of one network share it.
 	Board *StepBoard
@@ -151,7 +151,7 @@ var (
 // StepBoard holds the step counts of the peers of a MemGossipNet.
 type StepBoard struct {
 	mu    sync.Mutex
-	steps map[peer.ID]int
+	steps map[peerid.ID]int
 }
 
 // SetSteps implements GossipProgress (a no-op without a Board).
@@ -163,11 +163,11 @@ func (n *MemGossipNet) SetSteps(steps int) {
 }
 
 // set records p's steps; with first, only if p has none yet.
-func (b *StepBoard) set(p peer.ID, steps int, first bool) {
+func (b *StepBoard) set(p peerid.ID, steps int, first bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.steps == nil {
-		b.steps = map[peer.ID]int{}
+		b.steps = map[peerid.ID]int{}
 	}
 	if _, ok := b.steps[p]; !first || !ok {
 		b.steps[p] = steps
@@ -175,7 +175,7 @@ func (b *StepBoard) set(p peer.ID, steps int, first bool) {
 }
 
 // Steps implements GossipProgress: what p last set, if p is alive.
-func (n *MemGossipNet) Steps(p peer.ID) (int, bool) {
+func (n *MemGossipNet) Steps(p peerid.ID) (int, bool) {
 	if n.Board == nil || !n.Alive(p) {
 		return 0, false
 	}
@@ -186,10 +186,10 @@ func (n *MemGossipNet) Steps(p peer.ID) (int, bool) {
 }
 
 // Self implements GossipNet.
-func (n *MemGossipNet) Self() peer.ID { return n.ID }
+func (n *MemGossipNet) Self() peerid.ID { return n.ID }
 
 // Alive implements GossipNet.
-func (n *MemGossipNet) Alive(p peer.ID) bool { return n.Dead == nil || !n.Dead(p) }
+func (n *MemGossipNet) Alive(p peerid.ID) bool { return n.Dead == nil || !n.Dead(p) }
 
 // Bind implements GossipNet. With a Board, the peer counts from then on
 // at step 0 until it sets its steps, as P2PNet's peers do from their first

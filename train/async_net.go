@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/gossip"
 )
@@ -16,7 +16,7 @@ import (
 // Implementations are safe for concurrent use and honour ctx on every call.
 type AsyncNet interface {
 	// Self returns this peer's ID.
-	Self() peer.ID
+	Self() peerid.ID
 	// Publish makes payload fetchable under a.Key, fills in a.Size and
 	// a.Digest, and announces a. payload is not retained.
 	Publish(ctx context.Context, a gossip.Announcement, payload []byte) error
@@ -36,9 +36,9 @@ type AsyncNet interface {
 // of which peers are alive.
 type GossipNet interface {
 	// Self returns this peer's ID.
-	Self() peer.ID
+	Self() peerid.ID
 	// Alive reports whether p is believed alive (heard from recently).
-	Alive(p peer.ID) bool
+	Alive(p peerid.ID) bool
 	// Bind installs h as the handler of incoming exchanges of dim-value
 	// vectors and returns the Exchanger to start exchanges with.
 	Bind(h gossip.Handler, dim int) gossip.Exchanger
@@ -54,7 +54,7 @@ type GossipProgress interface {
 	// periodic announcement).
 	SetSteps(steps int)
 	// Steps returns the last step count heard from p (false if none).
-	Steps(p peer.ID) (int, bool)
+	Steps(p peerid.ID) (int, bool)
 }
 
 // P2PNet is AsyncNet and GossipNet over a libp2p host: GossipSub for
@@ -72,7 +72,7 @@ var (
 )
 
 // Self implements AsyncNet and GossipNet.
-func (n *P2PNet) Self() peer.ID { return n.T.Self() }
+func (n *P2PNet) Self() peerid.ID { return n.T.Self() }
 
 // Publish implements AsyncNet.
 func (n *P2PNet) Publish(ctx context.Context, a gossip.Announcement, payload []byte) error {
@@ -99,7 +99,7 @@ func (n *P2PNet) SetStatus(version uint64, samplesPerSec float32) {
 
 // Alive implements GossipNet: p sent a heartbeat within the control
 // plane's PeerTTL.
-func (n *P2PNet) Alive(p peer.ID) bool {
+func (n *P2PNet) Alive(p peerid.ID) bool {
 	_, ok := n.CP.Peer(p)
 	return ok
 }
@@ -109,7 +109,7 @@ func (n *P2PNet) Alive(p peer.ID) bool {
 func (n *P2PNet) SetSteps(steps int) { n.CP.SetStatus(uint64(steps), 0) }
 
 // Steps implements GossipProgress.
-func (n *P2PNet) Steps(p peer.ID) (int, bool) {
+func (n *P2PNet) Steps(p peerid.ID) (int, bool) {
 	pi, ok := n.CP.Peer(p)
 	return int(min(pi.Version, 1<<62)), ok
 }

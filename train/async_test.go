@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
@@ -287,7 +287,7 @@ func runAsyncPeers(t *testing.T, k, steps int, cfg AsyncConfig, slow map[int]flo
 			t.Fatal(err)
 		}
 		workers[i] = w
-		nets[i] = bus.Join(peer.ID(fmt.Sprint("p", i)), cfg.Model, 1024)
+		nets[i] = bus.Join(peerid.ID(fmt.Sprint("p", i)), cfg.Model, 1024)
 	}
 	actx, acancel := context.WithCancel(ctx)
 	var awg sync.WaitGroup
@@ -578,7 +578,7 @@ func TestFedBuffQuorumAfterPeersLeave(t *testing.T) {
 	var wg sync.WaitGroup
 	sums, errs := make([]*AsyncSummary, 4), make([]error, 4)
 	for i := range 4 {
-		id := peer.ID(fmt.Sprint("p", i))
+		id := peerid.ID(fmt.Sprint("p", i))
 		w, net := testWorker(t, sh[i], uint64(i+1)), bus.Join(id, cfg.Model, 256)
 		wg.Go(func() {
 			c := cfg
@@ -638,7 +638,7 @@ func TestFedBuffEndsWithItsModel(t *testing.T) {
 	recs := []*lastSnap{{}, {}}
 	errs := make([]error, 2)
 	for i := range 2 {
-		net := bus.Join(peer.ID(fmt.Sprint("p", i)), cfg.Model, 64)
+		net := bus.Join(peerid.ID(fmt.Sprint("p", i)), cfg.Model, 64)
 		wg.Go(func() { _, errs[i] = RunAsync(t.Context(), ws[i], net, cfg, recs[i]) })
 	}
 	wg.Wait()
@@ -709,7 +709,7 @@ func TestAsyncRoundTime(t *testing.T) {
 
 func TestPullQueue(t *testing.T) {
 	ann := func(p string, seq uint64) *gossip.Announcement {
-		return &gossip.Announcement{Peer: peer.ID(p), Seq: seq}
+		return &gossip.Announcement{Peer: peerid.ID(p), Seq: seq}
 	}
 	ctx := context.Background()
 	q := newPullQueue(true, 3)
@@ -779,7 +779,7 @@ func TestFedBuffVotes(t *testing.T) {
 		t.Fatalf("quorum %d, want 3", got)
 	}
 	before := slices.Clone(p.server)
-	delta := func(from peer.ID, v float32) *contribution { // the model before + v
+	delta := func(from peerid.ID, v float32) *contribution { // the model before + v
 		x := slices.Clone(before)
 		for i := range x {
 			x[i] += v

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/gossip"
@@ -113,7 +113,7 @@ type GossipSummary struct {
 // steps the numerator X. Every exchange has cfg.Timeout; partners that are
 // not alive are skipped; a failed exchange is counted and training goes
 // on. When it returns, w.Model.Params holds the peer's final model.
-func RunGossip(ctx context.Context, w *Worker, net GossipNet, peers []peer.ID, cfg GossipConfig, rec Recorder) (*GossipSummary, error) {
+func RunGossip(ctx context.Context, w *Worker, net GossipNet, peers []peerid.ID, cfg GossipConfig, rec Recorder) (*GossipSummary, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -146,7 +146,7 @@ type gossipRun struct {
 	cfg      GossipConfig
 	w        *Worker
 	net      GossipNet
-	peers    []peer.ID
+	peers    []peerid.ID
 	me       int
 	rec      Recorder
 	start    time.Time

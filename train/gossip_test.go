@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/gossip"
 )
@@ -69,11 +69,11 @@ func runGossipPeers(t *testing.T, k, steps int, cfg GossipConfig, dead map[int]b
 	t.Helper()
 	sh := shards(t, 6000, k)
 	mem := gossip.NewMemNetwork()
-	ids := make([]peer.ID, k)
+	ids := make([]peerid.ID, k)
 	for i := range ids {
-		ids[i] = peer.ID(fmt.Sprint("p", i))
+		ids[i] = peerid.ID(fmt.Sprint("p", i))
 	}
-	isDead := func(p peer.ID) bool {
+	isDead := func(p peerid.ID) bool {
 		for i, id := range ids {
 			if id == p {
 				return dead[i]
@@ -134,16 +134,16 @@ type handlerNet struct {
 	GossipNet
 	h  gossip.Handler
 	mu sync.Mutex
-	to map[peer.ID]int
+	to map[peerid.ID]int
 }
 
 func (n *handlerNet) Bind(h gossip.Handler, dim int) gossip.Exchanger {
 	n.h = h
-	n.to = make(map[peer.ID]int)
+	n.to = make(map[peerid.ID]int)
 	return &countingExchanger{Exchanger: n.GossipNet.Bind(h, dim), n: n}
 }
 
-func (n *handlerNet) count(p peer.ID) {
+func (n *handlerNet) count(p peerid.ID) {
 	n.mu.Lock()
 	n.to[p]++
 	n.mu.Unlock()
@@ -154,12 +154,12 @@ type countingExchanger struct {
 	n *handlerNet
 }
 
-func (e *countingExchanger) Push(ctx context.Context, to peer.ID, s gossip.Share) error {
+func (e *countingExchanger) Push(ctx context.Context, to peerid.ID, s gossip.Share) error {
 	e.n.count(to)
 	return e.Exchanger.Push(ctx, to, s)
 }
 
-func (e *countingExchanger) Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error {
+func (e *countingExchanger) Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error {
 	e.n.count(with)
 	return e.Exchanger.Swap(ctx, with, mine, theirs)
 }
@@ -233,16 +233,16 @@ func TestGossipSkipsDeadPeers(t *testing.T) {
 // sinkNet accepts every push-sum share and never sends one back: a peer
 // whose out-neighbours die after taking its shares, or are all faster
 // than its in-neighbours.
-type sinkNet struct{ self peer.ID }
+type sinkNet struct{ self peerid.ID }
 
-func (n sinkNet) Self() peer.ID                             { return n.self }
-func (n sinkNet) Alive(peer.ID) bool                        { return true }
+func (n sinkNet) Self() peerid.ID                           { return n.self }
+func (n sinkNet) Alive(peerid.ID) bool                      { return true }
 func (n sinkNet) Bind(gossip.Handler, int) gossip.Exchanger { return sinkExchanger{} }
 
 type sinkExchanger struct{}
 
-func (sinkExchanger) Push(context.Context, peer.ID, gossip.Share) error { return nil }
-func (sinkExchanger) Swap(context.Context, peer.ID, []float32, []float32) error {
+func (sinkExchanger) Push(context.Context, peerid.ID, gossip.Share) error { return nil }
+func (sinkExchanger) Swap(context.Context, peerid.ID, []float32, []float32) error {
 	return gossip.ErrNotDelivered
 }
 
@@ -254,7 +254,7 @@ func TestPushSumWeightFloor(t *testing.T) {
 	w := testWorker(t, shards(t, 2000, 1)[0], 1)
 	cfg := DefaultGossipConfig()
 	cfg.Algorithm, cfg.MaxSteps = GossipPushSum, 300
-	sum, err := RunGossip(context.Background(), w, sinkNet{"p0"}, []peer.ID{"p0", "p1"}, cfg, nil)
+	sum, err := RunGossip(context.Background(), w, sinkNet{"p0"}, []peerid.ID{"p0", "p1"}, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +277,7 @@ func TestPassiveServesActivesToTheEnd(t *testing.T) {
 	const steps = 80
 	sh := shards(t, 2000, 2)
 	mem, board := gossip.NewMemNetwork(), &StepBoard{}
-	ids := []peer.ID{"p0", "p1"} // p0 active, p1 passive
+	ids := []peerid.ID{"p0", "p1"} // p0 active, p1 passive
 	cfg := DefaultGossipConfig()
 	cfg.MaxSteps, cfg.SnapshotEvery = steps, 0
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -348,7 +348,7 @@ type creepingNet struct {
 }
 
 func (c *creepingNet) SetSteps(int) {}
-func (c *creepingNet) Steps(peer.ID) (int, bool) {
+func (c *creepingNet) Steps(peerid.ID) (int, bool) {
 	return int(c.n.Add(1) % 2), true
 }
 
@@ -364,7 +364,7 @@ func TestPassiveServesActivesBounded(t *testing.T) {
 	net := &creepingNet{sinkNet: sinkNet{self: "p1"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sum, err := RunGossip(ctx, w, net, []peer.ID{"a0", "p1"}, cfg, nil)
+	sum, err := RunGossip(ctx, w, net, []peerid.ID{"a0", "p1"}, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +378,7 @@ func TestPassiveServesActivesBounded(t *testing.T) {
 type liarHandler struct{}
 
 func (liarHandler) HandleShare(gossip.Share) error { return errors.New("no") }
-func (liarHandler) HandleSwap(_ peer.ID, _, mine []float32) error {
+func (liarHandler) HandleSwap(_ peerid.ID, _, mine []float32) error {
 	for i := range mine {
 		mine[i] = 50
 	}
@@ -394,7 +394,7 @@ func TestGossipByzantinePassive(t *testing.T) {
 	_, te := mnist(t)
 	cfg := DefaultGossipConfig()
 	cfg.MaxSteps, cfg.SnapshotEvery = 150, 0
-	ws, sums := runGossipWithLiar(t, 7, cfg, func(context.Context, gossip.Exchanger, []peer.ID) {})
+	ws, sums := runGossipWithLiar(t, 7, cfg, func(context.Context, gossip.Exchanger, []peerid.ID) {})
 	for i, w := range ws {
 		_, acc := w.Evaluate(te.Head(2000))
 		t.Logf("peer %d (%s): acc %.3f, %d exchanges, %d clipped", i, sums[i].Role, acc, sums[i].Exchanges, sums[i].Clipped)
@@ -410,13 +410,13 @@ func TestGossipByzantinePassive(t *testing.T) {
 // runGossipWithLiar runs RunGossip with cfg among honest peers p0… on a
 // MemNetwork, and a liar (the last id) that answers swaps as liarHandler
 // and runs act with its Exchanger while the others train.
-func runGossipWithLiar(t *testing.T, honest int, cfg GossipConfig, act func(ctx context.Context, liar gossip.Exchanger, ids []peer.ID)) ([]*Worker, []*GossipSummary) {
+func runGossipWithLiar(t *testing.T, honest int, cfg GossipConfig, act func(ctx context.Context, liar gossip.Exchanger, ids []peerid.ID)) ([]*Worker, []*GossipSummary) {
 	t.Helper()
 	sh := shards(t, 1000*honest, honest)
 	mem := gossip.NewMemNetwork()
-	ids := make([]peer.ID, honest+1)
+	ids := make([]peerid.ID, honest+1)
 	for i := range ids {
-		ids[i] = peer.ID(fmt.Sprint("p", i))
+		ids[i] = peerid.ID(fmt.Sprint("p", i))
 	}
 	liar := mem.Join(ids[honest], liarHandler{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -460,7 +460,7 @@ func TestGossipByzantineSGP(t *testing.T) {
 	for i := range bad {
 		bad[i] = 50 * 0.5 // X of a share of weight 0.5 whose X/W is 50
 	}
-	ws, sums := runGossipWithLiar(t, 6, cfg, func(ctx context.Context, liar gossip.Exchanger, honest []peer.ID) {
+	ws, sums := runGossipWithLiar(t, 6, cfg, func(ctx context.Context, liar gossip.Exchanger, honest []peerid.ID) {
 		for k := 0; ctx.Err() == nil; k++ {
 			liar.Push(ctx, honest[k%len(honest)], gossip.Share{Step: uint64(k), X: bad, W: 0.5})
 			sleepCtx(ctx, 2*time.Millisecond)

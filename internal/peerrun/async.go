@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/train"
@@ -111,15 +111,13 @@ func runGossip(ctx context.Context, env *Env) error {
 	// The group is fixed at start, in the same (sorted) order on every
 	// peer: it decides AD-PSGD's roles and SGP's graph. A peer that dies
 	// is skipped (Alive); one that joins later is not gossiped with.
-	var group []peer.ID
-	for _, m := range env.Peer.Members() {
-		id, err := peer.Decode(m)
-		if err != nil {
-			return err
-		}
-		group = append(group, id)
+	// Members are sorted by their text, which for Ed25519 IDs (all that
+	// node/ runs) is also libp2p's order.
+	members := env.Peer.Members()
+	group := make([]peerid.ID, len(members))
+	for i, m := range members {
+		group[i] = peerid.ID(m)
 	}
-	slices.Sort(group)
 	return runStreaming(ctx, env, cfg.Algorithm, func(ctx context.Context, net *train.P2PNet, ev *evaluator) (string, error) {
 		sum, err := train.RunGossip(ctx, env.Worker, net, group, cfg, ev)
 		if err != nil {
