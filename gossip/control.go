@@ -15,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -75,8 +76,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Namespace == "" || strings.ContainsRune(c.Namespace, '/'):
 		return fmt.Errorf("%w: namespace %q must be non-empty without '/'", ErrBadConfig, c.Namespace)
-	case c.Model == "" || len(c.Model) > MaxModelIDLen:
-		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, MaxModelIDLen)
+	case c.Model == "" || len(c.Model) > wire.MaxModelIDLen:
+		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, wire.MaxModelIDLen)
 	case c.HeartbeatInterval < 0:
 		return fmt.Errorf("%w: heartbeat interval %v < 0", ErrBadConfig, c.HeartbeatInterval)
 	case c.PeerTTL <= c.HeartbeatInterval:
@@ -135,7 +136,7 @@ type ControlPlane struct {
 	done                   chan struct{}
 	seq                    atomic.Uint64
 	version, samplesPerSec atomic.Uint64 // samplesPerSec holds float64 bits
-	ann                    chan *Announcement
+	ann                    chan *wire.Announcement
 	stats                  counters
 
 	mu         sync.Mutex    // guards members, hbReplay, annReplay, changed
@@ -180,7 +181,7 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 		hbName:    "/starling/" + cfg.Namespace + "/members/1",
 		annName:   "/starling/" + cfg.Namespace + "/deltas/1",
 		done:      make(chan struct{}),
-		ann:       make(chan *Announcement, cfg.AnnounceQueue),
+		ann:       make(chan *wire.Announcement, cfg.AnnounceQueue),
 		members:   NewMembership(cfg.PeerTTL),
 		changed:   make(chan struct{}),
 		hbReplay:  newReplayGuard(),
@@ -352,10 +353,10 @@ func (c *ControlPlane) nextSeq() uint64 { return c.seq.Add(1) }
 func (c *ControlPlane) addrs() []ma.Multiaddr {
 	var out []ma.Multiaddr
 	for _, a := range c.h.Addrs() {
-		if len(out) == MaxAddrs {
+		if len(out) == wire.MaxAddrs {
 			break
 		}
-		if len(a.Bytes()) <= MaxAddrLen {
+		if len(a.Bytes()) <= wire.MaxAddrLen {
 			out = append(out, a)
 		}
 	}
@@ -364,7 +365,7 @@ func (c *ControlPlane) addrs() []ma.Multiaddr {
 
 // Beat publishes one heartbeat now.
 func (c *ControlPlane) Beat(ctx context.Context) error {
-	hb := &Heartbeat{
+	hb := &wire.Heartbeat{
 		Peer:          c.self,
 		Seq:           c.nextSeq(),
 		Model:         c.cfg.Model,
@@ -372,19 +373,19 @@ func (c *ControlPlane) Beat(ctx context.Context) error {
 		SamplesPerSec: math.Float32frombits(uint32(c.samplesPerSec.Load())),
 		Addrs:         c.addrs(),
 	}
-	return c.publish(ctx, c.hbTopic, AppendHeartbeat(nil, hb))
+	return c.publish(ctx, c.hbTopic, wire.AppendHeartbeat(nil, hb))
 }
 
 // Announce publishes a; it fills in Peer, Seq and Model. The vector must be
 // ready to serve under a.Key before Announce is called.
-func (c *ControlPlane) Announce(ctx context.Context, a Announcement) error {
+func (c *ControlPlane) Announce(ctx context.Context, a wire.Announcement) error {
 	a.Peer = c.self
 	a.Seq = c.nextSeq()
 	a.Model = c.cfg.Model
-	b := AppendAnnouncement(nil, &a)
+	b := wire.AppendAnnouncement(nil, &a)
 	// Check locally what every receiver will check, to return a clear error
 	// instead of a silent drop.
-	if _, err := DecodeAnnouncement(b); err != nil {
+	if _, err := wire.DecodeAnnouncement(b); err != nil {
 		return fmt.Errorf("gossip: announce: %w", err)
 	}
 	return c.publish(ctx, c.annTopic, b)
@@ -397,7 +398,7 @@ func (c *ControlPlane) publish(ctx context.Context, t *pubsub.Topic, b []byte) e
 	default:
 	}
 	if len(b) > c.cfg.MaxMessageSize {
-		return fmt.Errorf("gossip: publish: %w: %d bytes, cap %d", ErrTooLarge, len(b), c.cfg.MaxMessageSize)
+		return fmt.Errorf("gossip: publish: %w: %d bytes, cap %d", wire.ErrTooLarge, len(b), c.cfg.MaxMessageSize)
 	}
 	if err := t.Publish(ctx, b); err != nil {
 		return fmt.Errorf("gossip: publish on %s: %w", t.String(), err)
@@ -408,7 +409,7 @@ func (c *ControlPlane) publish(ctx context.Context, t *pubsub.Topic, b []byte) e
 // Next returns the next announcement from another peer, in arrival order.
 // It blocks until one arrives, ctx ends or the control plane closes
 // (ErrClosed). The returned value is owned by the caller.
-func (c *ControlPlane) Next(ctx context.Context) (*Announcement, error) {
+func (c *ControlPlane) Next(ctx context.Context) (*wire.Announcement, error) {
 	select {
 	case a := <-c.ann:
 		return a, nil
@@ -451,7 +452,7 @@ func (c *ControlPlane) readHeartbeats(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		hb, ok := msg.ValidatorData.(*Heartbeat)
+		hb, ok := msg.ValidatorData.(*wire.Heartbeat)
 		if !ok || hb.Peer == c.self {
 			continue
 		}
@@ -479,7 +480,7 @@ func (c *ControlPlane) readAnnouncements(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		a, ok := msg.ValidatorData.(*Announcement)
+		a, ok := msg.ValidatorData.(*wire.Announcement)
 		if !ok || a.Peer == c.self {
 			continue
 		}
@@ -506,13 +507,13 @@ func (c *ControlPlane) readAnnouncements(ctx context.Context) {
 
 // validateHeartbeat is the heartbeat topic's validator (see validate).
 func (c *ControlPlane) validateHeartbeat(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-	return validate(c, msg, c.hbReplay, DecodeHeartbeat, func(hb *Heartbeat) (peerid.ID, string, uint64) { return hb.Peer, hb.Model, hb.Seq })
+	return validate(c, msg, c.hbReplay, wire.DecodeHeartbeat, func(hb *wire.Heartbeat) (peerid.ID, string, uint64) { return hb.Peer, hb.Model, hb.Seq })
 }
 
 // validateAnnouncement is the announcement topic's validator (see
 // validate).
 func (c *ControlPlane) validateAnnouncement(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-	return validate(c, msg, c.annReplay, DecodeAnnouncement, func(a *Announcement) (peerid.ID, string, uint64) { return a.Peer, a.Model, a.Seq })
+	return validate(c, msg, c.annReplay, wire.DecodeAnnouncement, func(a *wire.Announcement) (peerid.ID, string, uint64) { return a.Peer, a.Model, a.Seq })
 }
 
 // validate checks a control message of one topic: decoded by decode, whose

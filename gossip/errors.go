@@ -4,13 +4,6 @@ import "errors"
 
 // Errors returned by this package; match them with errors.Is.
 var (
-	// ErrMalformed: bytes that do not decode as a control message.
-	ErrMalformed = errors.New("gossip: malformed message")
-	// ErrVersion: a control message in another wire format version than
-	// FormatVersion, from a peer running another Starling release.
-	ErrVersion = errors.New("gossip: sender runs another Starling wire version")
-	// ErrTooLarge: a message (or one of its fields) exceeds its size cap.
-	ErrTooLarge = errors.New("gossip: message too large")
 	// ErrNonFinite: a NaN or Inf where a finite number is required.
 	ErrNonFinite = errors.New("gossip: non-finite value")
 	// ErrBadConfig: a Config field is out of range.

@@ -6,6 +6,7 @@ import (
 
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -41,7 +42,7 @@ func NewMembership(ttl time.Duration) *Membership {
 // to the view (or returns after expiring). A heartbeat with a sequence
 // number not above the last one recorded is ignored (the transport's
 // replay filter admits some reordering; membership keeps the newest).
-func (m *Membership) Observe(hb *Heartbeat, now time.Time) (joined bool) {
+func (m *Membership) Observe(hb *wire.Heartbeat, now time.Time) (joined bool) {
 	p, ok := m.peers[hb.Peer]
 	if ok && !m.live(p, now) {
 		delete(m.peers, hb.Peer)

@@ -2,7 +2,6 @@ package gossip
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
 )
@@ -61,8 +61,8 @@ func DefaultNodeConfig() NodeConfig {
 // Validate reports whether c is usable. It does not modify c.
 func (c NodeConfig) Validate() error {
 	switch {
-	case c.Model == "" || len(c.Model) > MaxModelIDLen:
-		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, MaxModelIDLen)
+	case c.Model == "" || len(c.Model) > wire.MaxModelIDLen:
+		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, wire.MaxModelIDLen)
 	case c.ReplyTimeout <= 0:
 		return fmt.Errorf("%w: reply timeout %v must be > 0", ErrBadConfig, c.ReplyTimeout)
 	case c.MaxServed < 1:
@@ -184,7 +184,7 @@ func decodeFrame(b []byte) (frame, error) {
 	case kindPush, kindSwap:
 		want = 4 * int(f.n)
 	case kindFetch:
-		if f.n > MaxKeyLen {
+		if f.n > wire.MaxKeyLen {
 			return f, fmt.Errorf("%w: key of %d bytes", ErrBadFrame, f.n)
 		}
 		want = int(f.n)
@@ -416,14 +416,11 @@ func (t *NodeTransport) Swap(ctx context.Context, with peerid.ID, mine, theirs [
 	return nil
 }
 
-// Digest returns the SHA-256 that announcements carry for b.
-func Digest(b []byte) [32]byte { return sha256.Sum256(b) }
-
 // Serve makes b fetchable under key (copied; the caller keeps b). The
 // oldest of more than MaxServed keys is forgotten. Announce after Serve.
 func (t *NodeTransport) Serve(key string, b []byte) error {
-	if len(key) == 0 || len(key) > MaxKeyLen {
-		return fmt.Errorf("%w: key of %d bytes, want 1..%d", ErrBadConfig, len(key), MaxKeyLen)
+	if len(key) == 0 || len(key) > wire.MaxKeyLen {
+		return fmt.Errorf("%w: key of %d bytes, want 1..%d", ErrBadConfig, len(key), wire.MaxKeyLen)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -451,9 +448,9 @@ func (t *NodeTransport) Unserve(key string) {
 // is read), and the bytes must have exactly a.Size length and a.Digest
 // SHA-256 (ErrDigest). The result is written to dst[:0] (grown if short)
 // and returned.
-func (t *NodeTransport) Fetch(ctx context.Context, a *Announcement, dst []byte) ([]byte, error) {
+func (t *NodeTransport) Fetch(ctx context.Context, a *wire.Announcement, dst []byte) ([]byte, error) {
 	if int64(a.Size) > t.cfg.MaxFetchBytes {
-		return dst[:0], fmt.Errorf("gossip: fetch %q: %w: %d bytes announced, cap %d", a.Key, ErrTooLarge, a.Size, t.cfg.MaxFetchBytes)
+		return dst[:0], fmt.Errorf("gossip: fetch %q: %w: %d bytes announced, cap %d", a.Key, wire.ErrTooLarge, a.Size, t.cfg.MaxFetchBytes)
 	}
 	src := a.Source()
 	p, err := libp2pID(src)
@@ -471,7 +468,7 @@ func (t *NodeTransport) Fetch(ctx context.Context, a *Announcement, dst []byte) 
 	if uint64(len(body)) != a.Size {
 		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: %d bytes, announced %d", a.Key, src, ErrDigest, len(body), a.Size)
 	}
-	if Digest(body) != a.Digest {
+	if wire.Digest(body) != a.Digest {
 		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: SHA-256 mismatch", a.Key, src, ErrDigest)
 	}
 	return body, nil
@@ -485,7 +482,7 @@ func (t *NodeTransport) serve(kind byte) {
 	defer t.wg.Done()
 	var buf []byte
 	if kind == kindFetch {
-		buf = make([]byte, frameHeaderLen+MaxKeyLen)
+		buf = make([]byte, frameHeaderLen+wire.MaxKeyLen)
 	}
 	for {
 		r, err := t.n.Recv(t.ctx, "", requestTag(kind), buf)

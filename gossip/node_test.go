@@ -12,6 +12,7 @@ import (
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
 )
@@ -201,7 +202,7 @@ func TestNodeRefusals(t *testing.T) {
 	// A fetch request whose key does not fit is dropped unread and
 	// counted; the requester learns nothing within its deadline.
 	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err := trs[1].Fetch(sctx, &Announcement{Peer: trs[0].Self(), Key: string(make([]byte, 2*MaxKeyLen)), Size: 4}, nil)
+	_, err := trs[1].Fetch(sctx, &wire.Announcement{Peer: trs[0].Self(), Key: string(make([]byte, 2*wire.MaxKeyLen)), Size: 4}, nil)
 	scancel()
 	if err == nil {
 		t.Fatal("fetch with an oversized key succeeded")
@@ -236,36 +237,36 @@ func TestNodeFetch(t *testing.T) {
 	}
 	payload[0] = 99 // Serve copied it
 	holder := trs[0].Self()
-	ann := func(key string, size int, digest [32]byte) *Announcement {
-		return &Announcement{Peer: holder, Key: key, Size: uint64(size), Digest: digest}
+	ann := func(key string, size int, digest [32]byte) *wire.Announcement {
+		return &wire.Announcement{Peer: holder, Key: key, Size: uint64(size), Digest: digest}
 	}
 	want := make([]byte, len(payload))
 	copy(want, payload)
 	want[0] = 0
-	got, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(want)), nil)
+	got, err := trs[1].Fetch(ctx, ann("model/1", len(want), wire.Digest(want)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(got) != string(want) {
 		t.Fatal("fetched bytes differ")
 	}
-	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(payload)), nil); !errors.Is(err, ErrDigest) {
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), wire.Digest(payload)), nil); !errors.Is(err, ErrDigest) {
 		t.Fatalf("wrong digest: %v", err)
 	}
-	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want)+10, Digest(want)), nil); !errors.Is(err, ErrDigest) {
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want)+10, wire.Digest(want)), nil); !errors.Is(err, ErrDigest) {
 		t.Fatalf("fewer bytes than announced: %v", err)
 	}
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err = trs[1].Fetch(sctx, ann("model/1", len(want)-10, Digest(want)), nil)
+	_, err = trs[1].Fetch(sctx, ann("model/1", len(want)-10, wire.Digest(want)), nil)
 	scancel()
 	if !errors.Is(err, node.ErrShortBuffer) {
 		t.Fatalf("more bytes than announced: %v, want node.ErrShortBuffer", err)
 	}
-	if _, err := trs[1].Fetch(ctx, ann("nope", 10, Digest(nil)), nil); !errors.Is(err, ErrRefused) {
+	if _, err := trs[1].Fetch(ctx, ann("nope", 10, wire.Digest(nil)), nil); !errors.Is(err, ErrRefused) {
 		t.Fatalf("unknown key: %v", err)
 	}
-	big := &Announcement{Peer: holder, Key: "model/1", Size: 2 << 30}
-	if _, err := trs[1].Fetch(ctx, big, nil); !errors.Is(err, ErrTooLarge) {
+	big := &wire.Announcement{Peer: holder, Key: "model/1", Size: 2 << 30}
+	if _, err := trs[1].Fetch(ctx, big, nil); !errors.Is(err, wire.ErrTooLarge) {
 		t.Fatalf("announced size over the cap: %v", err)
 	}
 	for i := range 10 {
@@ -273,10 +274,10 @@ func TestNodeFetch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(want)), nil); !errors.Is(err, ErrRefused) {
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), wire.Digest(want)), nil); !errors.Is(err, ErrRefused) {
 		t.Fatalf("evicted key: %v", err)
 	}
-	if got, err := trs[1].Fetch(ctx, ann("j", 1, Digest([]byte{9})), nil); err != nil || got[0] != 9 {
+	if got, err := trs[1].Fetch(ctx, ann("j", 1, wire.Digest([]byte{9})), nil); err != nil || got[0] != 9 {
 		t.Fatalf("latest key: %v %v", got, err)
 	}
 }
@@ -304,7 +305,7 @@ func TestNodeDeadPeer(t *testing.T) {
 	if errors.Is(err, ErrNotDelivered) && p.Weight() != 1 {
 		t.Fatalf("not delivered but weight %v: mass lost", p.Weight())
 	}
-	_, err = trs[0].Fetch(ctx, &Announcement{Peer: dead, Key: "k", Size: 4}, nil)
+	_, err = trs[0].Fetch(ctx, &wire.Announcement{Peer: dead, Key: "k", Size: 4}, nil)
 	if err == nil {
 		t.Fatal("fetch from a dead peer succeeded")
 	}
@@ -363,7 +364,7 @@ func BenchmarkNodeFetch(b *testing.B) {
 			if err := trs[0].Serve("k", payload); err != nil {
 				b.Fatal(err)
 			}
-			a := &Announcement{Peer: trs[0].Self(), Key: "k", Size: uint64(len(payload)), Digest: Digest(payload)}
+			a := &wire.Announcement{Peer: trs[0].Self(), Key: "k", Size: uint64(len(payload)), Digest: wire.Digest(payload)}
 			ctx := context.Background()
 			var dst []byte
 			b.SetBytes(int64(len(payload)))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+
+	"github.com/starling-ml/starling/gossip/wire"
 )
 
 // DropReason says why a control message was not delivered.
@@ -44,11 +46,11 @@ func (r DropReason) String() string {
 // reasonOf maps a decode error to its drop reason.
 func reasonOf(err error) DropReason {
 	switch {
-	case errors.Is(err, ErrVersion):
+	case errors.Is(err, wire.ErrVersion):
 		return DropVersion
-	case errors.Is(err, ErrTooLarge):
+	case errors.Is(err, wire.ErrTooLarge):
 		return DropOversized
-	case errors.Is(err, ErrNonFinite):
+	case errors.Is(err, wire.ErrNonFinite):
 		return DropNonFinite
 	}
 	return DropMalformed

@@ -15,7 +15,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
-	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/staleness"
 )
 
@@ -162,8 +162,8 @@ func (c AsyncConfig) Validate() error {
 	switch {
 	case c.Mode != ModeFedAsync && c.Mode != ModeFedBuff:
 		return bad("mode %q, want %s or %s", c.Mode, ModeFedAsync, ModeFedBuff)
-	case c.Model == "" || len(c.Model) > gossip.MaxModelIDLen:
-		return bad("model id %q must have 1..%d bytes", c.Model, gossip.MaxModelIDLen)
+	case c.Model == "" || len(c.Model) > wire.MaxModelIDLen:
+		return bad("model id %q must have 1..%d bytes", c.Model, wire.MaxModelIDLen)
 	case c.LocalSteps < 1:
 		return bad("local steps %d < 1", c.LocalSteps)
 	case !(c.Alpha > 0 && c.Alpha <= 1):
@@ -315,7 +315,7 @@ func WithDeliveryDelay(f func(from peerid.ID) time.Duration) AsyncOption {
 type contribution struct {
 	from               peerid.ID
 	seq, version, base uint64
-	kind               gossip.PayloadKind
+	kind               wire.PayloadKind
 	vec                []float32
 	pooled             bool // vec came from asyncPeer.vecs
 }
@@ -392,11 +392,11 @@ func (p *asyncPeer) model() []float32 {
 	return p.w.Model.Params
 }
 
-func (p *asyncPeer) kind() gossip.PayloadKind {
+func (p *asyncPeer) kind() wire.PayloadKind {
 	if p.cfg.Mode == ModeFedBuff && !p.robust {
-		return gossip.KindDelta
+		return wire.KindDelta
 	}
-	return gossip.KindModel
+	return wire.KindModel
 }
 
 func (p *asyncPeer) since() time.Duration { return time.Since(p.start) }
@@ -417,7 +417,7 @@ func (p *asyncPeer) dropCounts() Drops {
 
 // screen checks an announcement before anything is fetched. It runs on the
 // receiver goroutine, which owns lastSeq.
-func (p *asyncPeer) screen(a *gossip.Announcement) (DropReason, bool) {
+func (p *asyncPeer) screen(a *wire.Announcement) (DropReason, bool) {
 	if a.Model != p.cfg.Model {
 		return DropModel, false
 	}
@@ -641,7 +641,7 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		p.local.Store(uint64(p.vc.Local()))
 		payload = enc.Encode(payload, vec)
 		sum.Rounds++
-		a := gossip.Announcement{
+		a := wire.Announcement{
 			Version: uint64(p.vc.Local()), Base: base, Kind: p.kind(), Codec: enc.ID(),
 			Elems: uint32(len(vec)), Samples: uint64(steps * w.Config().Batch), Loss: finiteF32(loss),
 			Key: fmt.Sprintf("%s/%d", cfg.Mode, round),
@@ -815,19 +815,19 @@ func (p *asyncPeer) puller(ctx context.Context, net AsyncNet, q *pullQueue, inbo
 // place in the queue. Safe for concurrent use.
 type pullQueue struct {
 	mu       sync.Mutex
-	items    []*gossip.Announcement
-	byPeer   map[peerid.ID]*gossip.Announcement
+	items    []*wire.Announcement
+	byPeer   map[peerid.ID]*wire.Announcement
 	coalesce bool
 	max      int
 	ready    chan struct{}
 }
 
 func newPullQueue(coalesce bool, max int) *pullQueue {
-	return &pullQueue{byPeer: make(map[peerid.ID]*gossip.Announcement), coalesce: coalesce, max: max, ready: make(chan struct{}, 1)}
+	return &pullQueue{byPeer: make(map[peerid.ID]*wire.Announcement), coalesce: coalesce, max: max, ready: make(chan struct{}, 1)}
 }
 
 // push queues a and returns the announcement it displaced, if any, and why.
-func (q *pullQueue) push(a *gossip.Announcement) (*gossip.Announcement, DropReason) {
+func (q *pullQueue) push(a *wire.Announcement) (*wire.Announcement, DropReason) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	defer q.wake()
@@ -859,7 +859,7 @@ func (q *pullQueue) wake() {
 }
 
 // pop takes the oldest announcement, waiting for one until ctx ends.
-func (q *pullQueue) pop(ctx context.Context) (*gossip.Announcement, bool) {
+func (q *pullQueue) pop(ctx context.Context) (*wire.Announcement, bool) {
 	for {
 		q.mu.Lock()
 		if len(q.items) > 0 {
@@ -884,7 +884,7 @@ func (q *pullQueue) pop(ctx context.Context) (*gossip.Announcement, bool) {
 }
 
 // pull fetches and decodes one announced vector.
-func (p *asyncPeer) pull(ctx context.Context, net AsyncNet, a *gossip.Announcement) (*contribution, DropReason, bool) {
+func (p *asyncPeer) pull(ctx context.Context, net AsyncNet, a *wire.Announcement) (*contribution, DropReason, bool) {
 	var buf []byte
 	if b, ok := p.bufs.Get().(*[]byte); ok {
 		buf = *b

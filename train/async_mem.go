@@ -8,6 +8,7 @@ import (
 	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/wire"
 )
 
 // MemBus is an in-memory AsyncNet fabric for tests and simulations: a
@@ -16,7 +17,7 @@ import (
 // bad-input tests). Safe for concurrent use.
 type MemBus struct {
 	mu    sync.Mutex
-	subs  map[peerid.ID]chan *gossip.Announcement
+	subs  map[peerid.ID]chan *wire.Announcement
 	blobs map[string][]byte
 	seq   uint64
 	lost  uint64
@@ -24,7 +25,7 @@ type MemBus struct {
 
 // NewMemBus returns an empty bus.
 func NewMemBus() *MemBus {
-	return &MemBus{subs: make(map[peerid.ID]chan *gossip.Announcement), blobs: make(map[string][]byte)}
+	return &MemBus{subs: make(map[peerid.ID]chan *wire.Announcement), blobs: make(map[string][]byte)}
 }
 
 // Join attaches peer id training model; up to queue announcements wait for
@@ -33,7 +34,7 @@ func NewMemBus() *MemBus {
 func (b *MemBus) Join(id peerid.ID, model string, queue int) AsyncNet {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.subs[id] = make(chan *gossip.Announcement, queue)
+	b.subs[id] = make(chan *wire.Announcement, queue)
 	return &memAsyncNet{bus: b, self: id, model: model}
 }
 
@@ -60,7 +61,7 @@ func blobKey(holder peerid.ID, key string) string { return string(holder) + "\x0
 
 // Inject serves payload under (a.Source(), a.Key) and queues a, unchanged,
 // for every member but a.Peer.
-func (b *MemBus) Inject(a gossip.Announcement, payload []byte) {
+func (b *MemBus) Inject(a wire.Announcement, payload []byte) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.blobs[blobKey(a.Source(), a.Key)] = append([]byte(nil), payload...)
@@ -85,7 +86,7 @@ type memAsyncNet struct {
 
 func (n *memAsyncNet) Self() peerid.ID { return n.self }
 
-func (n *memAsyncNet) Publish(ctx context.Context, a gossip.Announcement, payload []byte) error {
+func (n *memAsyncNet) Publish(ctx context.Context, a wire.Announcement, payload []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -94,12 +95,12 @@ func (n *memAsyncNet) Publish(ctx context.Context, a gossip.Announcement, payloa
 	a.Peer, a.Seq, a.Model = n.self, n.bus.seq, n.model
 	n.bus.mu.Unlock()
 	a.Size = uint64(len(payload))
-	a.Digest = gossip.Digest(payload)
+	a.Digest = wire.Digest(payload)
 	n.bus.Inject(a, payload)
 	return nil
 }
 
-func (n *memAsyncNet) Next(ctx context.Context) (*gossip.Announcement, error) {
+func (n *memAsyncNet) Next(ctx context.Context) (*wire.Announcement, error) {
 	n.bus.mu.Lock()
 	ch := n.bus.subs[n.self]
 	n.bus.mu.Unlock()
@@ -114,7 +115,7 @@ func (n *memAsyncNet) Next(ctx context.Context) (*gossip.Announcement, error) {
 	}
 }
 
-func (n *memAsyncNet) Fetch(ctx context.Context, a *gossip.Announcement, dst []byte) ([]byte, error) {
+func (n *memAsyncNet) Fetch(ctx context.Context, a *wire.Announcement, dst []byte) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return dst[:0], err
 	}
@@ -124,7 +125,7 @@ func (n *memAsyncNet) Fetch(ctx context.Context, a *gossip.Announcement, dst []b
 	if !ok {
 		return dst[:0], fmt.Errorf("%w: %q not served by %s", gossip.ErrRefused, a.Key, a.Source())
 	}
-	if uint64(len(b)) != a.Size || gossip.Digest(b) != a.Digest {
+	if uint64(len(b)) != a.Size || wire.Digest(b) != a.Digest {
 		return dst[:0], fmt.Errorf("%w: %q", gossip.ErrDigest, a.Key)
 	}
 	return append(dst[:0], b...), nil

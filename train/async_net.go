@@ -7,6 +7,7 @@ import (
 	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/wire"
 )
 
 // AsyncNet is what the announce-and-pull strategies (FedAsync, FedBuff)
@@ -19,14 +20,14 @@ type AsyncNet interface {
 	Self() peerid.ID
 	// Publish makes payload fetchable under a.Key, fills in a.Size and
 	// a.Digest, and announces a. payload is not retained.
-	Publish(ctx context.Context, a gossip.Announcement, payload []byte) error
+	Publish(ctx context.Context, a wire.Announcement, payload []byte) error
 	// Next returns the next announcement from another peer; the control
 	// plane has already dropped malformed, foreign-model and replayed
 	// messages.
-	Next(ctx context.Context) (*gossip.Announcement, error)
+	Next(ctx context.Context) (*wire.Announcement, error)
 	// Fetch pulls the announced vector into dst[:0] and checks it against
 	// a.Size and a.Digest.
-	Fetch(ctx context.Context, a *gossip.Announcement, dst []byte) ([]byte, error)
+	Fetch(ctx context.Context, a *wire.Announcement, dst []byte) ([]byte, error)
 	// SetStatus sets the version and throughput that heartbeats carry.
 	SetStatus(version uint64, samplesPerSec float32)
 }
@@ -75,20 +76,20 @@ var (
 func (n *P2PNet) Self() peerid.ID { return n.T.Self() }
 
 // Publish implements AsyncNet.
-func (n *P2PNet) Publish(ctx context.Context, a gossip.Announcement, payload []byte) error {
+func (n *P2PNet) Publish(ctx context.Context, a wire.Announcement, payload []byte) error {
 	if err := n.T.Serve(a.Key, payload); err != nil {
 		return fmt.Errorf("train: serve %q: %w", a.Key, err)
 	}
 	a.Size = uint64(len(payload))
-	a.Digest = gossip.Digest(payload)
+	a.Digest = wire.Digest(payload)
 	return n.CP.Announce(ctx, a)
 }
 
 // Next implements AsyncNet.
-func (n *P2PNet) Next(ctx context.Context) (*gossip.Announcement, error) { return n.CP.Next(ctx) }
+func (n *P2PNet) Next(ctx context.Context) (*wire.Announcement, error) { return n.CP.Next(ctx) }
 
 // Fetch implements AsyncNet.
-func (n *P2PNet) Fetch(ctx context.Context, a *gossip.Announcement, dst []byte) ([]byte, error) {
+func (n *P2PNet) Fetch(ctx context.Context, a *wire.Announcement, dst []byte) ([]byte, error) {
 	return n.T.Fetch(ctx, a, dst)
 }
 

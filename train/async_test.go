@@ -15,7 +15,7 @@ import (
 
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
-	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/wire"
 )
 
 const testArch = "mlp:784-32-10"
@@ -121,15 +121,15 @@ func TestAsyncDropsBadInput(t *testing.T) {
 				return v
 			}
 			seq := uint64(100)
-			ann := func(base uint64, payload []byte) gossip.Announcement {
+			ann := func(base uint64, payload []byte) wire.Announcement {
 				seq++
-				return gossip.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Version: base + 1, Base: base,
+				return wire.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Version: base + 1, Base: base,
 					Kind: kind, Codec: fp32.ID(), Elems: uint32(dim), Size: uint64(len(payload)),
-					Digest: gossip.Digest(payload), Key: fmt.Sprint("k", seq)}
+					Digest: wire.Digest(payload), Key: fmt.Sprint("k", seq)}
 			}
 			good := fp32.Encode(nil, vec(dim, 0))
 			ctx := context.Background()
-			process := func(a gossip.Announcement, payload []byte) {
+			process := func(a wire.Announcement, payload []byte) {
 				t.Helper()
 				bus.Inject(a, payload)
 				got, err := net.Next(ctx)
@@ -150,63 +150,63 @@ func TestAsyncDropsBadInput(t *testing.T) {
 			cases := []struct {
 				name   string
 				reason DropReason
-				make   func() (gossip.Announcement, []byte)
+				make   func() (wire.Announcement, []byte)
 				direct *contribution // merged directly, past the screen
 			}{
-				{"unknown model id", DropModel, func() (gossip.Announcement, []byte) {
+				{"unknown model id", DropModel, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
 					a.Model = "someone-else"
 					return a, good
 				}, nil},
-				{"wrong payload kind", DropKind, func() (gossip.Announcement, []byte) {
+				{"wrong payload kind", DropKind, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
-					a.Kind = gossip.KindGradient
+					a.Kind = wire.KindGradient
 					return a, good
 				}, nil},
-				{"announced shape", DropShape, func() (gossip.Announcement, []byte) {
+				{"announced shape", DropShape, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim+1, 0))
 					a := ann(local, b)
 					a.Elems = uint32(dim + 1)
 					return a, b
 				}, nil},
-				{"decoded shape", DropShape, func() (gossip.Announcement, []byte) {
+				{"decoded shape", DropShape, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim-3, 0))
 					return ann(local, b), b
 				}, nil},
-				{"NaN", DropNonFinite, func() (gossip.Announcement, []byte) {
+				{"NaN", DropNonFinite, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim, float32(math.NaN())))
 					return ann(local, b), b
 				}, nil},
-				{"+Inf", DropNonFinite, func() (gossip.Announcement, []byte) {
+				{"+Inf", DropNonFinite, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim, float32(math.Inf(1))))
 					return ann(local, b), b
 				}, nil},
-				{"-Inf", DropNonFinite, func() (gossip.Announcement, []byte) {
+				{"-Inf", DropNonFinite, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim, float32(math.Inf(-1))))
 					return ann(local, b), b
 				}, nil},
-				{"beyond SSP bound", DropStale, func() (gossip.Announcement, []byte) {
+				{"beyond SSP bound", DropStale, func() (wire.Announcement, []byte) {
 					return ann(local-5, good), good
 				}, nil},
-				{"far future base", DropFuture, func() (gossip.Announcement, []byte) {
+				{"far future base", DropFuture, func() (wire.Announcement, []byte) {
 					return ann(local+cfg.MaxAhead+1, good), good
 				}, nil},
-				{"replayed seq", DropReplay, func() (gossip.Announcement, []byte) {
+				{"replayed seq", DropReplay, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
 					a.Seq = 60 // already seen
 					return a, good
 				}, nil},
-				{"seq too old", DropReplay, func() (gossip.Announcement, []byte) {
+				{"seq too old", DropReplay, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
 					a.Seq = 20 // more than 64 below the newest
 					return a, good
 				}, nil},
-				{"digest mismatch", DropFetch, func() (gossip.Announcement, []byte) {
+				{"digest mismatch", DropFetch, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
 					a.Digest[0] ^= 1
 					return a, good
 				}, nil},
-				{"corrupt encoding", DropDecode, func() (gossip.Announcement, []byte) {
+				{"corrupt encoding", DropDecode, func() (wire.Announcement, []byte) {
 					b := slices.Clone(good)
 					b[0] = 0x7f // not fp32's id
 					return ann(local, b), b
@@ -391,8 +391,8 @@ func TestAsyncAdversary(t *testing.T) {
 	nanModel[3] = float32(math.NaN())
 	nanBytes := fp32.Encode(nil, nanModel)
 	inject := func(bus *MemBus, seq uint64) {
-		a := gossip.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Kind: gossip.KindModel, Codec: fp32.ID(),
-			Elems: uint32(dim), Size: uint64(len(nanBytes)), Digest: gossip.Digest(nanBytes), Key: fmt.Sprint(seq)}
+		a := wire.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Kind: wire.KindModel, Codec: fp32.ID(),
+			Elems: uint32(dim), Size: uint64(len(nanBytes)), Digest: wire.Digest(nanBytes), Key: fmt.Sprint(seq)}
 		switch seq % 4 {
 		case 1:
 			a.Model = "other"
@@ -445,7 +445,7 @@ func TestAsyncAdversary(t *testing.T) {
 // floods the bus every 2 ms with a finite but absurd vector of kind (every
 // value 50) for a model of dim values, claiming ever newer bases so that
 // it is taken as fresh.
-func absurdFlood(model string, dim int, kind gossip.PayloadKind) func(context.Context, *MemBus, chan<- struct{}) {
+func absurdFlood(model string, dim int, kind wire.PayloadKind) func(context.Context, *MemBus, chan<- struct{}) {
 	fp32, _ := compression.Parse("fp32")
 	bad := make([]float32, dim)
 	for i := range bad {
@@ -455,8 +455,8 @@ func absurdFlood(model string, dim int, kind gossip.PayloadKind) func(context.Co
 	return func(ctx context.Context, bus *MemBus, started chan<- struct{}) {
 		close(started)
 		for seq := uint64(1); ctx.Err() == nil; seq++ {
-			bus.Inject(gossip.Announcement{Peer: "liar", Seq: seq, Model: model, Kind: kind, Codec: fp32.ID(), Base: seq,
-				Elems: uint32(dim), Size: uint64(len(b)), Digest: gossip.Digest(b), Key: fmt.Sprint(seq)}, b)
+			bus.Inject(wire.Announcement{Peer: "liar", Seq: seq, Model: model, Kind: kind, Codec: fp32.ID(), Base: seq,
+				Elems: uint32(dim), Size: uint64(len(b)), Digest: wire.Digest(b), Key: fmt.Sprint(seq)}, b)
 			sleepCtx(ctx, 2*time.Millisecond)
 		}
 	}
@@ -471,7 +471,7 @@ func TestAsyncByzantineModel(t *testing.T) {
 	cfg := DefaultAsyncConfig()
 	cfg.LocalSteps = 5
 	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
-	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, gossip.KindModel))
+	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, wire.KindModel))
 	for i, w := range ws {
 		_, acc := w.Evaluate(te.Head(2000))
 		t.Logf("peer %d: acc %.3f, merged %d, clipped %d, drops %v", i, acc, sums[i].Merged, sums[i].Clipped, sums[i].Drops)
@@ -491,9 +491,9 @@ func TestFedBuffByzantine(t *testing.T) {
 	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
 	for _, rule := range []string{"median", "mean"} {
 		cfg.BufferRule = rule
-		kind := gossip.KindModel // the robust rules' votes are models
+		kind := wire.KindModel // the robust rules' votes are models
 		if rule == "mean" {
-			kind = gossip.KindDelta
+			kind = wire.KindDelta
 		}
 		ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, kind))
 		worst := 1.0
@@ -670,8 +670,8 @@ func TestAsyncLyingPeerDoesNotHoldGate(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for seq := uint64(1); lctx.Err() == nil; seq++ {
-			bus.Inject(gossip.Announcement{Peer: "liar", Seq: seq, Model: cfg.Model, Kind: gossip.KindModel, Codec: fp32.ID(),
-				Elems: uint32(len(w.Model.Params)), Size: uint64(len(b)), Digest: gossip.Digest(b), Key: fmt.Sprint(seq)}, b)
+			bus.Inject(wire.Announcement{Peer: "liar", Seq: seq, Model: cfg.Model, Kind: wire.KindModel, Codec: fp32.ID(),
+				Elems: uint32(len(w.Model.Params)), Size: uint64(len(b)), Digest: wire.Digest(b), Key: fmt.Sprint(seq)}, b)
 			sleepCtx(lctx, 20*time.Millisecond)
 		}
 	})
@@ -708,12 +708,12 @@ func TestAsyncRoundTime(t *testing.T) {
 }
 
 func TestPullQueue(t *testing.T) {
-	ann := func(p string, seq uint64) *gossip.Announcement {
-		return &gossip.Announcement{Peer: peerid.ID(p), Seq: seq}
+	ann := func(p string, seq uint64) *wire.Announcement {
+		return &wire.Announcement{Peer: peerid.ID(p), Seq: seq}
 	}
 	ctx := context.Background()
 	q := newPullQueue(true, 3)
-	for _, a := range []*gossip.Announcement{ann("a", 1), ann("b", 1)} {
+	for _, a := range []*wire.Announcement{ann("a", 1), ann("b", 1)} {
 		if old, _ := q.push(a); old != nil {
 			t.Fatalf("push displaced %v", old)
 		}
@@ -784,7 +784,7 @@ func TestFedBuffVotes(t *testing.T) {
 		for i := range x {
 			x[i] += v
 		}
-		return &contribution{from: from, kind: gossip.KindModel, vec: x}
+		return &contribution{from: from, kind: wire.KindModel, vec: x}
 	}
 	for _, v := range []float32{100, 200, float32(math.NaN()), 400} {
 		p.merge(delta("liar", v))

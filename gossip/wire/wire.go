@@ -1,6 +1,7 @@
-package gossip
+package wire
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -104,6 +105,10 @@ func (a *Announcement) Source() peerid.ID {
 	}
 	return a.Peer
 }
+
+// Digest returns the SHA-256 of an encoded vector, as announcements carry
+// it.
+func Digest(b []byte) [32]byte { return sha256.Sum256(b) }
 
 // AppendHeartbeat appends hb's encoding to dst and returns it.
 func AppendHeartbeat(dst []byte, hb *Heartbeat) []byte {
