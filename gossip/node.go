@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
@@ -26,7 +27,7 @@ var (
 	// ErrRefused: the remote peer read the request and refused it (a NACK:
 	// wrong model, wrong length, unknown key, handler error). Its reason is
 	// in the message. A refused push or swap was certainly not applied, so
-	// the error also wraps ErrNotDelivered.
+	// the error also wraps average.ErrNotDelivered.
 	ErrRefused = errors.New("gossip: refused by peer")
 	// ErrDigest: fetched bytes do not match the announcement's Size or
 	// SHA-256 Digest; they are discarded.
@@ -224,8 +225,9 @@ type nodeCounters struct {
 }
 
 // NodeTransport moves gossip's vectors over node/'s tensor streams: it is
-// the Exchanger of push-sum and AD-PSGD, and it serves and fetches the
-// vectors that delta announcements point at. Vectors are raw float32 in a
+// the average.Exchanger of push-sum and AD-PSGD, and it serves and fetches
+// the vectors that delta announcements point at. Peers are named by
+// peerid.ID and converted to libp2p's IDs here. Vectors are raw float32 in a
 // small gossip frame (see frame header above); fetched bytes are whatever
 // the holder served (a compression encoding, typically) and are checked
 // against the announcement's Size and SHA-256.
@@ -253,11 +255,11 @@ type NodeTransport struct {
 }
 
 type binding struct {
-	h   Handler
+	h   average.Handler
 	dim int
 }
 
-var _ Exchanger = (*NodeTransport)(nil)
+var _ average.Exchanger = (*NodeTransport)(nil)
 
 // NewNodeTransport starts serving gossip requests on n. Pushes and swaps
 // are refused until Bind installs a handler; fetches are served from what
@@ -284,7 +286,7 @@ func NewNodeTransport(n *node.Node, cfg NodeConfig) (*NodeTransport, error) {
 // Bind installs the handler of incoming pushes and swaps, for vectors of
 // dim values; requests of another length are refused. It may be called
 // again to replace the handler.
-func (t *NodeTransport) Bind(h Handler, dim int) {
+func (t *NodeTransport) Bind(h average.Handler, dim int) {
 	if h == nil {
 		t.bound.Store(nil)
 		return
@@ -333,7 +335,7 @@ func rawTensor(tag node.Tag, f *frame, payload []byte) node.Tensor {
 // into rbuf (grown to at least maxReply bytes). It returns the reply's kind
 // and body (aliasing rbuf). A failed send means the remote cannot have read
 // the whole frame (node/ hands a tensor over only after its trailing
-// checksum), so it is reported as ErrNotDelivered; so is a refusal.
+// checksum), so it is reported as average.ErrNotDelivered; so is a refusal.
 func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *frame, body []float32, key []byte, rbuf []byte, maxReply int) (byte, []byte, error) {
 	f.kind, f.seq, f.model = kind, t.nextSeq(), t.model
 	defer t.protect(p, f.seq)()
@@ -342,7 +344,7 @@ func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *fr
 	buf = appendF32(buf, body)
 	buf = append(buf, key...)
 	if err := t.n.Send(ctx, p, rawTensor(requestTag(kind), f, buf)); err != nil {
-		return 0, nil, fmt.Errorf("%w: %w", ErrNotDelivered, err)
+		return 0, nil, fmt.Errorf("%w: %w", average.ErrNotDelivered, err)
 	}
 	if cap(rbuf) < maxReply {
 		rbuf = make([]byte, maxReply)
@@ -357,7 +359,7 @@ func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *fr
 	rk := byte(r.Step)
 	if r.Step == kindRefuse {
 		msg := r.Payload[:min(len(r.Payload), maxReason)]
-		return rk, nil, fmt.Errorf("%w: %w: %s: %s", ErrNotDelivered, ErrRefused, p, string(msg))
+		return rk, nil, fmt.Errorf("%w: %w: %s: %s", average.ErrNotDelivered, ErrRefused, p, string(msg))
 	}
 	return rk, r.Payload, nil
 }
@@ -367,14 +369,14 @@ func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *fr
 func libp2pID(id peerid.ID) (peer.ID, error) {
 	p, err := peer.Decode(string(id))
 	if err != nil {
-		return "", fmt.Errorf("%w: %w: %q is not a libp2p peer ID: %v", ErrNotDelivered, ErrUnknownPeer, id, err)
+		return "", fmt.Errorf("%w: %w: %q is not a libp2p peer ID: %v", average.ErrNotDelivered, average.ErrUnknownPeer, id, err)
 	}
 	return p, nil
 }
 
-// Push implements Exchanger: the share goes in one frame; the remote
-// absorbs it only once the whole frame is verified, then acks.
-func (t *NodeTransport) Push(ctx context.Context, to peerid.ID, s Share) error {
+// Push implements average.Exchanger: the share goes in one frame; the
+// remote absorbs it only once the whole frame is verified, then acks.
+func (t *NodeTransport) Push(ctx context.Context, to peerid.ID, s average.Share) error {
 	p, err := libp2pID(to)
 	if err != nil {
 		return err
@@ -390,13 +392,13 @@ func (t *NodeTransport) Push(ctx context.Context, to peerid.ID, s Share) error {
 	return nil
 }
 
-// Swap implements Exchanger: mine goes to with in one frame; with runs
-// HandleSwap and replies with its model from before the averaging. If the
-// reply is lost after with averaged, Swap fails and the caller does not
+// Swap implements average.Exchanger: mine goes to with in one frame; with
+// runs HandleSwap and replies with its model from before the averaging. If
+// the reply is lost after with averaged, Swap fails and the caller does not
 // average: the pair ends half-mixed, which AD-PSGD tolerates.
 func (t *NodeTransport) Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error {
 	if len(theirs) != len(mine) {
-		return fmt.Errorf("%w: mine %d, theirs %d", ErrShape, len(mine), len(theirs))
+		return fmt.Errorf("%w: mine %d, theirs %d", average.ErrShape, len(mine), len(theirs))
 	}
 	p, err := libp2pID(with)
 	if err != nil {
@@ -526,7 +528,7 @@ func (t *NodeTransport) handle(from peer.ID, f *frame) {
 	case f.kind != kindFetch && int(f.n) != b.dim:
 		refuse(&t.stats.refShape, "%d values, model has %d", f.n, b.dim)
 	case f.kind == kindPush:
-		if err := b.h.HandleShare(Share{From: idOf(from), Step: f.step, Version: f.version, X: f.floats(), W: f.weight}); err != nil {
+		if err := b.h.HandleShare(average.Share{From: idOf(from), Step: f.step, Version: f.version, X: f.floats(), W: f.weight}); err != nil {
 			refuse(&t.stats.refHandler, "%v", err)
 			break
 		}

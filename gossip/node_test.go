@@ -12,6 +12,8 @@ import (
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
+	"github.com/starling-ml/starling/gossip/average"
+	"github.com/starling-ml/starling/gossip/internal/avgtest"
 	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
@@ -62,11 +64,11 @@ func TestNodePushSumConsensus(t *testing.T) {
 	const n, d = 8, 1000
 	_, trs := nodeTransports(t, n, time.Millisecond, 0, nil)
 	r := rand.New(rand.NewPCG(1, 2))
-	xs, mean := models(r, n, d)
-	spread0 := spread(xs, mean)
-	ps := make([]*PushSumPeer, n)
+	xs, mean := avgtest.Models(r, n, d)
+	spread0 := avgtest.Spread(xs, mean)
+	ps := make([]*average.PushSumPeer, n)
 	for i := range ps {
-		ps[i] = NewPushSumPeer(xs[i])
+		ps[i] = average.NewPushSumPeer(xs[i])
 		trs[i].Bind(ps[i], d)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -81,7 +83,7 @@ func TestNodePushSumConsensus(t *testing.T) {
 		shared.Add(n)
 		for i := range n {
 			wg.Go(func() {
-				errs[i] = ps[i].Step(ctx, barrierExchanger{trs[i], &shared}, trs[ExpGraphPeer(i, n, k)].Self(), k, 0)
+				errs[i] = ps[i].Step(ctx, barrierExchanger{trs[i], &shared}, trs[average.ExpGraphPeer(i, n, k)].Self(), k, 0)
 			})
 		}
 		wg.Wait()
@@ -99,7 +101,7 @@ func TestNodePushSumConsensus(t *testing.T) {
 	if math.Abs(wsum-n) > 1e-9 {
 		t.Fatalf("Σw = %v, want %d", wsum, n)
 	}
-	if s := spread(z, mean); s > 1e-5*spread0 {
+	if s := avgtest.Spread(z, mean); s > 1e-5*spread0 {
 		t.Fatalf("spread after 3 rounds %v (initial %v), want exact consensus", s, spread0)
 	}
 	if st := trs[0].Stats(); st.PushesIn != 3 {
@@ -117,7 +119,7 @@ func TestNodeSwap(t *testing.T) {
 	for i := range a {
 		a[i], b[i] = float32(i), float32(-3*i)
 	}
-	act, pas := NewPairwisePeer(a, Active), NewPairwisePeer(b, Passive)
+	act, pas := average.NewPairwisePeer(a, average.Active), average.NewPairwisePeer(b, average.Passive)
 	trs[0].Bind(act, d)
 	trs[1].Bind(pas, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -136,7 +138,7 @@ func TestNodeSwap(t *testing.T) {
 		t.Fatal("passive peer started an exchange")
 	}
 	err := trs[1].Swap(ctx, trs[0].Self(), x, y)
-	if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrNotDelivered) {
+	if !errors.Is(err, ErrRefused) || !errors.Is(err, average.ErrNotDelivered) {
 		t.Fatalf("swap with an active peer: %v, want ErrRefused and ErrNotDelivered", err)
 	}
 }
@@ -155,33 +157,33 @@ func TestNodeRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	x := make([]float32, d)
-	recv := NewPushSumPeer(x)
+	recv := average.NewPushSumPeer(x)
 	trs[0].Bind(recv, d)
-	send := func(from int, s Share) error { return trs[from].Push(ctx, trs[0].Self(), s) }
-	ok := Share{X: make([]float32, d), W: 0.5}
+	send := func(from int, s average.Share) error { return trs[from].Push(ctx, trs[0].Self(), s) }
+	ok := average.Share{X: make([]float32, d), W: 0.5}
 	for i := range ok.X {
 		ok.X[i] = 1
 	}
-	nan := Share{X: make([]float32, d), W: 0.5}
+	nan := average.Share{X: make([]float32, d), W: 0.5}
 	nan.X[7] = float32(math.NaN())
-	inf := Share{X: make([]float32, d), W: 0.5}
+	inf := average.Share{X: make([]float32, d), W: 0.5}
 	inf.X[3] = float32(math.Inf(-1))
 	cases := []struct {
 		name string
 		from int
-		s    Share
+		s    average.Share
 		stat func(NodeStats) uint64
 	}{
 		{"other model", 2, ok, func(s NodeStats) uint64 { return s.RefusedModel }},
-		{"short", 1, Share{X: make([]float32, d-1), W: 0.5}, func(s NodeStats) uint64 { return s.RefusedShape }},
+		{"short", 1, average.Share{X: make([]float32, d-1), W: 0.5}, func(s NodeStats) uint64 { return s.RefusedShape }},
 		{"NaN", 1, nan, func(s NodeStats) uint64 { return s.RefusedHandler }},
 		{"Inf", 1, inf, func(s NodeStats) uint64 { return s.RefusedHandler }},
-		{"zero weight", 1, Share{X: make([]float32, d), W: 0}, func(s NodeStats) uint64 { return s.RefusedHandler }},
+		{"zero weight", 1, average.Share{X: make([]float32, d), W: 0}, func(s NodeStats) uint64 { return s.RefusedHandler }},
 	}
 	for _, tc := range cases {
 		before := tc.stat(trs[0].Stats())
 		err := send(tc.from, tc.s)
-		if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrNotDelivered) {
+		if !errors.Is(err, ErrRefused) || !errors.Is(err, average.ErrNotDelivered) {
 			t.Fatalf("%s: %v, want ErrRefused and ErrNotDelivered", tc.name, err)
 		}
 		if got := tc.stat(trs[0].Stats()); got != before+1 {
@@ -193,7 +195,7 @@ func TestNodeRefusals(t *testing.T) {
 	}
 	// A longer vector is refused too.
 	before := trs[0].Stats().RefusedShape
-	if err := send(1, Share{X: make([]float32, d+1), W: 0.5}); !errors.Is(err, ErrRefused) {
+	if err := send(1, average.Share{X: make([]float32, d+1), W: 0.5}); !errors.Is(err, ErrRefused) {
 		t.Fatalf("long: %v, want ErrRefused", err)
 	}
 	if got := trs[0].Stats().RefusedShape; got != before+1 {
@@ -287,14 +289,14 @@ func TestNodeFetch(t *testing.T) {
 func TestNodeDeadPeer(t *testing.T) {
 	const d = 100
 	nodes, trs := nodeTransports(t, 2, 0, 0, nil)
-	trs[1].Bind(NewPushSumPeer(make([]float32, d)), d)
+	trs[1].Bind(average.NewPushSumPeer(make([]float32, d)), d)
 	dead := trs[1].Self()
 	trs[1].Close()
 	nodes[1].Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()
-	p := NewPushSumPeer(make([]float32, d))
+	p := average.NewPushSumPeer(make([]float32, d))
 	err := p.Step(ctx, trs[0], dead, 0, 0)
 	if err == nil {
 		t.Fatal("push to a dead peer succeeded")
@@ -302,7 +304,7 @@ func TestNodeDeadPeer(t *testing.T) {
 	if el := time.Since(start); el > 3*time.Second {
 		t.Fatalf("push to a dead peer took %v", el)
 	}
-	if errors.Is(err, ErrNotDelivered) && p.Weight() != 1 {
+	if errors.Is(err, average.ErrNotDelivered) && p.Weight() != 1 {
 		t.Fatalf("not delivered but weight %v: mass lost", p.Weight())
 	}
 	_, err = trs[0].Fetch(ctx, &wire.Announcement{Peer: dead, Key: "k", Size: 4}, nil)
@@ -378,8 +380,8 @@ func BenchmarkNodeFetch(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("push/%dvalues", n), func(b *testing.B) {
 			_, trs := nodeTransports(b, 2, 0, 0, nil)
-			trs[1].Bind(NewPushSumPeer(make([]float32, n)), n)
-			s := Share{X: make([]float32, n), W: 1e-9}
+			trs[1].Bind(average.NewPushSumPeer(make([]float32, n)), n)
+			s := average.Share{X: make([]float32, n), W: 1e-9}
 			ctx := context.Background()
 			b.SetBytes(int64(4 * n))
 			b.ReportAllocs()
@@ -395,11 +397,11 @@ func BenchmarkNodeFetch(b *testing.B) {
 // barrierExchanger holds every Push until all peers of the round have
 // called Push (each has split its mass by then).
 type barrierExchanger struct {
-	Exchanger
+	average.Exchanger
 	shared *sync.WaitGroup
 }
 
-func (b barrierExchanger) Push(ctx context.Context, to peerid.ID, s Share) error {
+func (b barrierExchanger) Push(ctx context.Context, to peerid.ID, s average.Share) error {
 	b.shared.Done()
 	b.shared.Wait()
 	return b.Exchanger.Push(ctx, to, s)

@@ -13,6 +13,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/p2p"
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
@@ -115,25 +116,25 @@ type delayGossipNet struct {
 	p *Peer
 }
 
-func (n *delayGossipNet) Bind(h gossip.Handler, dim int) gossip.Exchanger {
+func (n *delayGossipNet) Bind(h average.Handler, dim int) average.Exchanger {
 	return &delayExchanger{Exchanger: n.GossipNet.Bind(h, dim), p: n.p}
 }
 
 type delayExchanger struct {
-	gossip.Exchanger
+	average.Exchanger
 	p *Peer
 }
 
-func (e *delayExchanger) Push(ctx context.Context, to peerid.ID, s gossip.Share) error {
+func (e *delayExchanger) Push(ctx context.Context, to peerid.ID, s average.Share) error {
 	if err := Sleep(ctx, e.p.Delay()); err != nil {
-		return fmt.Errorf("%w: %w", gossip.ErrNotDelivered, err)
+		return fmt.Errorf("%w: %w", average.ErrNotDelivered, err)
 	}
 	return e.Exchanger.Push(ctx, to, s)
 }
 
 func (e *delayExchanger) Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error {
 	if err := Sleep(ctx, e.p.Delay()); err != nil {
-		return fmt.Errorf("%w: %w", gossip.ErrNotDelivered, err)
+		return fmt.Errorf("%w: %w", average.ErrNotDelivered, err)
 	}
 	return e.Exchanger.Swap(ctx, with, mine, theirs)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/gossip/wire"
 )
 
@@ -133,10 +134,10 @@ func (n *memAsyncNet) Fetch(ctx context.Context, a *wire.Announcement, dst []byt
 
 func (n *memAsyncNet) SetStatus(uint64, float32) {}
 
-// MemGossipNet is a GossipNet over a gossip.MemNetwork, for tests and
+// MemGossipNet is a GossipNet over a average.MemNetwork, for tests and
 // simulations. Dead, if set, reports peers to treat as not alive.
 type MemGossipNet struct {
-	Net  *gossip.MemNetwork
+	Net  *average.MemNetwork
 	ID   peerid.ID
 	Dead func(peerid.ID) bool
 	// Board, if set, carries the peers' step counts (GossipProgress);
@@ -196,7 +197,7 @@ func (n *MemGossipNet) Alive(p peerid.ID) bool { return n.Dead == nil || !n.Dead
 // at step 0 until it sets its steps, as P2PNet's peers do from their first
 // heartbeat: a passive peer done before an active one's first step waits
 // for it.
-func (n *MemGossipNet) Bind(h gossip.Handler, _ int) gossip.Exchanger {
+func (n *MemGossipNet) Bind(h average.Handler, _ int) average.Exchanger {
 	ex := n.Net.Join(n.ID, h)
 	if n.Board != nil {
 		n.Board.set(n.ID, 0, true)

@@ -7,6 +7,7 @@ import (
 	"github.com/starling-ml/starling/peerid"
 
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/gossip/wire"
 )
 
@@ -42,7 +43,7 @@ type GossipNet interface {
 	Alive(p peerid.ID) bool
 	// Bind installs h as the handler of incoming exchanges of dim-value
 	// vectors and returns the Exchanger to start exchanges with.
-	Bind(h gossip.Handler, dim int) gossip.Exchanger
+	Bind(h average.Handler, dim int) average.Exchanger
 }
 
 // GossipProgress is implemented by GossipNets that carry the peers' step
@@ -116,7 +117,7 @@ func (n *P2PNet) Steps(p peerid.ID) (int, bool) {
 }
 
 // Bind implements GossipNet.
-func (n *P2PNet) Bind(h gossip.Handler, dim int) gossip.Exchanger {
+func (n *P2PNet) Bind(h average.Handler, dim int) average.Exchanger {
 	n.T.Bind(h, dim)
 	return n.T
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/starling-ml/starling/peerid"
 
-	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/average"
 )
 
 func TestGossipConfigValidate(t *testing.T) {
@@ -62,13 +62,13 @@ func (c *stepCounter) Snapshot(peer string, _ time.Duration, updates int, _ []fl
 
 func (c *stepCounter) Event(Event) {}
 
-// runGossipPeers trains k peers with RunGossip over a gossip.MemNetwork
+// runGossipPeers trains k peers with RunGossip over a average.MemNetwork
 // until each has done at least steps steps. dead peers never start and are
 // reported dead to the others.
 func runGossipPeers(t *testing.T, k, steps int, cfg GossipConfig, dead map[int]bool) ([]*Worker, []*GossipSummary, []*handlerNet) {
 	t.Helper()
 	sh := shards(t, 6000, k)
-	mem := gossip.NewMemNetwork()
+	mem := average.NewMemNetwork()
 	ids := make([]peerid.ID, k)
 	for i := range ids {
 		ids[i] = peerid.ID(fmt.Sprint("p", i))
@@ -132,12 +132,12 @@ func localOnly(t *testing.T, k, steps int) []*Worker {
 // exchanges it starts, by partner.
 type handlerNet struct {
 	GossipNet
-	h  gossip.Handler
+	h  average.Handler
 	mu sync.Mutex
 	to map[peerid.ID]int
 }
 
-func (n *handlerNet) Bind(h gossip.Handler, dim int) gossip.Exchanger {
+func (n *handlerNet) Bind(h average.Handler, dim int) average.Exchanger {
 	n.h = h
 	n.to = make(map[peerid.ID]int)
 	return &countingExchanger{Exchanger: n.GossipNet.Bind(h, dim), n: n}
@@ -150,11 +150,11 @@ func (n *handlerNet) count(p peerid.ID) {
 }
 
 type countingExchanger struct {
-	gossip.Exchanger
+	average.Exchanger
 	n *handlerNet
 }
 
-func (e *countingExchanger) Push(ctx context.Context, to peerid.ID, s gossip.Share) error {
+func (e *countingExchanger) Push(ctx context.Context, to peerid.ID, s average.Share) error {
 	e.n.count(to)
 	return e.Exchanger.Push(ctx, to, s)
 }
@@ -191,7 +191,7 @@ func TestGossipLearns(t *testing.T) {
 				if sums[i].Failed > sums[i].Exchanges/10+2 {
 					t.Errorf("peer %d: %d failed exchanges on a perfect network", i, sums[i].Failed)
 				}
-				if ps, ok := nets[i].h.(*gossip.PushSumPeer); ok {
+				if ps, ok := nets[i].h.(*average.PushSumPeer); ok {
 					wsum += ps.Weight() // after every peer stopped: nothing in flight
 				}
 			}
@@ -235,15 +235,15 @@ func TestGossipSkipsDeadPeers(t *testing.T) {
 // than its in-neighbours.
 type sinkNet struct{ self peerid.ID }
 
-func (n sinkNet) Self() peerid.ID                           { return n.self }
-func (n sinkNet) Alive(peerid.ID) bool                      { return true }
-func (n sinkNet) Bind(gossip.Handler, int) gossip.Exchanger { return sinkExchanger{} }
+func (n sinkNet) Self() peerid.ID                             { return n.self }
+func (n sinkNet) Alive(peerid.ID) bool                        { return true }
+func (n sinkNet) Bind(average.Handler, int) average.Exchanger { return sinkExchanger{} }
 
 type sinkExchanger struct{}
 
-func (sinkExchanger) Push(context.Context, peerid.ID, gossip.Share) error { return nil }
+func (sinkExchanger) Push(context.Context, peerid.ID, average.Share) error { return nil }
 func (sinkExchanger) Swap(context.Context, peerid.ID, []float32, []float32) error {
-	return gossip.ErrNotDelivered
+	return average.ErrNotDelivered
 }
 
 // TestPushSumWeightFloor: a push-sum peer that only gives mass away stops
@@ -276,7 +276,7 @@ func TestPushSumWeightFloor(t *testing.T) {
 func TestPassiveServesActivesToTheEnd(t *testing.T) {
 	const steps = 80
 	sh := shards(t, 2000, 2)
-	mem, board := gossip.NewMemNetwork(), &StepBoard{}
+	mem, board := average.NewMemNetwork(), &StepBoard{}
 	ids := []peerid.ID{"p0", "p1"} // p0 active, p1 passive
 	cfg := DefaultGossipConfig()
 	cfg.MaxSteps, cfg.SnapshotEvery = steps, 0
@@ -333,7 +333,7 @@ type bindHook struct {
 	bound func()
 }
 
-func (n *bindHook) Bind(h gossip.Handler, d int) gossip.Exchanger {
+func (n *bindHook) Bind(h average.Handler, d int) average.Exchanger {
 	ex := n.MemGossipNet.Bind(h, d)
 	n.bound()
 	return ex
@@ -377,7 +377,7 @@ func TestPassiveServesActivesBounded(t *testing.T) {
 // finite but absurd model (every parameter 50).
 type liarHandler struct{}
 
-func (liarHandler) HandleShare(gossip.Share) error { return errors.New("no") }
+func (liarHandler) HandleShare(average.Share) error { return errors.New("no") }
 func (liarHandler) HandleSwap(_ peerid.ID, _, mine []float32) error {
 	for i := range mine {
 		mine[i] = 50
@@ -394,7 +394,7 @@ func TestGossipByzantinePassive(t *testing.T) {
 	_, te := mnist(t)
 	cfg := DefaultGossipConfig()
 	cfg.MaxSteps, cfg.SnapshotEvery = 150, 0
-	ws, sums := runGossipWithLiar(t, 7, cfg, func(context.Context, gossip.Exchanger, []peerid.ID) {})
+	ws, sums := runGossipWithLiar(t, 7, cfg, func(context.Context, average.Exchanger, []peerid.ID) {})
 	for i, w := range ws {
 		_, acc := w.Evaluate(te.Head(2000))
 		t.Logf("peer %d (%s): acc %.3f, %d exchanges, %d clipped", i, sums[i].Role, acc, sums[i].Exchanges, sums[i].Clipped)
@@ -410,10 +410,10 @@ func TestGossipByzantinePassive(t *testing.T) {
 // runGossipWithLiar runs RunGossip with cfg among honest peers p0… on a
 // MemNetwork, and a liar (the last id) that answers swaps as liarHandler
 // and runs act with its Exchanger while the others train.
-func runGossipWithLiar(t *testing.T, honest int, cfg GossipConfig, act func(ctx context.Context, liar gossip.Exchanger, ids []peerid.ID)) ([]*Worker, []*GossipSummary) {
+func runGossipWithLiar(t *testing.T, honest int, cfg GossipConfig, act func(ctx context.Context, liar average.Exchanger, ids []peerid.ID)) ([]*Worker, []*GossipSummary) {
 	t.Helper()
 	sh := shards(t, 1000*honest, honest)
-	mem := gossip.NewMemNetwork()
+	mem := average.NewMemNetwork()
 	ids := make([]peerid.ID, honest+1)
 	for i := range ids {
 		ids[i] = peerid.ID(fmt.Sprint("p", i))
@@ -460,9 +460,9 @@ func TestGossipByzantineSGP(t *testing.T) {
 	for i := range bad {
 		bad[i] = 50 * 0.5 // X of a share of weight 0.5 whose X/W is 50
 	}
-	ws, sums := runGossipWithLiar(t, 6, cfg, func(ctx context.Context, liar gossip.Exchanger, honest []peerid.ID) {
+	ws, sums := runGossipWithLiar(t, 6, cfg, func(ctx context.Context, liar average.Exchanger, honest []peerid.ID) {
 		for k := 0; ctx.Err() == nil; k++ {
-			liar.Push(ctx, honest[k%len(honest)], gossip.Share{Step: uint64(k), X: bad, W: 0.5})
+			liar.Push(ctx, honest[k%len(honest)], average.Share{Step: uint64(k), X: bad, W: 0.5})
 			sleepCtx(ctx, 2*time.Millisecond)
 		}
 	})

@@ -1,4 +1,4 @@
-package gossip
+package average
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 // errWrongAlgorithm: a peer got an exchange of the other averaging
 // algorithm, or of the wrong role.
-var errWrongAlgorithm = errors.New("gossip: exchange not served by this peer")
+var errWrongAlgorithm = errors.New("average: exchange not served by this peer")
 
 // PushSumPeer is one push-sum participant, safe for concurrent use: it is
 // the Handler for its Exchanger and steps by pushing shares through it.

@@ -1,20 +1,13 @@
-package gossip
+package average
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
 
 	"github.com/starling-ml/starling/peerid"
 )
-
-// ErrNotDelivered: an exchange certainly did not reach the remote handler
-// (nothing was sent, or the remote refused it before applying it). A
-// push-sum sender re-absorbs a share that failed this way, so no mass is
-// lost; after any other error the share's fate is unknown.
-var ErrNotDelivered = errors.New("gossip: not delivered")
 
 // Share is a push-sum share in flight.
 type Share struct {
@@ -25,8 +18,9 @@ type Share struct {
 	W       float64   // weight share, > 0
 }
 
-// Exchanger moves gossip-averaging vectors between peers. node/ implements
-// it over its tensor streams; MemNetwork is an in-memory fake. Each peer's
+// Exchanger moves gossip-averaging vectors between peers.
+// gossip.NodeTransport implements it over node/'s tensor streams;
+// MemNetwork is an in-memory fake. Each peer's
 // Exchanger delivers what arrives for it to the Handler it was built with.
 //
 // Implementations are safe for concurrent use, honour ctx's deadline on
