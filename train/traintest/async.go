@@ -1,18 +1,25 @@
-package train
+package traintest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
-	"github.com/starling-ml/starling/peerid"
-
-	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/gossip/wire"
+	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/train"
 )
 
-// MemBus is an in-memory AsyncNet fabric for tests and simulations: a
+// Errors of the fakes' calls that fail.
+var (
+	errLeft      = errors.New("traintest: the peer left the bus")
+	errNotServed = errors.New("traintest: not served")
+	errDigest    = errors.New("traintest: fetched bytes do not match the announcement")
+)
+
+// MemBus is an in-memory train.AsyncNet fabric for tests and simulations: a
 // Publish is queued for every other member at once and its bytes are
 // fetchable by (holder, key). Inject delivers hand-made announcements (for
 // bad-input tests). Safe for concurrent use.
@@ -32,7 +39,7 @@ func NewMemBus() *MemBus {
 // Join attaches peer id training model; up to queue announcements wait for
 // its Next (further ones are lost, as a full control-plane queue loses
 // them).
-func (b *MemBus) Join(id peerid.ID, model string, queue int) AsyncNet {
+func (b *MemBus) Join(id peerid.ID, model string, queue int) train.AsyncNet {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.subs[id] = make(chan *wire.Announcement, queue)
@@ -106,7 +113,7 @@ func (n *memAsyncNet) Next(ctx context.Context) (*wire.Announcement, error) {
 	ch := n.bus.subs[n.self]
 	n.bus.mu.Unlock()
 	if ch == nil {
-		return nil, gossip.ErrClosed
+		return nil, errLeft
 	}
 	select {
 	case a := <-ch:
@@ -124,30 +131,31 @@ func (n *memAsyncNet) Fetch(ctx context.Context, a *wire.Announcement, dst []byt
 	b, ok := n.bus.blobs[blobKey(a.Source(), a.Key)]
 	n.bus.mu.Unlock()
 	if !ok {
-		return dst[:0], fmt.Errorf("%w: %q not served by %s", gossip.ErrRefused, a.Key, a.Source())
+		return dst[:0], fmt.Errorf("%w: %q by %s", errNotServed, a.Key, a.Source())
 	}
 	if uint64(len(b)) != a.Size || wire.Digest(b) != a.Digest {
-		return dst[:0], fmt.Errorf("%w: %q", gossip.ErrDigest, a.Key)
+		return dst[:0], fmt.Errorf("%w: %q", errDigest, a.Key)
 	}
 	return append(dst[:0], b...), nil
 }
 
 func (n *memAsyncNet) SetStatus(uint64, float32) {}
 
-// MemGossipNet is a GossipNet over a average.MemNetwork, for tests and
-// simulations. Dead, if set, reports peers to treat as not alive.
+// MemGossipNet is a train.GossipNet over an average.MemNetwork, for tests
+// and simulations. Dead, if set, reports peers to treat as not alive.
 type MemGossipNet struct {
 	Net  *average.MemNetwork
 	ID   peerid.ID
 	Dead func(peerid.ID) bool
-	// Board, if set, carries the peers' step counts (GossipProgress);
+	// Board, if set, carries the peers' step counts (train.GossipProgress);
 	// the peers of one network share it.
 	Board *StepBoard
 }
 
 var (
-	_ GossipNet      = (*MemGossipNet)(nil)
-	_ GossipProgress = (*MemGossipNet)(nil)
+	_ train.AsyncNet       = (*memAsyncNet)(nil)
+	_ train.GossipNet      = (*MemGossipNet)(nil)
+	_ train.GossipProgress = (*MemGossipNet)(nil)
 )
 
 // StepBoard holds the step counts of the peers of a MemGossipNet.
@@ -156,7 +164,7 @@ type StepBoard struct {
 	steps map[peerid.ID]int
 }
 
-// SetSteps implements GossipProgress (a no-op without a Board).
+// SetSteps implements train.GossipProgress (a no-op without a Board).
 func (n *MemGossipNet) SetSteps(steps int) {
 	if n.Board == nil {
 		return
@@ -176,7 +184,7 @@ func (b *StepBoard) set(p peerid.ID, steps int, first bool) {
 	}
 }
 
-// Steps implements GossipProgress: what p last set, if p is alive.
+// Steps implements train.GossipProgress: what p last set, if p is alive.
 func (n *MemGossipNet) Steps(p peerid.ID) (int, bool) {
 	if n.Board == nil || !n.Alive(p) {
 		return 0, false
@@ -187,16 +195,16 @@ func (n *MemGossipNet) Steps(p peerid.ID) (int, bool) {
 	return s, ok
 }
 
-// Self implements GossipNet.
+// Self implements train.GossipNet.
 func (n *MemGossipNet) Self() peerid.ID { return n.ID }
 
-// Alive implements GossipNet.
+// Alive implements train.GossipNet.
 func (n *MemGossipNet) Alive(p peerid.ID) bool { return n.Dead == nil || !n.Dead(p) }
 
-// Bind implements GossipNet. With a Board, the peer counts from then on
-// at step 0 until it sets its steps, as P2PNet's peers do from their first
-// heartbeat: a passive peer done before an active one's first step waits
-// for it.
+// Bind implements train.GossipNet. With a Board, the peer counts from
+// then on at step 0 until it sets its steps, as swarm.StreamNet's peers do
+// from their first heartbeat: a passive peer done before an active one's
+// first step waits for it.
 func (n *MemGossipNet) Bind(h average.Handler, _ int) average.Exchanger {
 	ex := n.Net.Join(n.ID, h)
 	if n.Board != nil {
