@@ -15,6 +15,7 @@ import (
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/peerid"
+	sw "github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -62,14 +63,10 @@ func init() {
 	Register("sync", syncStrategy)
 }
 
-// transport starts the peer's gossip transport over its node.
+// transport starts the peer's stream transport over its node; a fetch
+// takes up to the node's MaxTensorBytes (see newSwarm).
 func transport(p *Peer) (*gossip.NodeTransport, error) {
-	nc := gossip.DefaultNodeConfig()
-	nc.Model = p.Config.Async.Model
-	nc.ReplyTimeout = 10 * time.Second
-	nc.MaxServed = 16
-	nc.MaxFetchBytes = 256 << 20
-	return gossip.NewNodeTransport(p.Node, nc)
+	return sw.NewStreamTransport(p.Node, p.Config.Async.Model, 256<<20)
 }
 
 func asyncStrategy(mode string) Strategy {
@@ -85,7 +82,7 @@ func asyncStrategy(mode string) Strategy {
 		if p.Config.Delay > 0 {
 			opts = append(opts, train.WithDeliveryDelay(func(peerid.ID) time.Duration { return p.Delay() }))
 		}
-		return train.RunAsync(ctx, p.Worker, &train.P2PNet{CP: p.CP, T: t}, cfg, p.Rec, opts...)
+		return train.RunAsync(ctx, p.Worker, &sw.StreamNet{CP: p.CP, T: t}, cfg, p.Rec, opts...)
 	}
 }
 
@@ -98,7 +95,7 @@ func gossipStrategy(algo string) Strategy {
 		defer t.Close()
 		cfg := p.Config.Gossip
 		cfg.Algorithm = algo
-		var net train.GossipNet = &train.P2PNet{CP: p.CP, T: t}
+		var net train.GossipNet = &sw.StreamNet{CP: p.CP, T: t}
 		if p.Config.Delay > 0 {
 			net = &delayGossipNet{GossipNet: net, p: p}
 		}

@@ -11,11 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/starling-ml/starling/peerid"
-
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/gossip/wire"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/staleness"
 )
 

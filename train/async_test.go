@@ -9,11 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/starling-ml/starling/peerid"
-
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/gossip/wire"
+	"github.com/starling-ml/starling/peerid"
 )
 
 const testArch = "mlp:784-32-10"

@@ -10,10 +10,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/starling-ml/starling/peerid"
-
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/gossip/average"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/staleness"
 )
 

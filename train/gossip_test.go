@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/starling-ml/starling/peerid"
-
 	"github.com/starling-ml/starling/gossip/average"
+	"github.com/starling-ml/starling/peerid"
 )
 
 func TestGossipConfigValidate(t *testing.T) {

@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/starling-ml/starling/peerid"
-
 	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // errWrongAlgorithm: a peer got an exchange of the other averaging

@@ -12,10 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/starling-ml/starling/peerid"
-
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/gossip/internal/avgtest"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Consensus target of issue 6: max distance of any peer's model to the mean

@@ -9,8 +9,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/peerid"
-
-	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -73,24 +72,12 @@ func (o *Options) validateAsync() error {
 	return o.Async.validate()
 }
 
-// gossipTransport starts the stream side of the asynchronous strategies on
-// the peer's node: announced vectors are pulled, and gossip exchanges
-// made, over node/ tensor streams.
-func gossipTransport(env *Env) (*gossip.NodeTransport, error) {
-	nc := gossip.DefaultNodeConfig()
-	nc.Model = env.Opts.Swarm.Gossip.Model
-	nc.ReplyTimeout = 10 * time.Second
-	nc.MaxServed = 16
-	nc.MaxFetchBytes = 4 * int64(len(env.Worker.Model.Params)+1024)
-	return gossip.NewNodeTransport(env.Peer.Node, nc)
-}
-
 // runAsync is --mode async: FedAsync (mix every fresh model in, weighted
 // by its staleness) or FedBuff (apply after K buffered deltas).
 func runAsync(ctx context.Context, env *Env) error {
 	cfg := env.Opts.Async.Async
 	cfg.Model, cfg.MaxSteps = env.Opts.Swarm.Gossip.Model, env.Opts.Async.Steps
-	return runStreaming(ctx, env, cfg.Mode, func(ctx context.Context, net *train.P2PNet, ev *evaluator) (string, error) {
+	return runStreaming(ctx, env, cfg.Mode, func(ctx context.Context, net *swarm.StreamNet, ev *evaluator) (string, error) {
 		sum, err := train.RunAsync(ctx, env.Worker, net, cfg, ev)
 		if err != nil {
 			return "", err
@@ -118,7 +105,7 @@ func runGossip(ctx context.Context, env *Env) error {
 	for i, m := range members {
 		group[i] = peerid.ID(m)
 	}
-	return runStreaming(ctx, env, cfg.Algorithm, func(ctx context.Context, net *train.P2PNet, ev *evaluator) (string, error) {
+	return runStreaming(ctx, env, cfg.Algorithm, func(ctx context.Context, net *swarm.StreamNet, ev *evaluator) (string, error) {
 		sum, err := train.RunGossip(ctx, env.Worker, net, group, cfg, ev)
 		if err != nil {
 			return "", err
@@ -137,11 +124,13 @@ func runGossip(ctx context.Context, env *Env) error {
 // --duration, and reports the final model with run's note once the
 // transport is closed (no exchange served for another peer touches the
 // final model after that).
-func runStreaming(ctx context.Context, env *Env, strategy string, run func(context.Context, *train.P2PNet, *evaluator) (string, error)) error {
+func runStreaming(ctx context.Context, env *Env, strategy string, run func(context.Context, *swarm.StreamNet, *evaluator) (string, error)) error {
 	if ck := env.Checkpoint; ck != nil && ck.Strategy != strategy {
 		return fmt.Errorf("%w: checkpoint is from strategy %q, this run is %s", train.ErrCheckpoint, ck.Strategy, strategy)
 	}
-	t, err := gossipTransport(env)
+	// A fetched vector is at most the model in fp32, plus room for a
+	// codec's header.
+	t, err := swarm.NewStreamTransport(env.Peer.Node, env.Opts.Swarm.Gossip.Model, 4*int64(len(env.Worker.Model.Params)+1024))
 	if err != nil {
 		return err
 	}
@@ -152,7 +141,7 @@ func runStreaming(ctx context.Context, env *Env, strategy string, run func(conte
 		defer cancel()
 	}
 	ev := newEvaluator(env, strategy, env.Opts.Async)
-	note, err := run(ctx, &train.P2PNet{CP: env.Peer.Control, T: t}, ev)
+	note, err := run(ctx, &swarm.StreamNet{CP: env.Peer.Control, T: t}, ev)
 	t.Close()
 	if err != nil {
 		return err
