@@ -14,6 +14,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/starling-ml/starling/gossip/wire"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Clock tells the time. The control plane reads it for heartbeat arrival
@@ -73,8 +76,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Namespace == "" || strings.ContainsRune(c.Namespace, '/'):
 		return fmt.Errorf("%w: namespace %q must be non-empty without '/'", ErrBadConfig, c.Namespace)
-	case c.Model == "" || len(c.Model) > MaxModelIDLen:
-		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, MaxModelIDLen)
+	case c.Model == "" || len(c.Model) > wire.MaxModelIDLen:
+		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, wire.MaxModelIDLen)
 	case c.HeartbeatInterval < 0:
 		return fmt.Errorf("%w: heartbeat interval %v < 0", ErrBadConfig, c.HeartbeatInterval)
 	case c.PeerTTL <= c.HeartbeatInterval:
@@ -119,21 +122,22 @@ func WithPubSubOptions(opts ...pubsub.Option) Option {
 type ControlPlane struct {
 	cfg   Config
 	h     host.Host
+	self  peerid.ID // h's ID as messages name it
 	clock Clock
 	log   *slog.Logger
 
-	ps                     *pubsub.PubSub
-	hbTopic, annTopic      *pubsub.Topic
-	hbSub, annSub          *pubsub.Subscription
-	hbName, annName        string
-	cancel                 context.CancelFunc
-	wg                     sync.WaitGroup
-	closeOnce              sync.Once
-	done                   chan struct{}
-	seq                    atomic.Uint64
-	version, samplesPerSec atomic.Uint64 // samplesPerSec holds float64 bits
-	ann                    chan *Announcement
-	stats                  counters
+	ps                *pubsub.PubSub
+	hbTopic, annTopic *pubsub.Topic
+	hbSub, annSub     *pubsub.Subscription
+	hbName, annName   string
+	cancel            context.CancelFunc
+	wg                sync.WaitGroup
+	closeOnce         sync.Once
+	done              chan struct{}
+	seq               atomic.Uint64
+	status            atomic.Pointer[wire.Status]
+	ann               chan *wire.Announcement
+	stats             counters
 
 	mu         sync.Mutex    // guards members, hbReplay, annReplay, changed
 	changed    chan struct{} // closed and replaced when a heartbeat is applied
@@ -141,6 +145,9 @@ type ControlPlane struct {
 	hbReplay   *replayGuard
 	annReplay  *replayGuard
 	lastExpire time.Time
+
+	// warnedVersion is set once a peer on another wire version was logged.
+	warnedVersion atomic.Bool
 }
 
 // New starts a GossipSub router on h with strict message signing, joins the
@@ -168,12 +175,13 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 	c := &ControlPlane{
 		cfg:       cfg,
 		h:         h,
+		self:      idOf(h.ID()),
 		clock:     o.clock,
 		log:       o.log,
 		hbName:    "/starling/" + cfg.Namespace + "/members/1",
 		annName:   "/starling/" + cfg.Namespace + "/deltas/1",
 		done:      make(chan struct{}),
-		ann:       make(chan *Announcement, cfg.AnnounceQueue),
+		ann:       make(chan *wire.Announcement, cfg.AnnounceQueue),
 		members:   NewMembership(cfg.PeerTTL),
 		changed:   make(chan struct{}),
 		hbReplay:  newReplayGuard(),
@@ -278,14 +286,13 @@ func (c *ControlPlane) Topics() (heartbeats, announcements string) { return c.hb
 // Stats returns a snapshot of the counters.
 func (c *ControlPlane) Stats() Stats { return c.stats.snapshot() }
 
-// SetStatus sets the model version and throughput the next heartbeats
-// carry. Non-finite or negative throughput is sent as 0.
-func (c *ControlPlane) SetStatus(version uint64, samplesPerSec float32) {
-	if !(samplesPerSec >= 0) || math.IsInf(float64(samplesPerSec), 0) {
-		samplesPerSec = 0
+// SetStatus sets the status the next heartbeats carry. A non-finite or
+// negative throughput is sent as 0.
+func (c *ControlPlane) SetStatus(st wire.Status) {
+	if !(st.SamplesPerSec >= 0) || math.IsInf(float64(st.SamplesPerSec), 0) {
+		st.SamplesPerSec = 0
 	}
-	c.version.Store(version)
-	c.samplesPerSec.Store(uint64(math.Float32bits(samplesPerSec)))
+	c.status.Store(&st)
 }
 
 // Peers returns the live peers other than this one, sorted by ID.
@@ -297,7 +304,7 @@ func (c *ControlPlane) Peers() []PeerInfo {
 }
 
 // Peer returns one live peer's info.
-func (c *ControlPlane) Peer(id peer.ID) (PeerInfo, bool) {
+func (c *ControlPlane) Peer(id peerid.ID) (PeerInfo, bool) {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -330,7 +337,7 @@ func (c *ControlPlane) WaitPeers(ctx context.Context, n int) ([]PeerInfo, error)
 // Expire removes peers whose heartbeats stopped and forgets replay state
 // older than ReplayRetention. It returns the expired peers. The heartbeat
 // loop calls it every interval; call it yourself when the loop is off.
-func (c *ControlPlane) Expire() []peer.ID {
+func (c *ControlPlane) Expire() []peerid.ID {
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -345,10 +352,10 @@ func (c *ControlPlane) nextSeq() uint64 { return c.seq.Add(1) }
 func (c *ControlPlane) addrs() []ma.Multiaddr {
 	var out []ma.Multiaddr
 	for _, a := range c.h.Addrs() {
-		if len(out) == MaxAddrs {
+		if len(out) == wire.MaxAddrs {
 			break
 		}
-		if len(a.Bytes()) <= MaxAddrLen {
+		if len(a.Bytes()) <= wire.MaxAddrLen {
 			out = append(out, a)
 		}
 	}
@@ -357,27 +364,28 @@ func (c *ControlPlane) addrs() []ma.Multiaddr {
 
 // Beat publishes one heartbeat now.
 func (c *ControlPlane) Beat(ctx context.Context) error {
-	hb := &Heartbeat{
-		Peer:          c.h.ID(),
-		Seq:           c.nextSeq(),
-		Model:         c.cfg.Model,
-		Version:       c.version.Load(),
-		SamplesPerSec: math.Float32frombits(uint32(c.samplesPerSec.Load())),
-		Addrs:         c.addrs(),
+	hb := &wire.Heartbeat{
+		Peer:  c.self,
+		Seq:   c.nextSeq(),
+		Model: c.cfg.Model,
+		Addrs: c.addrs(),
 	}
-	return c.publish(ctx, c.hbTopic, AppendHeartbeat(nil, hb))
+	if st := c.status.Load(); st != nil {
+		hb.Status = *st
+	}
+	return c.publish(ctx, c.hbTopic, wire.AppendHeartbeat(nil, hb))
 }
 
 // Announce publishes a; it fills in Peer, Seq and Model. The vector must be
 // ready to serve under a.Key before Announce is called.
-func (c *ControlPlane) Announce(ctx context.Context, a Announcement) error {
-	a.Peer = c.h.ID()
+func (c *ControlPlane) Announce(ctx context.Context, a wire.Announcement) error {
+	a.Peer = c.self
 	a.Seq = c.nextSeq()
 	a.Model = c.cfg.Model
-	b := AppendAnnouncement(nil, &a)
+	b := wire.AppendAnnouncement(nil, &a)
 	// Check locally what every receiver will check, to return a clear error
 	// instead of a silent drop.
-	if _, err := DecodeAnnouncement(b); err != nil {
+	if _, err := wire.DecodeAnnouncement(b); err != nil {
 		return fmt.Errorf("gossip: announce: %w", err)
 	}
 	return c.publish(ctx, c.annTopic, b)
@@ -390,7 +398,7 @@ func (c *ControlPlane) publish(ctx context.Context, t *pubsub.Topic, b []byte) e
 	default:
 	}
 	if len(b) > c.cfg.MaxMessageSize {
-		return fmt.Errorf("gossip: publish: %w: %d bytes, cap %d", ErrTooLarge, len(b), c.cfg.MaxMessageSize)
+		return fmt.Errorf("gossip: publish: %w: %d bytes, cap %d", wire.ErrTooLarge, len(b), c.cfg.MaxMessageSize)
 	}
 	if err := t.Publish(ctx, b); err != nil {
 		return fmt.Errorf("gossip: publish on %s: %w", t.String(), err)
@@ -401,7 +409,7 @@ func (c *ControlPlane) publish(ctx context.Context, t *pubsub.Topic, b []byte) e
 // Next returns the next announcement from another peer, in arrival order.
 // It blocks until one arrives, ctx ends or the control plane closes
 // (ErrClosed). The returned value is owned by the caller.
-func (c *ControlPlane) Next(ctx context.Context) (*Announcement, error) {
+func (c *ControlPlane) Next(ctx context.Context) (*wire.Announcement, error) {
 	select {
 	case a := <-c.ann:
 		return a, nil
@@ -439,14 +447,13 @@ func (c *ControlPlane) heartbeatLoop(ctx context.Context) {
 
 func (c *ControlPlane) readHeartbeats(ctx context.Context) {
 	defer c.wg.Done()
-	self := c.h.ID()
 	for {
 		msg, err := c.hbSub.Next(ctx)
 		if err != nil {
 			return
 		}
-		hb, ok := msg.ValidatorData.(*Heartbeat)
-		if !ok || hb.Peer == self {
+		hb, ok := msg.ValidatorData.(*wire.Heartbeat)
+		if !ok || hb.Peer == c.self {
 			continue
 		}
 		now := c.clock.Now()
@@ -457,7 +464,8 @@ func (c *ControlPlane) readHeartbeats(ctx context.Context) {
 		c.mu.Unlock()
 		c.stats.heartbeats.Add(1)
 		if len(hb.Addrs) > 0 {
-			c.h.Peerstore().AddAddrs(hb.Peer, hb.Addrs, c.cfg.PeerTTL)
+			// The validator checked that hb.Peer is the signer.
+			c.h.Peerstore().AddAddrs(msg.GetFrom(), hb.Addrs, c.cfg.PeerTTL)
 		}
 		if joined {
 			c.log.Debug("gossip: peer joined", "peer", hb.Peer, "version", hb.Version)
@@ -467,14 +475,13 @@ func (c *ControlPlane) readHeartbeats(ctx context.Context) {
 
 func (c *ControlPlane) readAnnouncements(ctx context.Context) {
 	defer c.wg.Done()
-	self := c.h.ID()
 	for {
 		msg, err := c.annSub.Next(ctx)
 		if err != nil {
 			return
 		}
-		a, ok := msg.ValidatorData.(*Announcement)
-		if !ok || a.Peer == self {
+		a, ok := msg.ValidatorData.(*wire.Announcement)
+		if !ok || a.Peer == c.self {
 			continue
 		}
 		c.stats.announcements.Add(1)
@@ -500,13 +507,13 @@ func (c *ControlPlane) readAnnouncements(ctx context.Context) {
 
 // validateHeartbeat is the heartbeat topic's validator (see validate).
 func (c *ControlPlane) validateHeartbeat(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-	return validate(c, msg, c.hbReplay, DecodeHeartbeat, func(hb *Heartbeat) (peer.ID, string, uint64) { return hb.Peer, hb.Model, hb.Seq })
+	return validate(c, msg, c.hbReplay, wire.DecodeHeartbeat, func(hb *wire.Heartbeat) (peerid.ID, string, uint64) { return hb.Peer, hb.Model, hb.Seq })
 }
 
 // validateAnnouncement is the announcement topic's validator (see
 // validate).
 func (c *ControlPlane) validateAnnouncement(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-	return validate(c, msg, c.annReplay, DecodeAnnouncement, func(a *Announcement) (peer.ID, string, uint64) { return a.Peer, a.Model, a.Seq })
+	return validate(c, msg, c.annReplay, wire.DecodeAnnouncement, func(a *wire.Announcement) (peerid.ID, string, uint64) { return a.Peer, a.Model, a.Seq })
 }
 
 // validate checks a control message of one topic: decoded by decode, whose
@@ -514,8 +521,10 @@ func (c *ControlPlane) validateAnnouncement(_ context.Context, _ peer.ID, msg *p
 // (size, encoding, NaN, a sender that is not the signer) are Reject, which
 // also lowers the forwarder's GossipSub score; a foreign model or a replay
 // (against replay) is Ignore, since an honest forwarder may relay those.
-// An accepted message carries its decoded form in msg.ValidatorData.
-func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, decode func([]byte) (M, error), fields func(M) (from peer.ID, model string, seq uint64)) pubsub.ValidationResult {
+// A message of another wire version is logged once (its sender runs
+// another release). An accepted message carries its decoded form in
+// msg.ValidatorData.
+func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, decode func([]byte) (M, error), fields func(M) (from peerid.ID, model string, seq uint64)) pubsub.ValidationResult {
 	data := msg.GetData()
 	if len(data) > c.cfg.MaxMessageSize {
 		c.stats.drop(DropOversized)
@@ -523,11 +532,17 @@ func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, 
 	}
 	m, err := decode(data)
 	if err != nil {
-		c.stats.drop(reasonOf(err))
+		r := reasonOf(err)
+		if r == DropVersion && !c.warnedVersion.Swap(true) {
+			c.log.Warn("gossip: dropping the messages of a peer on another Starling release", "peer", msg.GetFrom(), "err", err)
+		}
+		c.stats.drop(r)
 		return pubsub.ValidationReject
 	}
+	// Both sides are canonical texts (the decoder checks the claimed one),
+	// so equal texts are equal IDs.
 	from, model, seq := fields(m)
-	if from != msg.GetFrom() {
+	if from != idOf(msg.GetFrom()) {
 		c.stats.drop(DropOrigin)
 		return pubsub.ValidationReject
 	}
@@ -545,3 +560,7 @@ func validate[M any](c *ControlPlane, msg *pubsub.Message, replay *replayGuard, 
 	msg.ValidatorData = m
 	return pubsub.ValidationAccept
 }
+
+// idOf names a libp2p peer as Starling's messages and APIs do: the text
+// form of its ID.
+func idOf(p peer.ID) peerid.ID { return peerid.ID(p.String()) }

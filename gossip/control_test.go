@@ -15,6 +15,7 @@ import (
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/gossip/wire"
 )
 
 type fakeClock struct {
@@ -151,7 +152,7 @@ func TestMembershipOn16Hosts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i, cp := range cps {
-		cp.SetStatus(uint64(100+i), float32(10*i))
+		cp.SetStatus(wire.Status{Version: uint64(100 + i), SamplesPerSec: float32(10 * i)})
 		if err := cp.Beat(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +169,7 @@ func TestMembershipOn16Hosts(t *testing.T) {
 			if i == j {
 				continue
 			}
-			p, ok := cp.Peer(h.ID())
+			p, ok := cp.Peer(idOf(h.ID()))
 			if !ok || p.Version != uint64(100+j) || p.SamplesPerSec != float32(10*j) || p.Model != "mnist-mlp" {
 				t.Fatalf("host %d's view of %d: %+v %v", i, j, p, ok)
 			}
@@ -197,7 +198,7 @@ func TestMembershipOn16Hosts(t *testing.T) {
 	}
 	eventually(t, 20*time.Second, "host 1 to come back", func() bool {
 		p := cps[0].Peers()
-		return len(p) == 1 && p[0].ID == hosts[1].ID()
+		return len(p) == 1 && p[0].ID == idOf(hosts[1].ID())
 	})
 }
 
@@ -209,8 +210,8 @@ func TestAnnouncements(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	a := Announcement{
-		Version: 12, Base: 10, Kind: KindDelta, Codec: compression.IDInt8,
+	a := wire.Announcement{
+		Version: 12, Base: 10, Kind: wire.KindDelta, Codec: compression.IDInt8,
 		Elems: 1000, Size: 1100, Samples: 64, Loss: 0.5,
 		Digest: sha256.Sum256([]byte("bytes")), Key: "delta/12",
 	}
@@ -222,8 +223,8 @@ func TestAnnouncements(t *testing.T) {
 		if err != nil {
 			t.Fatalf("host %d: %v (stats %v)", i, err, cps[i].Stats())
 		}
-		if got.Peer != hosts[0].ID() || got.Model != "mnist-mlp" || got.Version != 12 || got.Base != 10 ||
-			got.Digest != a.Digest || got.Key != "delta/12" || got.Source() != hosts[0].ID() {
+		if got.Peer != idOf(hosts[0].ID()) || got.Model != "mnist-mlp" || got.Version != 12 || got.Base != 10 ||
+			got.Digest != a.Digest || got.Key != "delta/12" || got.Source() != idOf(hosts[0].ID()) {
 			t.Fatalf("host %d got %+v", i, got)
 		}
 	}
@@ -236,12 +237,12 @@ func TestAnnouncements(t *testing.T) {
 	// Invalid announcements fail locally with the decoder's error.
 	bad := a
 	bad.Base = 13
-	if err := cps[0].Announce(ctx, bad); !errors.Is(err, ErrMalformed) {
+	if err := cps[0].Announce(ctx, bad); !errors.Is(err, wire.ErrMalformed) {
 		t.Fatalf("base > version: %v", err)
 	}
 	bad = a
 	bad.Loss = float32(math.NaN())
-	if err := cps[0].Announce(ctx, bad); !errors.Is(err, ErrNonFinite) {
+	if err := cps[0].Announce(ctx, bad); !errors.Is(err, wire.ErrNonFinite) {
 		t.Fatalf("NaN loss: %v", err)
 	}
 	// After Close, calls fail with ErrClosed.
@@ -303,20 +304,20 @@ func TestBadMessagesDropped(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	evilID := hosts[3].ID()
-	hb := func(seq uint64, f func(*Heartbeat)) []byte {
-		h := &Heartbeat{Peer: evilID, Seq: seq, Model: cfg.Model, Version: 1, SamplesPerSec: 1}
+	evilID := idOf(hosts[3].ID())
+	hb := func(seq uint64, f func(*wire.Heartbeat)) []byte {
+		h := &wire.Heartbeat{Peer: evilID, Seq: seq, Model: cfg.Model, Status: wire.Status{Version: 1, SamplesPerSec: 1}}
 		if f != nil {
 			f(h)
 		}
-		return AppendHeartbeat(nil, h)
+		return wire.AppendHeartbeat(nil, h)
 	}
 	nanHB := hb(1, nil)
 	// Patch samples/s (4 bytes before the address count, the last byte) to
 	// a NaN: the encoder would refuse nothing, but we want raw bytes.
 	copy(nanHB[len(nanHB)-5:], []byte{0x00, 0x00, 0xc0, 0x7f})
-	nanAnn := AppendAnnouncement(nil, &Announcement{
-		Peer: evilID, Seq: 2, Model: cfg.Model, Version: 2, Base: 1, Kind: KindDelta,
+	nanAnn := wire.AppendAnnouncement(nil, &wire.Announcement{
+		Peer: evilID, Seq: 2, Model: cfg.Model, Version: 2, Base: 1, Kind: wire.KindDelta,
 		Loss: float32(math.Inf(1)),
 	})
 	publish := []struct {
@@ -327,8 +328,9 @@ func TestBadMessagesDropped(t *testing.T) {
 		{evil.hb, nanHB},
 		{evil.ann, nanAnn},
 		{evil.hb, make([]byte, cfg.MaxMessageSize+1)},
-		{evil.hb, hb(3, func(h *Heartbeat) { h.Peer = honest[0].ID() })}, // claims another origin
-		{evil.hb, hb(4, func(h *Heartbeat) { h.Model = "other-model" })},
+		{evil.hb, hb(3, func(h *wire.Heartbeat) { h.Peer = idOf(honest[0].ID()) })}, // claims another origin
+		{evil.hb, hb(4, func(h *wire.Heartbeat) { h.Model = "other-model" })},
+		{evil.hb, append([]byte{1}, hb(5, nil)[1:]...)}, // format 1: a peer on an older release
 		{evil.hb, hb(10, nil)}, // valid
 		{evil.hb, hb(10, nil)}, // replayed sequence number (a new pubsub message)
 		{unsigned.hb, []byte("unsigned")},
@@ -340,7 +342,7 @@ func TestBadMessagesDropped(t *testing.T) {
 	}
 	want := map[DropReason]uint64{
 		DropMalformed: 1, DropNonFinite: 2, DropOversized: 1, DropOrigin: 1,
-		DropModel: 1, DropReplay: 1, DropUnsigned: 1,
+		DropModel: 1, DropReplay: 1, DropUnsigned: 1, DropVersion: 1,
 	}
 	eventually(t, 20*time.Second, "every drop counted at every honest peer", func() bool {
 		for _, cp := range cps {

@@ -4,21 +4,22 @@ import (
 	"slices"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/starling-ml/starling/gossip/wire"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // PeerInfo is what the membership view knows about one live peer: its last
 // heartbeat and when it arrived (by the local clock).
 type PeerInfo struct {
-	ID            peer.ID
-	Addrs         []ma.Multiaddr
-	Model         string
-	Version       uint64
-	SamplesPerSec float32
-	Seq           uint64
-	FirstSeen     time.Time
-	LastSeen      time.Time
+	ID          peerid.ID
+	Addrs       []ma.Multiaddr
+	Model       string
+	wire.Status // from the peer's last heartbeat
+	Seq         uint64
+	FirstSeen   time.Time
+	LastSeen    time.Time
 }
 
 // Membership is the view of live peers built from heartbeats: a peer is
@@ -27,20 +28,20 @@ type PeerInfo struct {
 // wraps one in a mutex.
 type Membership struct {
 	ttl   time.Duration
-	peers map[peer.ID]*PeerInfo
+	peers map[peerid.ID]*PeerInfo
 }
 
 // NewMembership returns an empty view whose peers expire after ttl without
 // a heartbeat.
 func NewMembership(ttl time.Duration) *Membership {
-	return &Membership{ttl: ttl, peers: make(map[peer.ID]*PeerInfo)}
+	return &Membership{ttl: ttl, peers: make(map[peerid.ID]*PeerInfo)}
 }
 
 // Observe records hb, received at now, and reports whether hb.Peer is new
 // to the view (or returns after expiring). A heartbeat with a sequence
 // number not above the last one recorded is ignored (the transport's
 // replay filter admits some reordering; membership keeps the newest).
-func (m *Membership) Observe(hb *Heartbeat, now time.Time) (joined bool) {
+func (m *Membership) Observe(hb *wire.Heartbeat, now time.Time) (joined bool) {
 	p, ok := m.peers[hb.Peer]
 	if ok && !m.live(p, now) {
 		delete(m.peers, hb.Peer)
@@ -54,8 +55,7 @@ func (m *Membership) Observe(hb *Heartbeat, now time.Time) (joined bool) {
 	}
 	p.Addrs = slices.Clone(hb.Addrs)
 	p.Model = hb.Model
-	p.Version = hb.Version
-	p.SamplesPerSec = hb.SamplesPerSec
+	p.Status = hb.Status
 	p.Seq = hb.Seq
 	p.LastSeen = now
 	return !ok
@@ -66,7 +66,7 @@ func (m *Membership) live(p *PeerInfo, now time.Time) bool {
 }
 
 // Get returns the peer's info if it is live at now.
-func (m *Membership) Get(id peer.ID, now time.Time) (PeerInfo, bool) {
+func (m *Membership) Get(id peerid.ID, now time.Time) (PeerInfo, bool) {
 	p, ok := m.peers[id]
 	if !ok || !m.live(p, now) {
 		return PeerInfo{}, false
@@ -96,8 +96,8 @@ func (m *Membership) Live(now time.Time) []PeerInfo {
 }
 
 // Expire removes the peers not live at now and returns their IDs, sorted.
-func (m *Membership) Expire(now time.Time) []peer.ID {
-	var gone []peer.ID
+func (m *Membership) Expire(now time.Time) []peerid.ID {
+	var gone []peerid.ID
 	for id, p := range m.peers {
 		if !m.live(p, now) {
 			gone = append(gone, id)

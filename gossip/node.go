@@ -2,7 +2,6 @@ package gossip
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,7 +16,10 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/gossip/average"
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Errors of the node/ transport; match them with errors.Is.
@@ -25,7 +27,7 @@ var (
 	// ErrRefused: the remote peer read the request and refused it (a NACK:
 	// wrong model, wrong length, unknown key, handler error). Its reason is
 	// in the message. A refused push or swap was certainly not applied, so
-	// the error also wraps ErrNotDelivered.
+	// the error also wraps average.ErrNotDelivered.
 	ErrRefused = errors.New("gossip: refused by peer")
 	// ErrDigest: fetched bytes do not match the announcement's Size or
 	// SHA-256 Digest; they are discarded.
@@ -60,8 +62,8 @@ func DefaultNodeConfig() NodeConfig {
 // Validate reports whether c is usable. It does not modify c.
 func (c NodeConfig) Validate() error {
 	switch {
-	case c.Model == "" || len(c.Model) > MaxModelIDLen:
-		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, MaxModelIDLen)
+	case c.Model == "" || len(c.Model) > wire.MaxModelIDLen:
+		return fmt.Errorf("%w: model id %q must have 1..%d bytes", ErrBadConfig, c.Model, wire.MaxModelIDLen)
 	case c.ReplyTimeout <= 0:
 		return fmt.Errorf("%w: reply timeout %v must be > 0", ErrBadConfig, c.ReplyTimeout)
 	case c.MaxServed < 1:
@@ -183,7 +185,7 @@ func decodeFrame(b []byte) (frame, error) {
 	case kindPush, kindSwap:
 		want = 4 * int(f.n)
 	case kindFetch:
-		if f.n > MaxKeyLen {
+		if f.n > wire.MaxKeyLen {
 			return f, fmt.Errorf("%w: key of %d bytes", ErrBadFrame, f.n)
 		}
 		want = int(f.n)
@@ -223,8 +225,9 @@ type nodeCounters struct {
 }
 
 // NodeTransport moves gossip's vectors over node/'s tensor streams: it is
-// the Exchanger of push-sum and AD-PSGD, and it serves and fetches the
-// vectors that delta announcements point at. Vectors are raw float32 in a
+// the average.Exchanger of push-sum and AD-PSGD, and it serves and fetches
+// the vectors that delta announcements point at. Peers are named by
+// peerid.ID and converted to libp2p's IDs here. Vectors are raw float32 in a
 // small gossip frame (see frame header above); fetched bytes are whatever
 // the holder served (a compression encoding, typically) and are checked
 // against the announcement's Size and SHA-256.
@@ -252,11 +255,11 @@ type NodeTransport struct {
 }
 
 type binding struct {
-	h   Handler
+	h   average.Handler
 	dim int
 }
 
-var _ Exchanger = (*NodeTransport)(nil)
+var _ average.Exchanger = (*NodeTransport)(nil)
 
 // NewNodeTransport starts serving gossip requests on n. Pushes and swaps
 // are refused until Bind installs a handler; fetches are served from what
@@ -283,7 +286,7 @@ func NewNodeTransport(n *node.Node, cfg NodeConfig) (*NodeTransport, error) {
 // Bind installs the handler of incoming pushes and swaps, for vectors of
 // dim values; requests of another length are refused. It may be called
 // again to replace the handler.
-func (t *NodeTransport) Bind(h Handler, dim int) {
+func (t *NodeTransport) Bind(h average.Handler, dim int) {
 	if h == nil {
 		t.bound.Store(nil)
 		return
@@ -292,7 +295,7 @@ func (t *NodeTransport) Bind(h Handler, dim int) {
 }
 
 // Self returns the node's peer ID.
-func (t *NodeTransport) Self() peer.ID { return t.n.ID() }
+func (t *NodeTransport) Self() peerid.ID { return idOf(t.n.ID()) }
 
 // Stats returns a snapshot of the counters.
 func (t *NodeTransport) Stats() NodeStats {
@@ -332,7 +335,7 @@ func rawTensor(tag node.Tag, f *frame, payload []byte) node.Tensor {
 // into rbuf (grown to at least maxReply bytes). It returns the reply's kind
 // and body (aliasing rbuf). A failed send means the remote cannot have read
 // the whole frame (node/ hands a tensor over only after its trailing
-// checksum), so it is reported as ErrNotDelivered; so is a refusal.
+// checksum), so it is reported as average.ErrNotDelivered; so is a refusal.
 func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *frame, body []float32, key []byte, rbuf []byte, maxReply int) (byte, []byte, error) {
 	f.kind, f.seq, f.model = kind, t.nextSeq(), t.model
 	defer t.protect(p, f.seq)()
@@ -341,7 +344,7 @@ func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *fr
 	buf = appendF32(buf, body)
 	buf = append(buf, key...)
 	if err := t.n.Send(ctx, p, rawTensor(requestTag(kind), f, buf)); err != nil {
-		return 0, nil, fmt.Errorf("%w: %w", ErrNotDelivered, err)
+		return 0, nil, fmt.Errorf("%w: %w", average.ErrNotDelivered, err)
 	}
 	if cap(rbuf) < maxReply {
 		rbuf = make([]byte, maxReply)
@@ -356,16 +359,30 @@ func (t *NodeTransport) request(ctx context.Context, p peer.ID, kind byte, f *fr
 	rk := byte(r.Step)
 	if r.Step == kindRefuse {
 		msg := r.Payload[:min(len(r.Payload), maxReason)]
-		return rk, nil, fmt.Errorf("%w: %w: %s: %s", ErrNotDelivered, ErrRefused, p, string(msg))
+		return rk, nil, fmt.Errorf("%w: %w: %s: %s", average.ErrNotDelivered, ErrRefused, p, string(msg))
 	}
 	return rk, r.Payload, nil
 }
 
-// Push implements Exchanger: the share goes in one frame; the remote
-// absorbs it only once the whole frame is verified, then acks.
-func (t *NodeTransport) Push(ctx context.Context, to peer.ID, s Share) error {
+// libp2pID converts id at the transport's edge. An ID that is not a
+// libp2p peer ID names no peer the node can reach: nothing is sent.
+func libp2pID(id peerid.ID) (peer.ID, error) {
+	p, err := peer.Decode(string(id))
+	if err != nil {
+		return "", fmt.Errorf("%w: %w: %q is not a libp2p peer ID: %v", average.ErrNotDelivered, average.ErrUnknownPeer, id, err)
+	}
+	return p, nil
+}
+
+// Push implements average.Exchanger: the share goes in one frame; the
+// remote absorbs it only once the whole frame is verified, then acks.
+func (t *NodeTransport) Push(ctx context.Context, to peerid.ID, s average.Share) error {
+	p, err := libp2pID(to)
+	if err != nil {
+		return err
+	}
 	f := frame{n: uint32(len(s.X)), step: s.Step, version: s.Version, weight: s.W}
-	rk, _, err := t.request(ctx, to, kindPush, &f, s.X, nil, nil, maxReason)
+	rk, _, err := t.request(ctx, p, kindPush, &f, s.X, nil, nil, maxReason)
 	if err != nil {
 		return err
 	}
@@ -375,16 +392,20 @@ func (t *NodeTransport) Push(ctx context.Context, to peer.ID, s Share) error {
 	return nil
 }
 
-// Swap implements Exchanger: mine goes to with in one frame; with runs
-// HandleSwap and replies with its model from before the averaging. If the
-// reply is lost after with averaged, Swap fails and the caller does not
+// Swap implements average.Exchanger: mine goes to with in one frame; with
+// runs HandleSwap and replies with its model from before the averaging. If
+// the reply is lost after with averaged, Swap fails and the caller does not
 // average: the pair ends half-mixed, which AD-PSGD tolerates.
-func (t *NodeTransport) Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error {
+func (t *NodeTransport) Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error {
 	if len(theirs) != len(mine) {
-		return fmt.Errorf("%w: mine %d, theirs %d", ErrShape, len(mine), len(theirs))
+		return fmt.Errorf("%w: mine %d, theirs %d", average.ErrShape, len(mine), len(theirs))
+	}
+	p, err := libp2pID(with)
+	if err != nil {
+		return err
 	}
 	f := frame{n: uint32(len(mine))}
-	rk, body, err := t.request(ctx, with, kindSwap, &f, mine, nil, nil, max(4*len(mine), maxReason))
+	rk, body, err := t.request(ctx, p, kindSwap, &f, mine, nil, nil, max(4*len(mine), maxReason))
 	if err != nil {
 		return err
 	}
@@ -397,14 +418,11 @@ func (t *NodeTransport) Swap(ctx context.Context, with peer.ID, mine, theirs []f
 	return nil
 }
 
-// Digest returns the SHA-256 that announcements carry for b.
-func Digest(b []byte) [32]byte { return sha256.Sum256(b) }
-
 // Serve makes b fetchable under key (copied; the caller keeps b). The
 // oldest of more than MaxServed keys is forgotten. Announce after Serve.
 func (t *NodeTransport) Serve(key string, b []byte) error {
-	if len(key) == 0 || len(key) > MaxKeyLen {
-		return fmt.Errorf("%w: key of %d bytes, want 1..%d", ErrBadConfig, len(key), MaxKeyLen)
+	if len(key) == 0 || len(key) > wire.MaxKeyLen {
+		return fmt.Errorf("%w: key of %d bytes, want 1..%d", ErrBadConfig, len(key), wire.MaxKeyLen)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -432,13 +450,17 @@ func (t *NodeTransport) Unserve(key string) {
 // is read), and the bytes must have exactly a.Size length and a.Digest
 // SHA-256 (ErrDigest). The result is written to dst[:0] (grown if short)
 // and returned.
-func (t *NodeTransport) Fetch(ctx context.Context, a *Announcement, dst []byte) ([]byte, error) {
+func (t *NodeTransport) Fetch(ctx context.Context, a *wire.Announcement, dst []byte) ([]byte, error) {
 	if int64(a.Size) > t.cfg.MaxFetchBytes {
-		return dst[:0], fmt.Errorf("gossip: fetch %q: %w: %d bytes announced, cap %d", a.Key, ErrTooLarge, a.Size, t.cfg.MaxFetchBytes)
+		return dst[:0], fmt.Errorf("gossip: fetch %q: %w: %d bytes announced, cap %d", a.Key, wire.ErrTooLarge, a.Size, t.cfg.MaxFetchBytes)
 	}
 	src := a.Source()
+	p, err := libp2pID(src)
+	if err != nil {
+		return dst[:0], fmt.Errorf("gossip: fetch %q: %w", a.Key, err)
+	}
 	f := frame{n: uint32(len(a.Key))}
-	rk, body, err := t.request(ctx, src, kindFetch, &f, nil, []byte(a.Key), dst, max(int(a.Size), maxReason))
+	rk, body, err := t.request(ctx, p, kindFetch, &f, nil, []byte(a.Key), dst, max(int(a.Size), maxReason))
 	if err != nil {
 		return dst[:0], fmt.Errorf("gossip: fetch %q: %w", a.Key, err)
 	}
@@ -448,7 +470,7 @@ func (t *NodeTransport) Fetch(ctx context.Context, a *Announcement, dst []byte) 
 	if uint64(len(body)) != a.Size {
 		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: %d bytes, announced %d", a.Key, src, ErrDigest, len(body), a.Size)
 	}
-	if Digest(body) != a.Digest {
+	if wire.Digest(body) != a.Digest {
 		return dst[:0], fmt.Errorf("gossip: fetch %q from %s: %w: SHA-256 mismatch", a.Key, src, ErrDigest)
 	}
 	return body, nil
@@ -462,7 +484,7 @@ func (t *NodeTransport) serve(kind byte) {
 	defer t.wg.Done()
 	var buf []byte
 	if kind == kindFetch {
-		buf = make([]byte, frameHeaderLen+MaxKeyLen)
+		buf = make([]byte, frameHeaderLen+wire.MaxKeyLen)
 	}
 	for {
 		r, err := t.n.Recv(t.ctx, "", requestTag(kind), buf)
@@ -506,14 +528,14 @@ func (t *NodeTransport) handle(from peer.ID, f *frame) {
 	case f.kind != kindFetch && int(f.n) != b.dim:
 		refuse(&t.stats.refShape, "%d values, model has %d", f.n, b.dim)
 	case f.kind == kindPush:
-		if err := b.h.HandleShare(Share{From: from, Step: f.step, Version: f.version, X: f.floats(), W: f.weight}); err != nil {
+		if err := b.h.HandleShare(average.Share{From: idOf(from), Step: f.step, Version: f.version, X: f.floats(), W: f.weight}); err != nil {
 			refuse(&t.stats.refHandler, "%v", err)
 			break
 		}
 		t.stats.pushesIn.Add(1)
 	case f.kind == kindSwap:
 		mine := make([]float32, b.dim)
-		if err := b.h.HandleSwap(from, f.floats(), mine); err != nil {
+		if err := b.h.HandleSwap(idOf(from), f.floats(), mine); err != nil {
 			refuse(&t.stats.refHandler, "%v", err)
 			break
 		}

@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
+	"github.com/starling-ml/starling/gossip/average"
+	"github.com/starling-ml/starling/gossip/internal/avgtest"
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // nodeTransports attaches n nodes with gossip transports to a fully
@@ -61,11 +64,11 @@ func TestNodePushSumConsensus(t *testing.T) {
 	const n, d = 8, 1000
 	_, trs := nodeTransports(t, n, time.Millisecond, 0, nil)
 	r := rand.New(rand.NewPCG(1, 2))
-	xs, mean := models(r, n, d)
-	spread0 := spread(xs, mean)
-	ps := make([]*PushSumPeer, n)
+	xs, mean := avgtest.Models(r, n, d)
+	spread0 := avgtest.Spread(xs, mean)
+	ps := make([]*average.PushSumPeer, n)
 	for i := range ps {
-		ps[i] = NewPushSumPeer(xs[i])
+		ps[i] = average.NewPushSumPeer(xs[i])
 		trs[i].Bind(ps[i], d)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -80,7 +83,7 @@ func TestNodePushSumConsensus(t *testing.T) {
 		shared.Add(n)
 		for i := range n {
 			wg.Go(func() {
-				errs[i] = ps[i].Step(ctx, barrierExchanger{trs[i], &shared}, trs[ExpGraphPeer(i, n, k)].Self(), k, 0)
+				errs[i] = ps[i].Step(ctx, barrierExchanger{trs[i], &shared}, trs[average.ExpGraphPeer(i, n, k)].Self(), k, 0)
 			})
 		}
 		wg.Wait()
@@ -98,7 +101,7 @@ func TestNodePushSumConsensus(t *testing.T) {
 	if math.Abs(wsum-n) > 1e-9 {
 		t.Fatalf("Σw = %v, want %d", wsum, n)
 	}
-	if s := spread(z, mean); s > 1e-5*spread0 {
+	if s := avgtest.Spread(z, mean); s > 1e-5*spread0 {
 		t.Fatalf("spread after 3 rounds %v (initial %v), want exact consensus", s, spread0)
 	}
 	if st := trs[0].Stats(); st.PushesIn != 3 {
@@ -116,7 +119,7 @@ func TestNodeSwap(t *testing.T) {
 	for i := range a {
 		a[i], b[i] = float32(i), float32(-3*i)
 	}
-	act, pas := NewPairwisePeer(a, Active), NewPairwisePeer(b, Passive)
+	act, pas := average.NewPairwisePeer(a, average.Active), average.NewPairwisePeer(b, average.Passive)
 	trs[0].Bind(act, d)
 	trs[1].Bind(pas, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -135,7 +138,7 @@ func TestNodeSwap(t *testing.T) {
 		t.Fatal("passive peer started an exchange")
 	}
 	err := trs[1].Swap(ctx, trs[0].Self(), x, y)
-	if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrNotDelivered) {
+	if !errors.Is(err, ErrRefused) || !errors.Is(err, average.ErrNotDelivered) {
 		t.Fatalf("swap with an active peer: %v, want ErrRefused and ErrNotDelivered", err)
 	}
 }
@@ -154,33 +157,33 @@ func TestNodeRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	x := make([]float32, d)
-	recv := NewPushSumPeer(x)
+	recv := average.NewPushSumPeer(x)
 	trs[0].Bind(recv, d)
-	send := func(from int, s Share) error { return trs[from].Push(ctx, trs[0].Self(), s) }
-	ok := Share{X: make([]float32, d), W: 0.5}
+	send := func(from int, s average.Share) error { return trs[from].Push(ctx, trs[0].Self(), s) }
+	ok := average.Share{X: make([]float32, d), W: 0.5}
 	for i := range ok.X {
 		ok.X[i] = 1
 	}
-	nan := Share{X: make([]float32, d), W: 0.5}
+	nan := average.Share{X: make([]float32, d), W: 0.5}
 	nan.X[7] = float32(math.NaN())
-	inf := Share{X: make([]float32, d), W: 0.5}
+	inf := average.Share{X: make([]float32, d), W: 0.5}
 	inf.X[3] = float32(math.Inf(-1))
 	cases := []struct {
 		name string
 		from int
-		s    Share
+		s    average.Share
 		stat func(NodeStats) uint64
 	}{
 		{"other model", 2, ok, func(s NodeStats) uint64 { return s.RefusedModel }},
-		{"short", 1, Share{X: make([]float32, d-1), W: 0.5}, func(s NodeStats) uint64 { return s.RefusedShape }},
+		{"short", 1, average.Share{X: make([]float32, d-1), W: 0.5}, func(s NodeStats) uint64 { return s.RefusedShape }},
 		{"NaN", 1, nan, func(s NodeStats) uint64 { return s.RefusedHandler }},
 		{"Inf", 1, inf, func(s NodeStats) uint64 { return s.RefusedHandler }},
-		{"zero weight", 1, Share{X: make([]float32, d), W: 0}, func(s NodeStats) uint64 { return s.RefusedHandler }},
+		{"zero weight", 1, average.Share{X: make([]float32, d), W: 0}, func(s NodeStats) uint64 { return s.RefusedHandler }},
 	}
 	for _, tc := range cases {
 		before := tc.stat(trs[0].Stats())
 		err := send(tc.from, tc.s)
-		if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrNotDelivered) {
+		if !errors.Is(err, ErrRefused) || !errors.Is(err, average.ErrNotDelivered) {
 			t.Fatalf("%s: %v, want ErrRefused and ErrNotDelivered", tc.name, err)
 		}
 		if got := tc.stat(trs[0].Stats()); got != before+1 {
@@ -192,7 +195,7 @@ func TestNodeRefusals(t *testing.T) {
 	}
 	// A longer vector is refused too.
 	before := trs[0].Stats().RefusedShape
-	if err := send(1, Share{X: make([]float32, d+1), W: 0.5}); !errors.Is(err, ErrRefused) {
+	if err := send(1, average.Share{X: make([]float32, d+1), W: 0.5}); !errors.Is(err, ErrRefused) {
 		t.Fatalf("long: %v, want ErrRefused", err)
 	}
 	if got := trs[0].Stats().RefusedShape; got != before+1 {
@@ -201,7 +204,7 @@ func TestNodeRefusals(t *testing.T) {
 	// A fetch request whose key does not fit is dropped unread and
 	// counted; the requester learns nothing within its deadline.
 	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err := trs[1].Fetch(sctx, &Announcement{Peer: trs[0].Self(), Key: string(make([]byte, 2*MaxKeyLen)), Size: 4}, nil)
+	_, err := trs[1].Fetch(sctx, &wire.Announcement{Peer: trs[0].Self(), Key: string(make([]byte, 2*wire.MaxKeyLen)), Size: 4}, nil)
 	scancel()
 	if err == nil {
 		t.Fatal("fetch with an oversized key succeeded")
@@ -236,36 +239,36 @@ func TestNodeFetch(t *testing.T) {
 	}
 	payload[0] = 99 // Serve copied it
 	holder := trs[0].Self()
-	ann := func(key string, size int, digest [32]byte) *Announcement {
-		return &Announcement{Peer: holder, Key: key, Size: uint64(size), Digest: digest}
+	ann := func(key string, size int, digest [32]byte) *wire.Announcement {
+		return &wire.Announcement{Peer: holder, Key: key, Size: uint64(size), Digest: digest}
 	}
 	want := make([]byte, len(payload))
 	copy(want, payload)
 	want[0] = 0
-	got, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(want)), nil)
+	got, err := trs[1].Fetch(ctx, ann("model/1", len(want), wire.Digest(want)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(got) != string(want) {
 		t.Fatal("fetched bytes differ")
 	}
-	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(payload)), nil); !errors.Is(err, ErrDigest) {
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), wire.Digest(payload)), nil); !errors.Is(err, ErrDigest) {
 		t.Fatalf("wrong digest: %v", err)
 	}
-	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want)+10, Digest(want)), nil); !errors.Is(err, ErrDigest) {
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want)+10, wire.Digest(want)), nil); !errors.Is(err, ErrDigest) {
 		t.Fatalf("fewer bytes than announced: %v", err)
 	}
 	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
-	_, err = trs[1].Fetch(sctx, ann("model/1", len(want)-10, Digest(want)), nil)
+	_, err = trs[1].Fetch(sctx, ann("model/1", len(want)-10, wire.Digest(want)), nil)
 	scancel()
 	if !errors.Is(err, node.ErrShortBuffer) {
 		t.Fatalf("more bytes than announced: %v, want node.ErrShortBuffer", err)
 	}
-	if _, err := trs[1].Fetch(ctx, ann("nope", 10, Digest(nil)), nil); !errors.Is(err, ErrRefused) {
+	if _, err := trs[1].Fetch(ctx, ann("nope", 10, wire.Digest(nil)), nil); !errors.Is(err, ErrRefused) {
 		t.Fatalf("unknown key: %v", err)
 	}
-	big := &Announcement{Peer: holder, Key: "model/1", Size: 2 << 30}
-	if _, err := trs[1].Fetch(ctx, big, nil); !errors.Is(err, ErrTooLarge) {
+	big := &wire.Announcement{Peer: holder, Key: "model/1", Size: 2 << 30}
+	if _, err := trs[1].Fetch(ctx, big, nil); !errors.Is(err, wire.ErrTooLarge) {
 		t.Fatalf("announced size over the cap: %v", err)
 	}
 	for i := range 10 {
@@ -273,10 +276,10 @@ func TestNodeFetch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), Digest(want)), nil); !errors.Is(err, ErrRefused) {
+	if _, err := trs[1].Fetch(ctx, ann("model/1", len(want), wire.Digest(want)), nil); !errors.Is(err, ErrRefused) {
 		t.Fatalf("evicted key: %v", err)
 	}
-	if got, err := trs[1].Fetch(ctx, ann("j", 1, Digest([]byte{9})), nil); err != nil || got[0] != 9 {
+	if got, err := trs[1].Fetch(ctx, ann("j", 1, wire.Digest([]byte{9})), nil); err != nil || got[0] != 9 {
 		t.Fatalf("latest key: %v %v", got, err)
 	}
 }
@@ -286,14 +289,14 @@ func TestNodeFetch(t *testing.T) {
 func TestNodeDeadPeer(t *testing.T) {
 	const d = 100
 	nodes, trs := nodeTransports(t, 2, 0, 0, nil)
-	trs[1].Bind(NewPushSumPeer(make([]float32, d)), d)
+	trs[1].Bind(average.NewPushSumPeer(make([]float32, d)), d)
 	dead := trs[1].Self()
 	trs[1].Close()
 	nodes[1].Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()
-	p := NewPushSumPeer(make([]float32, d))
+	p := average.NewPushSumPeer(make([]float32, d))
 	err := p.Step(ctx, trs[0], dead, 0, 0)
 	if err == nil {
 		t.Fatal("push to a dead peer succeeded")
@@ -301,10 +304,10 @@ func TestNodeDeadPeer(t *testing.T) {
 	if el := time.Since(start); el > 3*time.Second {
 		t.Fatalf("push to a dead peer took %v", el)
 	}
-	if errors.Is(err, ErrNotDelivered) && p.Weight() != 1 {
+	if errors.Is(err, average.ErrNotDelivered) && p.Weight() != 1 {
 		t.Fatalf("not delivered but weight %v: mass lost", p.Weight())
 	}
-	_, err = trs[0].Fetch(ctx, &Announcement{Peer: dead, Key: "k", Size: 4}, nil)
+	_, err = trs[0].Fetch(ctx, &wire.Announcement{Peer: dead, Key: "k", Size: 4}, nil)
 	if err == nil {
 		t.Fatal("fetch from a dead peer succeeded")
 	}
@@ -363,7 +366,7 @@ func BenchmarkNodeFetch(b *testing.B) {
 			if err := trs[0].Serve("k", payload); err != nil {
 				b.Fatal(err)
 			}
-			a := &Announcement{Peer: trs[0].Self(), Key: "k", Size: uint64(len(payload)), Digest: Digest(payload)}
+			a := &wire.Announcement{Peer: trs[0].Self(), Key: "k", Size: uint64(len(payload)), Digest: wire.Digest(payload)}
 			ctx := context.Background()
 			var dst []byte
 			b.SetBytes(int64(len(payload)))
@@ -377,8 +380,8 @@ func BenchmarkNodeFetch(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("push/%dvalues", n), func(b *testing.B) {
 			_, trs := nodeTransports(b, 2, 0, 0, nil)
-			trs[1].Bind(NewPushSumPeer(make([]float32, n)), n)
-			s := Share{X: make([]float32, n), W: 1e-9}
+			trs[1].Bind(average.NewPushSumPeer(make([]float32, n)), n)
+			s := average.Share{X: make([]float32, n), W: 1e-9}
 			ctx := context.Background()
 			b.SetBytes(int64(4 * n))
 			b.ReportAllocs()
@@ -394,11 +397,11 @@ func BenchmarkNodeFetch(b *testing.B) {
 // barrierExchanger holds every Push until all peers of the round have
 // called Push (each has split its mass by then).
 type barrierExchanger struct {
-	Exchanger
+	average.Exchanger
 	shared *sync.WaitGroup
 }
 
-func (b barrierExchanger) Push(ctx context.Context, to peer.ID, s Share) error {
+func (b barrierExchanger) Push(ctx context.Context, to peerid.ID, s average.Share) error {
 	b.shared.Done()
 	b.shared.Wait()
 	return b.Exchanger.Push(ctx, to, s)

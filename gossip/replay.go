@@ -3,7 +3,7 @@ package gossip
 import (
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // ReplayWindow is how far behind a sender's highest sequence number a
@@ -17,7 +17,7 @@ const ReplayWindow = 64
 // rest. State for a sender is kept until Prune finds it unused for the
 // retention time. Pure: times are arguments. Not safe for concurrent use.
 type replayGuard struct {
-	peers map[peer.ID]*replayState
+	peers map[peerid.ID]*replayState
 }
 
 type replayState struct {
@@ -26,10 +26,10 @@ type replayState struct {
 	last time.Time
 }
 
-func newReplayGuard() *replayGuard { return &replayGuard{peers: make(map[peer.ID]*replayState)} }
+func newReplayGuard() *replayGuard { return &replayGuard{peers: make(map[peerid.ID]*replayState)} }
 
 // Check reports whether seq from p is new, and records it if so.
-func (g *replayGuard) Check(p peer.ID, seq uint64, now time.Time) bool {
+func (g *replayGuard) Check(p peerid.ID, seq uint64, now time.Time) bool {
 	s, ok := g.peers[p]
 	if !ok {
 		g.peers[p] = &replayState{top: seq, seen: 1, last: now}

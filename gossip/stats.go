@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+
+	"github.com/starling-ml/starling/gossip/wire"
 )
 
 // DropReason says why a control message was not delivered.
@@ -24,13 +26,14 @@ const (
 	DropOverflow                       // our announcement queue was full (oldest dropped)
 	DropUndelivered                    // our subscription's buffer was full (the reader fell behind)
 	DropSendQueue                      // a peer's outbound queue was full (counted by the sender)
+	DropVersion                        // another wire format version (a peer on another release)
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
 	"oversized", "malformed", "nonfinite", "origin", "model", "replay",
 	"unsigned", "bad-signature", "throttled", "overflow", "undelivered",
-	"send-queue",
+	"send-queue", "version",
 }
 
 func (r DropReason) String() string {
@@ -43,9 +46,11 @@ func (r DropReason) String() string {
 // reasonOf maps a decode error to its drop reason.
 func reasonOf(err error) DropReason {
 	switch {
-	case errors.Is(err, ErrTooLarge):
+	case errors.Is(err, wire.ErrVersion):
+		return DropVersion
+	case errors.Is(err, wire.ErrTooLarge):
 		return DropOversized
-	case errors.Is(err, ErrNonFinite):
+	case errors.Is(err, wire.ErrNonFinite):
 		return DropNonFinite
 	}
 	return DropMalformed

@@ -9,11 +9,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -61,14 +61,10 @@ func init() {
 	Register("sync", syncStrategy)
 }
 
-// transport starts the peer's gossip transport over its node.
+// transport starts the peer's stream transport over its node; a fetch
+// takes up to the node's MaxTensorBytes (see newSwarm).
 func transport(p *Peer) (*gossip.NodeTransport, error) {
-	nc := gossip.DefaultNodeConfig()
-	nc.Model = p.Config.Async.Model
-	nc.ReplyTimeout = 10 * time.Second
-	nc.MaxServed = 16
-	nc.MaxFetchBytes = 256 << 20
-	return gossip.NewNodeTransport(p.Node, nc)
+	return swarm.NewStreamTransport(p.Node, p.Config.Async.Model, 256<<20)
 }
 
 func asyncStrategy(mode string) Strategy {
@@ -82,9 +78,9 @@ func asyncStrategy(mode string) Strategy {
 		cfg.Mode = mode
 		var opts []train.AsyncOption
 		if p.Config.Delay > 0 {
-			opts = append(opts, train.WithDeliveryDelay(func(peer.ID) time.Duration { return p.Delay() }))
+			opts = append(opts, train.WithDeliveryDelay(func(peerid.ID) time.Duration { return p.Delay() }))
 		}
-		return train.RunAsync(ctx, p.Worker, &train.P2PNet{CP: p.CP, T: t}, cfg, p.Rec, opts...)
+		return train.RunAsync(ctx, p.Worker, &swarm.StreamNet{CP: p.CP, T: t}, cfg, p.Rec, opts...)
 	}
 }
 
@@ -97,15 +93,11 @@ func gossipStrategy(algo string) Strategy {
 		defer t.Close()
 		cfg := p.Config.Gossip
 		cfg.Algorithm = algo
-		var net train.GossipNet = &train.P2PNet{CP: p.CP, T: t}
+		var net train.GossipNet = &swarm.StreamNet{CP: p.CP, T: t}
 		if p.Config.Delay > 0 {
 			net = &delayGossipNet{GossipNet: net, p: p}
 		}
-		group := make([]peer.ID, len(p.Group))
-		for i, id := range p.Group {
-			group[i], _ = peer.Decode(string(id))
-		}
-		return train.RunGossip(ctx, p.Worker, net, group, cfg, p.Rec)
+		return train.RunGossip(ctx, p.Worker, net, p.Group, cfg, p.Rec)
 	}
 }
 
@@ -115,25 +107,25 @@ type delayGossipNet struct {
 	p *Peer
 }
 
-func (n *delayGossipNet) Bind(h gossip.Handler, dim int) gossip.Exchanger {
+func (n *delayGossipNet) Bind(h average.Handler, dim int) average.Exchanger {
 	return &delayExchanger{Exchanger: n.GossipNet.Bind(h, dim), p: n.p}
 }
 
 type delayExchanger struct {
-	gossip.Exchanger
+	average.Exchanger
 	p *Peer
 }
 
-func (e *delayExchanger) Push(ctx context.Context, to peer.ID, s gossip.Share) error {
+func (e *delayExchanger) Push(ctx context.Context, to peerid.ID, s average.Share) error {
 	if err := Sleep(ctx, e.p.Delay()); err != nil {
-		return fmt.Errorf("%w: %w", gossip.ErrNotDelivered, err)
+		return fmt.Errorf("%w: %w", average.ErrNotDelivered, err)
 	}
 	return e.Exchanger.Push(ctx, to, s)
 }
 
-func (e *delayExchanger) Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error {
+func (e *delayExchanger) Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error {
 	if err := Sleep(ctx, e.p.Delay()); err != nil {
-		return fmt.Errorf("%w: %w", gossip.ErrNotDelivered, err)
+		return fmt.Errorf("%w: %w", average.ErrNotDelivered, err)
 	}
 	return e.Exchanger.Swap(ctx, with, mine, theirs)
 }

@@ -9,6 +9,15 @@
 //	defer p.Close()
 //	err = train.Federated(ctx, worker, p.FedNet(), fedCfg, rec, nil)
 //
+// The strategies that move models over node/ streams (FedAsync, FedBuff,
+// AD-PSGD, SGP) run on a StreamNet: the peer's control plane for
+// announcements and liveness, and a stream transport that
+// NewStreamTransport starts on the node.
+//
+//	t, err := swarm.NewStreamTransport(p.Node, cfg.Gossip.Model, maxFetchBytes)
+//	defer t.Close()
+//	sum, err := train.RunAsync(ctx, worker, &swarm.StreamNet{CP: p.Control, T: t}, asyncCfg, rec)
+//
 // A peer whose training stops before the job's end (train.Leaver,
 // train.SyncStatus's Done) says so in its heartbeat at once; the others
 // leave it out of Members from then on, even while its node stays up.

@@ -3,21 +3,10 @@ package swarm
 import (
 	"context"
 
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
-
-// Heartbeat versions carry a train.Status: the model version, or
-// joiningBit|T for a peer declaring that it joins a synchronous job at
-// step T, or doneBit|V for a peer that stopped at version V before the
-// job's end.
-const (
-	joiningBit = 1 << 63
-	doneBit    = 1 << 62
-)
-
-// stopped reports whether a heartbeat version says its peer stopped.
-func stopped(version uint64) bool { return version&doneBit != 0 && version&joiningBit == 0 }
 
 // Net returns the peer as a train.Net, for the federated and synchronous
 // strategies. batch is this peer's batch size: it turns the pace a
@@ -53,14 +42,8 @@ func (n trainNet) Fetch(ctx context.Context, peers []peerid.ID, version uint64, 
 }
 
 func (n trainNet) SetStatus(ctx context.Context, st train.Status) error {
-	sps := float32(st.Rate * n.batch)
-	switch {
-	case st.JoinAt != 0:
-		n.p.Control.SetStatus(st.JoinAt&^doneBit|joiningBit, sps)
-	case st.Done:
-		n.p.Control.SetStatus(st.Version&^joiningBit|doneBit, sps)
-	default:
-		n.p.Control.SetStatus(st.Version&^(joiningBit|doneBit), sps)
+	n.p.Control.SetStatus(wire.Status{Version: st.Version, JoinAt: st.JoinAt, Stopped: st.Done, SamplesPerSec: float32(st.Rate * n.batch)})
+	if st.JoinAt == 0 && !st.Done {
 		return nil
 	}
 	return n.p.Control.Beat(ctx)
@@ -70,14 +53,7 @@ func (n trainNet) Statuses() map[peerid.ID]train.Status {
 	peers := n.p.Control.Peers()
 	out := make(map[peerid.ID]train.Status, len(peers))
 	for _, pi := range peers {
-		st := train.Status{Version: pi.Version, Rate: float64(pi.SamplesPerSec) / n.batch}
-		switch {
-		case pi.Version&joiningBit != 0:
-			st = train.Status{JoinAt: pi.Version &^ joiningBit, Rate: st.Rate}
-		case stopped(pi.Version):
-			st = train.Status{Version: pi.Version &^ doneBit, Done: true, Rate: st.Rate}
-		}
-		out[peerid.ID(pi.ID.String())] = st
+		out[pi.ID] = train.Status{Version: pi.Version, JoinAt: pi.JoinAt, Done: pi.Stopped, Rate: float64(pi.SamplesPerSec) / n.batch}
 	}
 	return out
 }

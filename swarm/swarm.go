@@ -172,8 +172,8 @@ func (p *Peer) Close() error {
 func (p *Peer) Members() []peerid.ID {
 	out := []peerid.ID{p.ID()}
 	for _, pi := range p.Control.Peers() {
-		if !stopped(pi.Version) {
-			out = append(out, peerid.ID(pi.ID.String()))
+		if !pi.Stopped {
+			out = append(out, pi.ID)
 		}
 	}
 	return peerid.Sorted(out)

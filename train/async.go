@@ -11,11 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
-	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/wire"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/staleness"
 )
 
@@ -162,8 +161,8 @@ func (c AsyncConfig) Validate() error {
 	switch {
 	case c.Mode != ModeFedAsync && c.Mode != ModeFedBuff:
 		return bad("mode %q, want %s or %s", c.Mode, ModeFedAsync, ModeFedBuff)
-	case c.Model == "" || len(c.Model) > gossip.MaxModelIDLen:
-		return bad("model id %q must have 1..%d bytes", c.Model, gossip.MaxModelIDLen)
+	case c.Model == "" || len(c.Model) > wire.MaxModelIDLen:
+		return bad("model id %q must have 1..%d bytes", c.Model, wire.MaxModelIDLen)
 	case c.LocalSteps < 1:
 		return bad("local steps %d < 1", c.LocalSteps)
 	case !(c.Alpha > 0 && c.Alpha <= 1):
@@ -300,22 +299,22 @@ type AsyncSummary struct {
 type AsyncOption func(*asyncOptions)
 
 type asyncOptions struct {
-	delay func(from peer.ID) time.Duration
+	delay func(from peerid.ID) time.Duration
 }
 
 // WithDeliveryDelay delays every fetched contribution by f(sender) before
 // it may be merged, without holding a pull slot: experiments use it to
 // inject message delays and so staleness. f is called from several
 // goroutines.
-func WithDeliveryDelay(f func(from peer.ID) time.Duration) AsyncOption {
+func WithDeliveryDelay(f func(from peerid.ID) time.Duration) AsyncOption {
 	return func(o *asyncOptions) { o.delay = f }
 }
 
 // contribution is a fetched, decoded vector waiting to be merged.
 type contribution struct {
-	from               peer.ID
+	from               peerid.ID
 	seq, version, base uint64
-	kind               gossip.PayloadKind
+	kind               wire.PayloadKind
 	vec                []float32
 	pooled             bool // vec came from asyncPeer.vecs
 }
@@ -325,7 +324,7 @@ type contribution struct {
 type asyncPeer struct {
 	cfg   AsyncConfig
 	pol   staleness.Policy
-	self  peer.ID
+	self  peerid.ID
 	w     *Worker
 	rec   Recorder
 	start time.Time
@@ -336,7 +335,7 @@ type asyncPeer struct {
 	// clip and roundFrom (the peers merged in this own round) are
 	// FedAsync's with ClipFactor > 0.
 	clip      *rule.DistanceClip
-	roundFrom map[peer.ID]bool
+	roundFrom map[peerid.ID]bool
 	buffer    *staleness.Buffer // FedBuff
 	server    []float32         // FedBuff: the peer's model; training runs on w.Model.Params
 	robust    bool              // FedBuff with a robust BufferRule: votes per peer, a quorum
@@ -344,7 +343,7 @@ type asyncPeer struct {
 	local   atomic.Uint64 // vc.Local() for the receiver goroutine
 	peersMu sync.Mutex    // guards vc's peer table (Observe, Lag): both goroutines use it
 	drops   [numDropReasons]atomic.Uint64
-	seen    map[peer.ID]*seqWindow // receiver goroutine only
+	seen    map[peerid.ID]*seqWindow // receiver goroutine only
 
 	merged, flushes int
 	tauSum          float64
@@ -354,17 +353,17 @@ type asyncPeer struct {
 	bufs, vecs sync.Pool
 }
 
-func newAsyncPeer(w *Worker, self peer.ID, cfg AsyncConfig, rec Recorder, opts asyncOptions) (*asyncPeer, error) {
+func newAsyncPeer(w *Worker, self peerid.ID, cfg AsyncConfig, rec Recorder, opts asyncOptions) (*asyncPeer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	pol, _ := staleness.Parse(cfg.Policy)
 	p := &asyncPeer{cfg: cfg, pol: pol, self: self, w: w, rec: rec, opts: opts, start: time.Now(),
-		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peer.ID]*seqWindow)}
+		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peerid.ID]*seqWindow)}
 	p.vc.SetStall(3 * cfg.PeerTTL)
 	if cfg.Mode == ModeFedAsync && cfg.ClipFactor > 0 {
 		p.clip = distanceClip(cfg.ClipFactor)
-		p.roundFrom = map[peer.ID]bool{}
+		p.roundFrom = map[peerid.ID]bool{}
 	}
 	var err error
 	if cfg.Mode == ModeFedAsync {
@@ -392,16 +391,16 @@ func (p *asyncPeer) model() []float32 {
 	return p.w.Model.Params
 }
 
-func (p *asyncPeer) kind() gossip.PayloadKind {
+func (p *asyncPeer) kind() wire.PayloadKind {
 	if p.cfg.Mode == ModeFedBuff && !p.robust {
-		return gossip.KindDelta
+		return wire.KindDelta
 	}
-	return gossip.KindModel
+	return wire.KindModel
 }
 
 func (p *asyncPeer) since() time.Duration { return time.Since(p.start) }
 
-func (p *asyncPeer) drop(r DropReason, from peer.ID, tau int) {
+func (p *asyncPeer) drop(r DropReason, from peerid.ID, tau int) {
 	p.drops[r].Add(1)
 	p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "drop:" + r.String(), Staleness: tau})
 }
@@ -417,7 +416,7 @@ func (p *asyncPeer) dropCounts() Drops {
 
 // screen checks an announcement before anything is fetched. It runs on the
 // receiver goroutine, which owns lastSeq.
-func (p *asyncPeer) screen(a *gossip.Announcement) (DropReason, bool) {
+func (p *asyncPeer) screen(a *wire.Announcement) (DropReason, bool) {
 	if a.Model != p.cfg.Model {
 		return DropModel, false
 	}
@@ -641,7 +640,7 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		p.local.Store(uint64(p.vc.Local()))
 		payload = enc.Encode(payload, vec)
 		sum.Rounds++
-		a := gossip.Announcement{
+		a := wire.Announcement{
 			Version: uint64(p.vc.Local()), Base: base, Kind: p.kind(), Codec: enc.ID(),
 			Elems: uint32(len(vec)), Samples: uint64(steps * w.Config().Batch), Loss: finiteF32(loss),
 			Key: fmt.Sprintf("%s/%d", cfg.Mode, round),
@@ -815,19 +814,19 @@ func (p *asyncPeer) puller(ctx context.Context, net AsyncNet, q *pullQueue, inbo
 // place in the queue. Safe for concurrent use.
 type pullQueue struct {
 	mu       sync.Mutex
-	items    []*gossip.Announcement
-	byPeer   map[peer.ID]*gossip.Announcement
+	items    []*wire.Announcement
+	byPeer   map[peerid.ID]*wire.Announcement
 	coalesce bool
 	max      int
 	ready    chan struct{}
 }
 
 func newPullQueue(coalesce bool, max int) *pullQueue {
-	return &pullQueue{byPeer: make(map[peer.ID]*gossip.Announcement), coalesce: coalesce, max: max, ready: make(chan struct{}, 1)}
+	return &pullQueue{byPeer: make(map[peerid.ID]*wire.Announcement), coalesce: coalesce, max: max, ready: make(chan struct{}, 1)}
 }
 
 // push queues a and returns the announcement it displaced, if any, and why.
-func (q *pullQueue) push(a *gossip.Announcement) (*gossip.Announcement, DropReason) {
+func (q *pullQueue) push(a *wire.Announcement) (*wire.Announcement, DropReason) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	defer q.wake()
@@ -859,7 +858,7 @@ func (q *pullQueue) wake() {
 }
 
 // pop takes the oldest announcement, waiting for one until ctx ends.
-func (q *pullQueue) pop(ctx context.Context) (*gossip.Announcement, bool) {
+func (q *pullQueue) pop(ctx context.Context) (*wire.Announcement, bool) {
 	for {
 		q.mu.Lock()
 		if len(q.items) > 0 {
@@ -884,7 +883,7 @@ func (q *pullQueue) pop(ctx context.Context) (*gossip.Announcement, bool) {
 }
 
 // pull fetches and decodes one announced vector.
-func (p *asyncPeer) pull(ctx context.Context, net AsyncNet, a *gossip.Announcement) (*contribution, DropReason, bool) {
+func (p *asyncPeer) pull(ctx context.Context, net AsyncNet, a *wire.Announcement) (*contribution, DropReason, bool) {
 	var buf []byte
 	if b, ok := p.bufs.Get().(*[]byte); ok {
 		buf = *b

@@ -6,16 +6,13 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
-	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/wire"
+	"github.com/starling-ml/starling/peerid"
 )
 
 const testArch = "mlp:784-32-10"
@@ -85,6 +82,35 @@ func TestAsyncConfigValidate(t *testing.T) {
 	}
 }
 
+// injectNet is the AsyncNet of TestAsyncDropsBadInput: Next returns the
+// announcement last injected and Fetch its payload, checked against the
+// announced size and digest as a transport checks it.
+type injectNet struct {
+	self    peerid.ID
+	a       wire.Announcement
+	payload []byte
+}
+
+func (n *injectNet) Inject(a wire.Announcement, payload []byte) {
+	n.a, n.payload = a, slices.Clone(payload)
+}
+
+func (n *injectNet) Self() peerid.ID                                          { return n.self }
+func (n *injectNet) Publish(context.Context, wire.Announcement, []byte) error { return nil }
+func (n *injectNet) SetStatus(uint64, float32)                                {}
+
+func (n *injectNet) Next(context.Context) (*wire.Announcement, error) {
+	a := n.a
+	return &a, nil
+}
+
+func (n *injectNet) Fetch(_ context.Context, a *wire.Announcement, dst []byte) ([]byte, error) {
+	if uint64(len(n.payload)) != a.Size || wire.Digest(n.payload) != a.Digest {
+		return dst[:0], errors.New("fetched bytes do not match the announcement")
+	}
+	return append(dst[:0], n.payload...), nil
+}
+
 // TestAsyncDropsBadInput feeds one bad contribution at a time through the
 // whole receive path (screen, fetch, decode, merge) of a FedAsync and a
 // FedBuff peer and checks that each is dropped, counted under its reason,
@@ -98,8 +124,7 @@ func TestAsyncDropsBadInput(t *testing.T) {
 			cfg := DefaultAsyncConfig()
 			cfg.Mode = mode
 			cfg.Policy = "poly:0.5+ssp:4"
-			bus := NewMemBus()
-			net := bus.Join("me", cfg.Model, 16)
+			net := &injectNet{self: "me"}
 			p, err := newAsyncPeer(w, "me", cfg, nil, asyncOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -121,17 +146,17 @@ func TestAsyncDropsBadInput(t *testing.T) {
 				return v
 			}
 			seq := uint64(100)
-			ann := func(base uint64, payload []byte) gossip.Announcement {
+			ann := func(base uint64, payload []byte) wire.Announcement {
 				seq++
-				return gossip.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Version: base + 1, Base: base,
+				return wire.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Version: base + 1, Base: base,
 					Kind: kind, Codec: fp32.ID(), Elems: uint32(dim), Size: uint64(len(payload)),
-					Digest: gossip.Digest(payload), Key: fmt.Sprint("k", seq)}
+					Digest: wire.Digest(payload), Key: fmt.Sprint("k", seq)}
 			}
 			good := fp32.Encode(nil, vec(dim, 0))
 			ctx := context.Background()
-			process := func(a gossip.Announcement, payload []byte) {
+			process := func(a wire.Announcement, payload []byte) {
 				t.Helper()
-				bus.Inject(a, payload)
+				net.Inject(a, payload)
 				got, err := net.Next(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -150,63 +175,63 @@ func TestAsyncDropsBadInput(t *testing.T) {
 			cases := []struct {
 				name   string
 				reason DropReason
-				make   func() (gossip.Announcement, []byte)
+				make   func() (wire.Announcement, []byte)
 				direct *contribution // merged directly, past the screen
 			}{
-				{"unknown model id", DropModel, func() (gossip.Announcement, []byte) {
+				{"unknown model id", DropModel, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
 					a.Model = "someone-else"
 					return a, good
 				}, nil},
-				{"wrong payload kind", DropKind, func() (gossip.Announcement, []byte) {
+				{"wrong payload kind", DropKind, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
-					a.Kind = gossip.KindGradient
+					a.Kind = wire.KindGradient
 					return a, good
 				}, nil},
-				{"announced shape", DropShape, func() (gossip.Announcement, []byte) {
+				{"announced shape", DropShape, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim+1, 0))
 					a := ann(local, b)
 					a.Elems = uint32(dim + 1)
 					return a, b
 				}, nil},
-				{"decoded shape", DropShape, func() (gossip.Announcement, []byte) {
+				{"decoded shape", DropShape, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim-3, 0))
 					return ann(local, b), b
 				}, nil},
-				{"NaN", DropNonFinite, func() (gossip.Announcement, []byte) {
+				{"NaN", DropNonFinite, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim, float32(math.NaN())))
 					return ann(local, b), b
 				}, nil},
-				{"+Inf", DropNonFinite, func() (gossip.Announcement, []byte) {
+				{"+Inf", DropNonFinite, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim, float32(math.Inf(1))))
 					return ann(local, b), b
 				}, nil},
-				{"-Inf", DropNonFinite, func() (gossip.Announcement, []byte) {
+				{"-Inf", DropNonFinite, func() (wire.Announcement, []byte) {
 					b := fp32.Encode(nil, vec(dim, float32(math.Inf(-1))))
 					return ann(local, b), b
 				}, nil},
-				{"beyond SSP bound", DropStale, func() (gossip.Announcement, []byte) {
+				{"beyond SSP bound", DropStale, func() (wire.Announcement, []byte) {
 					return ann(local-5, good), good
 				}, nil},
-				{"far future base", DropFuture, func() (gossip.Announcement, []byte) {
+				{"far future base", DropFuture, func() (wire.Announcement, []byte) {
 					return ann(local+cfg.MaxAhead+1, good), good
 				}, nil},
-				{"replayed seq", DropReplay, func() (gossip.Announcement, []byte) {
+				{"replayed seq", DropReplay, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
 					a.Seq = 60 // already seen
 					return a, good
 				}, nil},
-				{"seq too old", DropReplay, func() (gossip.Announcement, []byte) {
+				{"seq too old", DropReplay, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
 					a.Seq = 20 // more than 64 below the newest
 					return a, good
 				}, nil},
-				{"digest mismatch", DropFetch, func() (gossip.Announcement, []byte) {
+				{"digest mismatch", DropFetch, func() (wire.Announcement, []byte) {
 					a := ann(local, good)
 					a.Digest[0] ^= 1
 					return a, good
 				}, nil},
-				{"corrupt encoding", DropDecode, func() (gossip.Announcement, []byte) {
+				{"corrupt encoding", DropDecode, func() (wire.Announcement, []byte) {
 					b := slices.Clone(good)
 					b[0] = 0x7f // not fp32's id
 					return ann(local, b), b
@@ -263,457 +288,13 @@ func TestAsyncDropsBadInput(t *testing.T) {
 	}
 }
 
-// runAsyncPeers trains k peers with RunAsync over a MemBus until each has
-// done at least steps local steps (the fast ones go on until the slowest
-// is done), and returns the workers and summaries. adversary, if set, runs
-// alongside until the honest peers finish.
-func runAsyncPeers(t *testing.T, k, steps int, cfg AsyncConfig, slow map[int]float64, adversary func(ctx context.Context, bus *MemBus, started chan<- struct{})) ([]*Worker, []*AsyncSummary) {
-	t.Helper()
-	sh := shards(t, 6000, k)
-	bus := NewMemBus()
-	workers := make([]*Worker, k)
-	sums := make([]*AsyncSummary, k)
-	errs := make([]error, k)
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	rec := &stepCounter{steps: map[string]int{}, live: k, target: steps, stop: cancel}
-	cfg.SnapshotEvery = 0
-	nets := make([]AsyncNet, k)
-	for i := range k {
-		wc := DefaultWorkerConfig()
-		wc.Model, wc.DataSeed, wc.Slowdown = testArch, uint64(i+1), slow[i]
-		w, err := NewWorker(wc, sh[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		workers[i] = w
-		nets[i] = bus.Join(peer.ID(fmt.Sprint("p", i)), cfg.Model, 1024)
-	}
-	actx, acancel := context.WithCancel(ctx)
-	var awg sync.WaitGroup
-	if adversary != nil {
-		started := make(chan struct{})
-		awg.Go(func() { adversary(actx, bus, started) })
-		<-started
-	}
-	var wg sync.WaitGroup
-	for i := range k {
-		wg.Go(func() { sums[i], errs[i] = RunAsync(ctx, workers[i], nets[i], cfg, rec) })
-	}
-	wg.Wait()
-	acancel()
-	awg.Wait()
-	if !errors.Is(ctx.Err(), context.Canceled) {
-		t.Fatalf("peers did not reach %d steps each: %v", steps, ctx.Err())
-	}
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("peer %d: %v", i, err)
-		}
-	}
-	return workers, sums
-}
-
-// maxDist returns the largest distance between two peers' models,
-// relative to the first model's norm.
-func maxDist(ws []*Worker) float64 {
-	norm := 0.0
-	for _, v := range ws[0].Model.Params {
-		norm += float64(v) * float64(v)
-	}
-	worst := 0.0
-	for _, a := range ws {
-		for _, b := range ws {
-			s := 0.0
-			for i := range a.Model.Params {
-				d := float64(a.Model.Params[i] - b.Model.Params[i])
-				s += d * d
-			}
-			worst = max(worst, math.Sqrt(s))
-		}
-	}
-	return worst / math.Sqrt(norm)
-}
-
-// TestAsyncLearns runs three FedAsync and three FedBuff peers (one of them
-// 3× slower; FedBuff with its default median of model votes and with the
-// published mean of deltas) on a MemBus: each reaches a useful accuracy
-// and contributions are merged.
-func TestAsyncLearns(t *testing.T) {
-	_, te := mnist(t)
-	test := te.Head(2000)
-	for _, name := range []string{ModeFedAsync, ModeFedBuff, ModeFedBuff + "/mean"} {
-		mode, rule, _ := strings.Cut(name, "/")
-		t.Run(name, func(t *testing.T) {
-			cfg := DefaultAsyncConfig()
-			cfg.Mode = mode
-			cfg.LocalSteps = 5
-			if mode == ModeFedBuff {
-				cfg.Policy = "sqrt"
-				cfg.BufferK = 3
-				if rule != "" {
-					cfg.BufferRule = rule
-				}
-			}
-			ws, sums := runAsyncPeers(t, 3, 150, cfg, map[int]float64{2: 3}, nil)
-			for i, w := range ws {
-				_, acc := w.Evaluate(test)
-				t.Logf("peer %d: acc %.3f %+v", i, acc, *sums[i])
-				if acc < 0.82 {
-					t.Errorf("peer %d accuracy %.3f after 150 steps, want ≥ 0.82", i, acc)
-				}
-				if sums[i].Merged == 0 {
-					t.Errorf("peer %d merged nothing", i)
-				}
-				if sums[i].Steps < 150 {
-					t.Errorf("peer %d did %d steps", i, sums[i].Steps)
-				}
-			}
-			if mode == ModeFedBuff && sums[0].Flushes == 0 {
-				t.Error("FedBuff never flushed")
-			}
-
-		})
-	}
-}
-
-// TestAsyncAdversary trains FedAsync peers while an adversary floods the
-// bus with NaN models, foreign model ids, wrong shapes and replays: the
-// honest peers count the drops and still learn, with finite models.
-func TestAsyncAdversary(t *testing.T) {
-	_, te := mnist(t)
-	cfg := DefaultAsyncConfig()
-	cfg.LocalSteps = 5
-	probe := testWorker(t, te.Head(10), 1)
-	dim := len(probe.Model.Params)
-	fp32, _ := compression.Parse("fp32")
-	nanModel := make([]float32, dim)
-	nanModel[3] = float32(math.NaN())
-	nanBytes := fp32.Encode(nil, nanModel)
-	inject := func(bus *MemBus, seq uint64) {
-		a := gossip.Announcement{Peer: "evil", Seq: seq, Model: cfg.Model, Kind: gossip.KindModel, Codec: fp32.ID(),
-			Elems: uint32(dim), Size: uint64(len(nanBytes)), Digest: gossip.Digest(nanBytes), Key: fmt.Sprint(seq)}
-		switch seq % 4 {
-		case 1:
-			a.Model = "other"
-		case 2:
-			a.Elems++
-		case 3:
-			a.Seq = 1 // replay
-		}
-		bus.Inject(a, nanBytes)
-	}
-	// A burst before the honest peers start (they find it queued), then a
-	// steady stream while they train.
-	adversary := func(ctx context.Context, bus *MemBus, started chan<- struct{}) {
-		seq := uint64(1)
-		for ; seq <= 40; seq++ {
-			inject(bus, seq)
-		}
-		close(started)
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for ; ctx.Err() == nil; seq++ {
-			inject(bus, seq)
-			select {
-			case <-tick.C:
-			case <-ctx.Done():
-			}
-		}
-	}
-	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, adversary)
-	for i, w := range ws {
-		for j, v := range w.Model.Params {
-			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				t.Fatalf("peer %d parameter %d is %v", i, j, v)
-			}
-		}
-		_, acc := w.Evaluate(te.Head(2000))
-		t.Logf("peer %d: acc %.3f drops %v", i, acc, sums[i].Drops)
-		if acc < 0.82 {
-			t.Errorf("peer %d accuracy %.3f under attack", i, acc)
-		}
-		for _, r := range []string{"model", "shape", "replay", "nonfinite"} {
-			if sums[i].Drops[r] == 0 {
-				t.Errorf("peer %d dropped no %s contribution: %v", i, r, sums[i].Drops)
-			}
-		}
-	}
-}
-
-// absurdFlood returns an adversary for runAsyncPeers: a lying peer that
-// floods the bus every 2 ms with a finite but absurd vector of kind (every
-// value 50) for a model of dim values, claiming ever newer bases so that
-// it is taken as fresh.
-func absurdFlood(model string, dim int, kind gossip.PayloadKind) func(context.Context, *MemBus, chan<- struct{}) {
-	fp32, _ := compression.Parse("fp32")
-	bad := make([]float32, dim)
-	for i := range bad {
-		bad[i] = 50
-	}
-	b := fp32.Encode(nil, bad)
-	return func(ctx context.Context, bus *MemBus, started chan<- struct{}) {
-		close(started)
-		for seq := uint64(1); ctx.Err() == nil; seq++ {
-			bus.Inject(gossip.Announcement{Peer: "liar", Seq: seq, Model: model, Kind: kind, Codec: fp32.ID(), Base: seq,
-				Elems: uint32(dim), Size: uint64(len(b)), Digest: gossip.Digest(b), Key: fmt.Sprint(seq)}, b)
-			sleepCtx(ctx, 2*time.Millisecond)
-		}
-	}
-}
-
-// TestAsyncByzantineModel trains FedAsync peers while a lying peer floods
-// them with absurd models (absurdFlood): mixed in at most once per round
-// and clipped towards each receiver's model (ClipFactor), it cannot drag
-// the honest peers away, and they still learn.
-func TestAsyncByzantineModel(t *testing.T) {
-	_, te := mnist(t)
-	cfg := DefaultAsyncConfig()
-	cfg.LocalSteps = 5
-	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
-	ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, gossip.KindModel))
-	for i, w := range ws {
-		_, acc := w.Evaluate(te.Head(2000))
-		t.Logf("peer %d: acc %.3f, merged %d, clipped %d, drops %v", i, acc, sums[i].Merged, sums[i].Clipped, sums[i].Drops)
-		if acc < 0.7 || sums[i].Clipped == 0 || sums[i].Drops["repeat"] == 0 {
-			t.Errorf("peer %d: accuracy %.3f with %d contributions clipped and %d repeats dropped", i, acc, sums[i].Clipped, sums[i].Drops["repeat"])
-		}
-	}
-}
-
-// TestFedBuffByzantine: as TestAsyncByzantineModel, for FedBuff with the
-// median rule and a liar flooding absurd deltas. The honest peers must
-// still learn; with the mean (the default) they end at 0.09–0.12.
-func TestFedBuffByzantine(t *testing.T) {
-	_, te := mnist(t)
-	cfg := DefaultAsyncConfig()
-	cfg.Mode, cfg.Policy, cfg.BufferK, cfg.LocalSteps = ModeFedBuff, "sqrt", 3, 5
-	dim := len(testWorker(t, te.Head(10), 1).Model.Params)
-	for _, rule := range []string{"median", "mean"} {
-		cfg.BufferRule = rule
-		kind := gossip.KindModel // the robust rules' votes are models
-		if rule == "mean" {
-			kind = gossip.KindDelta
-		}
-		ws, sums := runAsyncPeers(t, 3, 150, cfg, nil, absurdFlood(cfg.Model, dim, kind))
-		worst := 1.0
-		for i, w := range ws {
-			_, acc := w.Evaluate(te.Head(2000))
-			t.Logf("%s: peer %d: acc %.3f, merged %d, flushes %d, drops %v", rule, i, acc, sums[i].Merged, sums[i].Flushes, sums[i].Drops)
-			worst = min(worst, acc)
-			if rule == "median" && (acc < 0.7 || sums[i].Flushes == 0) {
-				t.Errorf("peer %d: accuracy %.3f with %d flushes", i, acc, sums[i].Flushes)
-			}
-		}
-		if rule == "mean" && worst > 0.5 {
-			t.Errorf("the mean kept every peer at %.3f or more: the test's liar is too weak", worst)
-		}
-	}
-}
-
-// sspConfig is FedAsync with an SSP bound of 3, short rounds and a short
-// PeerTTL, for the tests of the gate.
-func sspConfig() AsyncConfig {
-	cfg := DefaultAsyncConfig()
-	cfg.LocalSteps = 2
-	cfg.Policy = "poly:0.5+ssp:3"
-	cfg.PeerTTL = 200 * time.Millisecond
-	cfg.SnapshotEvery = time.Hour
-	return cfg
-}
-
-// TestAsyncDeadPeerDoesNotHang runs two peers with an SSP bound; one stops
-// after 20 steps and leaves. The other's gate must open once the dead peer's
-// version expires (PeerTTL), and it finishes its steps.
-func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
-	sh := shards(t, 2000, 2)
-	bus := NewMemBus()
-	cfg := sspConfig()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	var sumA *AsyncSummary
-	var errA error
-	wA, wB := testWorker(t, sh[0], 1), testWorker(t, sh[1], 2)
-	netA, netB := bus.Join("a", cfg.Model, 256), bus.Join("b", cfg.Model, 256)
-	wg.Go(func() {
-		c := cfg
-		c.MaxSteps = 20
-		RunAsync(ctx, wB, netB, c, nil)
-		bus.Leave("b")
-	})
-	wg.Go(func() {
-		c := cfg
-		c.MaxSteps = 300
-		sumA, errA = RunAsync(ctx, wA, netA, c, nil)
-	})
-	wg.Wait()
-	if errA != nil || ctx.Err() != nil {
-		t.Fatalf("peer a: %v (ctx %v)", errA, ctx.Err())
-	}
-	if sumA.Steps != 300 {
-		t.Fatalf("peer a did %d steps", sumA.Steps)
-	}
-	// b's last version held a's gate until it expired.
-	if sumA.GateWaitS < 0.1 {
-		t.Fatalf("peer a waited %.3fs at the SSP gate, want about PeerTTL", sumA.GateWaitS)
-	}
-	t.Logf("%+v", *sumA)
-}
-
-// TestFedBuffQuorumAfterPeersLeave: four robust FedBuff peers, two of
-// which stop after 20 steps and leave. Until their versions expire
-// (PeerTTL) the survivors count them live and wait for a quorum of 3
-// votes that only 2 peers can give; then the quorum drops to 2 and their
-// buffers step again: they finish their steps, most of their server
-// steps after the others left.
-func TestFedBuffQuorumAfterPeersLeave(t *testing.T) {
-	sh := shards(t, 4000, 4)
-	bus := NewMemBus()
-	cfg := DefaultAsyncConfig()
-	cfg.Mode, cfg.LocalSteps, cfg.PeerTTL, cfg.SnapshotEvery = ModeFedBuff, 2, 100*time.Millisecond, time.Hour
-	cfg.BufferRule, cfg.BufferK = "median", 8
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	sums, errs := make([]*AsyncSummary, 4), make([]error, 4)
-	for i := range 4 {
-		id := peer.ID(fmt.Sprint("p", i))
-		w, net := testWorker(t, sh[i], uint64(i+1)), bus.Join(id, cfg.Model, 256)
-		wg.Go(func() {
-			c := cfg
-			c.MaxSteps = 1500
-			if i >= 2 {
-				c.MaxSteps = 20
-			}
-			sums[i], errs[i] = RunAsync(ctx, w, net, c, nil)
-			if i >= 2 {
-				bus.Leave(id)
-			}
-		})
-	}
-	wg.Wait()
-	if ctx.Err() != nil {
-		t.Fatalf("hung: %v", ctx.Err())
-	}
-	for i := range 2 {
-		if errs[i] != nil || sums[i].Steps != 1500 {
-			t.Fatalf("peer %d: %v after %d steps", i, errs[i], sums[i].Steps)
-		}
-		// 750 rounds of 2 steps from two peers: 1,500 deltas, K = 8, or
-		// about 180 server steps. While the quorum was stuck at 3 they
-		// took 5 or 6 in 300 steps.
-		if sums[i].Flushes < 50 {
-			t.Errorf("peer %d: %d server steps; the quorum did not drop with the peers gone", i, sums[i].Flushes)
-		}
-		t.Logf("peer %d: %d merged, %d server steps, drops %v", i, sums[i].Merged, sums[i].Flushes, sums[i].Drops)
-	}
-}
-
-// lastSnap keeps the parameters of the last snapshot it was given.
-type lastSnap struct {
-	mu     sync.Mutex
-	params []float32
-}
-
-func (l *lastSnap) Snapshot(_ string, _ time.Duration, _ int, params []float32) {
-	l.mu.Lock()
-	l.params = append(l.params[:0], params...)
-	l.mu.Unlock()
-}
-
-func (*lastSnap) Event(Event) {}
-
-// TestFedBuffEndsWithItsModel: FedBuff trains each round on a copy of the
-// peer's model; when the run ends the worker must hold the model (the
-// last snapshot's), not the last round's local copy, which peer run
-// reported and checkpointed as the final model before.
-func TestFedBuffEndsWithItsModel(t *testing.T) {
-	sh := shards(t, 2000, 2)
-	bus := NewMemBus()
-	cfg := DefaultAsyncConfig()
-	cfg.Mode, cfg.LocalSteps, cfg.MaxSteps, cfg.BufferK = ModeFedBuff, 3, 40, 2
-	var wg sync.WaitGroup
-	ws := []*Worker{testWorker(t, sh[0], 1), testWorker(t, sh[1], 2)}
-	recs := []*lastSnap{{}, {}}
-	errs := make([]error, 2)
-	for i := range 2 {
-		net := bus.Join(peer.ID(fmt.Sprint("p", i)), cfg.Model, 64)
-		wg.Go(func() { _, errs[i] = RunAsync(t.Context(), ws[i], net, cfg, recs[i]) })
-	}
-	wg.Wait()
-	for i := range 2 {
-		if errs[i] != nil {
-			t.Fatal(errs[i])
-		}
-		if !slices.Equal(ws[i].Model.Params, recs[i].params) {
-			t.Errorf("peer %d: the worker's parameters are not the model of the last snapshot", i)
-		}
-	}
-}
-
-// TestAsyncLyingPeerDoesNotHoldGate runs a peer with an SSP bound while
-// another keeps announcing, every 20 ms, that it works from version 0.
-// Heard from all the time, it never expires; the gate must still open once
-// its version has not grown for 3×PeerTTL, and the peer finish its steps.
-func TestAsyncLyingPeerDoesNotHoldGate(t *testing.T) {
-	sh := shards(t, 1000, 1)
-	bus := NewMemBus()
-	cfg := sspConfig()
-	cfg.MaxSteps = 100
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	w := testWorker(t, sh[0], 1)
-	fp32, _ := compression.Parse("fp32")
-	b := fp32.Encode(nil, make([]float32, len(w.Model.Params)))
-	lctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for seq := uint64(1); lctx.Err() == nil; seq++ {
-			bus.Inject(gossip.Announcement{Peer: "liar", Seq: seq, Model: cfg.Model, Kind: gossip.KindModel, Codec: fp32.ID(),
-				Elems: uint32(len(w.Model.Params)), Size: uint64(len(b)), Digest: gossip.Digest(b), Key: fmt.Sprint(seq)}, b)
-			sleepCtx(lctx, 20*time.Millisecond)
-		}
-	})
-	sum, err := RunAsync(ctx, w, bus.Join("a", cfg.Model, 256), cfg, nil)
-	stop()
-	wg.Wait()
-	if err != nil || ctx.Err() != nil {
-		t.Fatalf("%v (ctx %v)", err, ctx.Err())
-	}
-	if sum.Steps != 100 || sum.GateWaitS < 0.5 || sum.GateWaitS > 10 {
-		t.Fatalf("%d steps after %.2fs at the SSP gate, want 100 after about 0.6s", sum.Steps, sum.GateWaitS)
-	}
-}
-
-// TestAsyncRoundTime checks that RoundTime ends rounds early: with one step
-// taking longer than RoundTime, every round is a single step.
-func TestAsyncRoundTime(t *testing.T) {
-	sh := shards(t, 1000, 1)
-	wc := DefaultWorkerConfig()
-	wc.Model, wc.Slowdown = testArch, 3
-	w, err := NewWorker(wc, sh[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultAsyncConfig()
-	cfg.LocalSteps, cfg.RoundTime, cfg.MaxSteps = 100, time.Nanosecond, 12
-	sum, err := RunAsync(context.Background(), w, NewMemBus().Join("solo", cfg.Model, 4), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sum.Steps != 12 || sum.Rounds != 12 {
-		t.Fatalf("%d steps in %d rounds, want 12 rounds of one step", sum.Steps, sum.Rounds)
-	}
-}
-
 func TestPullQueue(t *testing.T) {
-	ann := func(p string, seq uint64) *gossip.Announcement {
-		return &gossip.Announcement{Peer: peer.ID(p), Seq: seq}
+	ann := func(p string, seq uint64) *wire.Announcement {
+		return &wire.Announcement{Peer: peerid.ID(p), Seq: seq}
 	}
 	ctx := context.Background()
 	q := newPullQueue(true, 3)
-	for _, a := range []*gossip.Announcement{ann("a", 1), ann("b", 1)} {
+	for _, a := range []*wire.Announcement{ann("a", 1), ann("b", 1)} {
 		if old, _ := q.push(a); old != nil {
 			t.Fatalf("push displaced %v", old)
 		}
@@ -779,12 +360,12 @@ func TestFedBuffVotes(t *testing.T) {
 		t.Fatalf("quorum %d, want 3", got)
 	}
 	before := slices.Clone(p.server)
-	delta := func(from peer.ID, v float32) *contribution { // the model before + v
+	delta := func(from peerid.ID, v float32) *contribution { // the model before + v
 		x := slices.Clone(before)
 		for i := range x {
 			x[i] += v
 		}
-		return &contribution{from: from, kind: gossip.KindModel, vec: x}
+		return &contribution{from: from, kind: wire.KindModel, vec: x}
 	}
 	for _, v := range []float32{100, 200, float32(math.NaN()), 400} {
 		p.merge(delta("liar", v))

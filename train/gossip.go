@@ -10,10 +10,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/starling-ml/starling/aggregate/rule"
-	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/average"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/staleness"
 )
 
@@ -57,7 +56,7 @@ type GossipConfig struct {
 	// diverged partner cannot drag the model far. In SGP it moves each
 	// received share's X/W towards this peer's X/W the same way, and
 	// refuses a share heavier than the group's whole weight
-	// (gossip.PushSumPeer.SetClip). 0 turns it off. 1: a
+	// (average.PushSumPeer.SetClip). 0 turns it off. 1: a
 	// liar is exchanged with as often as anyone, always pulling the same
 	// way, and 3 let one passive peer in four halve the others' accuracy
 	// (TestGossipByzantinePassive).
@@ -113,7 +112,7 @@ type GossipSummary struct {
 // steps the numerator X. Every exchange has cfg.Timeout; partners that are
 // not alive are skipped; a failed exchange is counted and training goes
 // on. When it returns, w.Model.Params holds the peer's final model.
-func RunGossip(ctx context.Context, w *Worker, net GossipNet, peers []peer.ID, cfg GossipConfig, rec Recorder) (*GossipSummary, error) {
+func RunGossip(ctx context.Context, w *Worker, net GossipNet, peers []peerid.ID, cfg GossipConfig, rec Recorder) (*GossipSummary, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -146,7 +145,7 @@ type gossipRun struct {
 	cfg      GossipConfig
 	w        *Worker
 	net      GossipNet
-	peers    []peer.ID
+	peers    []peerid.ID
 	me       int
 	rec      Recorder
 	start    time.Time
@@ -204,9 +203,9 @@ func applyTo(w *Worker, x []float32, samples int) {
 
 func (g *gossipRun) pairwise(ctx context.Context) error {
 	w := g.w
-	role := gossip.RoleOf(g.me)
+	role := average.RoleOf(g.me)
 	g.sum.Role = role.String()
-	pp := gossip.NewPairwisePeer(slices.Clone(w.Model.Params), role)
+	pp := average.NewPairwisePeer(slices.Clone(w.Model.Params), role)
 	pp.SetClip(distanceClip(g.cfg.ClipFactor))
 	ex := g.net.Bind(pp, len(w.Model.Params))
 	defer func() {
@@ -229,7 +228,7 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 			applyTo(w, x, n)
 			copy(w.Model.Params, x)
 		})
-		if role == gossip.Active && g.due() {
+		if role == average.Active && g.due() {
 			if j := g.pickPassive(); j < 0 {
 				g.sum.Skipped++
 			} else {
@@ -246,7 +245,7 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 		g.snapshot(false, pp.Model)
 		runtime.Gosched() // serve exchanges promptly (see asyncPeer.localSteps)
 	}
-	if role == gossip.Passive && prog != nil && ctx.Err() == nil {
+	if role == average.Passive && prog != nil && ctx.Err() == nil {
 		g.serveActives(ctx, prog)
 	}
 	g.snapshot(true, pp.Model)
@@ -287,7 +286,7 @@ func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
 	for {
 		now := time.Now()
 		for i, p := range g.peers {
-			if i == g.me || gossip.RoleOf(i) != gossip.Active {
+			if i == g.me || average.RoleOf(i) != average.Active {
 				continue
 			}
 			if s, ok := prog.Steps(p); ok && g.net.Alive(p) {
@@ -317,7 +316,7 @@ func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
 func (g *gossipRun) pickPassive() int {
 	n := len(g.peers)
 	for range n {
-		j := gossip.PickPassive(g.rng, n)
+		j := average.PickPassive(g.rng, n)
 		if j < 0 {
 			return -1
 		}
@@ -334,7 +333,7 @@ const minPushWeight = 1.0 / 64
 
 func (g *gossipRun) pushSum(ctx context.Context) error {
 	w := g.w
-	ps := gossip.NewPushSumPeer(slices.Clone(w.Model.Params))
+	ps := average.NewPushSumPeer(slices.Clone(w.Model.Params))
 	n := len(g.peers)
 	ps.SetClip(distanceClip(g.cfg.ClipFactor), float64(n))
 	ex := g.net.Bind(ps, len(w.Model.Params))
@@ -379,8 +378,8 @@ func (g *gossipRun) pushSum(ctx context.Context) error {
 		} else if due {
 			// The exponential graph's next live out-neighbour.
 			to := -1
-			for range gossip.ExpGraphOffsets(n) {
-				j := gossip.ExpGraphPeer(g.me, n, k)
+			for range average.ExpGraphOffsets(n) {
+				j := average.ExpGraphPeer(g.me, n, k)
 				k++
 				if g.net.Alive(g.peers[j]) {
 					to = j

@@ -17,7 +17,7 @@ const module = "github.com/starling-ml/starling"
 // datasets, the compute backend, the spec parser and the peer ID.
 var pure = []string{
 	"compression", "staleness", "nn", "data", "device", "aggregate/rule",
-	"internal/spec", "peerid",
+	"internal/spec", "peerid", "gossip/wire", "gossip/average",
 }
 
 // drivers are the packages that own goroutines, hosts or the network; no
@@ -55,7 +55,12 @@ func TestPurePackages(t *testing.T) {
 	for _, p := range pure {
 		for _, dep := range goList(t, "-deps", module+"/"+p) {
 			switch {
-			case strings.HasPrefix(dep, "github.com/libp2p/"), strings.HasPrefix(dep, "github.com/multiformats/"):
+			case strings.HasPrefix(dep, "github.com/libp2p/"):
+				t.Errorf("%s depends on %s", p, dep)
+			case strings.HasPrefix(dep, "github.com/multiformats/") && p != "gossip/wire":
+				// The control messages carry multiaddrs and multihash
+				// peer IDs, which gossip/wire checks; nobody else needs
+				// the formats.
 				t.Errorf("%s depends on %s", p, dep)
 			case strings.HasPrefix(dep, module+"/"):
 				rel := strings.TrimPrefix(dep, module+"/")
@@ -77,6 +82,20 @@ func TestPurePackages(t *testing.T) {
 			if goStatements(t, filepath.Join(dir, f)) > 0 {
 				t.Errorf("%s starts a goroutine; pure packages leave that to their driver", rel)
 			}
+		}
+	}
+}
+
+// TestTrainHasNoLibp2p: the strategies speak to the network only through
+// their own interfaces; libp2p stays in node, gossip, aggregate/p2p and
+// swarm.
+func TestTrainHasNoLibp2p(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	for _, dep := range goList(t, "-deps", module+"/train") {
+		if strings.HasPrefix(dep, "github.com/libp2p/") {
+			t.Errorf("train depends on %s", dep)
 		}
 	}
 }

@@ -9,9 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
-	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -74,24 +72,12 @@ func (o *Options) validateAsync() error {
 	return o.Async.validate()
 }
 
-// gossipTransport starts the stream side of the asynchronous strategies on
-// the peer's node: announced vectors are pulled, and gossip exchanges
-// made, over node/ tensor streams.
-func gossipTransport(env *Env) (*gossip.NodeTransport, error) {
-	nc := gossip.DefaultNodeConfig()
-	nc.Model = env.Opts.Swarm.Gossip.Model
-	nc.ReplyTimeout = 10 * time.Second
-	nc.MaxServed = 16
-	nc.MaxFetchBytes = 4 * int64(len(env.Worker.Model.Params)+1024)
-	return gossip.NewNodeTransport(env.Peer.Node, nc)
-}
-
 // runAsync is --mode async: FedAsync (mix every fresh model in, weighted
 // by its staleness) or FedBuff (apply after K buffered deltas).
 func runAsync(ctx context.Context, env *Env) error {
 	cfg := env.Opts.Async.Async
 	cfg.Model, cfg.MaxSteps, cfg.Codec = env.Opts.Swarm.Gossip.Model, env.Opts.Async.Steps, cmp.Or(env.Opts.Compress, cfg.Codec)
-	return runStreaming(ctx, env, cfg.Mode, func(ctx context.Context, net *train.P2PNet, ev *evaluator) (string, error) {
+	return runStreaming(ctx, env, cfg.Mode, func(ctx context.Context, net *swarm.StreamNet, ev *evaluator) (string, error) {
 		sum, err := train.RunAsync(ctx, env.Worker, net, cfg, ev)
 		if err != nil {
 			return "", err
@@ -112,16 +98,10 @@ func runGossip(ctx context.Context, env *Env) error {
 	// The group is fixed at start, in the same (sorted) order on every
 	// peer: it decides AD-PSGD's roles and SGP's graph. A peer that dies
 	// is skipped (Alive); one that joins later is not gossiped with.
-	var group []peer.ID
-	for _, m := range env.Peer.Members() {
-		id, err := peer.Decode(string(m))
-		if err != nil {
-			return err
-		}
-		group = append(group, id)
-	}
-	slices.Sort(group)
-	return runStreaming(ctx, env, cfg.Algorithm, func(ctx context.Context, net *train.P2PNet, ev *evaluator) (string, error) {
+	// Members are sorted by their text, which for Ed25519 IDs (all that
+	// node/ runs) is also libp2p's order.
+	group := env.Peer.Members()
+	return runStreaming(ctx, env, cfg.Algorithm, func(ctx context.Context, net *swarm.StreamNet, ev *evaluator) (string, error) {
 		sum, err := train.RunGossip(ctx, env.Worker, net, group, cfg, ev)
 		if err != nil {
 			return "", err
@@ -140,11 +120,13 @@ func runGossip(ctx context.Context, env *Env) error {
 // --duration, and reports the final model with run's note once the
 // transport is closed (no exchange served for another peer touches the
 // final model after that).
-func runStreaming(ctx context.Context, env *Env, strategy string, run func(context.Context, *train.P2PNet, *evaluator) (string, error)) error {
+func runStreaming(ctx context.Context, env *Env, strategy string, run func(context.Context, *swarm.StreamNet, *evaluator) (string, error)) error {
 	if ck := env.Checkpoint; ck != nil && ck.Strategy != strategy {
 		return fmt.Errorf("%w: checkpoint is from strategy %q, this run is %s", train.ErrCheckpoint, ck.Strategy, strategy)
 	}
-	t, err := gossipTransport(env)
+	// A fetched vector is at most the model in fp32, plus room for a
+	// codec's header.
+	t, err := swarm.NewStreamTransport(env.Peer.Node, env.Opts.Swarm.Gossip.Model, 4*int64(len(env.Worker.Model.Params)+1024))
 	if err != nil {
 		return err
 	}
@@ -155,7 +137,7 @@ func runStreaming(ctx context.Context, env *Env, strategy string, run func(conte
 		defer cancel()
 	}
 	ev := newEvaluator(env, strategy, env.Opts.Async)
-	note, err := run(ctx, &train.P2PNet{CP: env.Peer.Control, T: t}, ev)
+	note, err := run(ctx, &swarm.StreamNet{CP: env.Peer.Control, T: t}, ev)
 	t.Close()
 	if err != nil {
 		return err

@@ -1,42 +1,42 @@
-package gossip
+package wire
 
 import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
-	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
-	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
+	mh "github.com/multiformats/go-multihash"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/peerid"
 )
 
-func newPeerID(t testing.TB, seed byte) peer.ID {
+// newPeerID returns the text form of the libp2p peer ID of an Ed25519 key
+// (seed repeated): the identity multihash of the key's protobuf encoding
+// (type Ed25519, 32 bytes), as libp2p builds it.
+func newPeerID(t testing.TB, seed byte) peerid.ID {
 	t.Helper()
-	_, pub, err := crypto.GenerateEd25519Key(bytes.NewReader(bytes.Repeat([]byte{seed}, 64)))
+	key := append([]byte{0x08, 0x01, 0x12, 0x20}, bytes.Repeat([]byte{seed}, 32)...)
+	m, err := mh.Encode(key, mh.IDENTITY)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := peer.IDFromPublicKey(pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id
+	return peerid.ID(mh.Multihash(m).B58String())
 }
 
 func sampleHeartbeat(t testing.TB) *Heartbeat {
 	return &Heartbeat{
-		Peer:          newPeerID(t, 1),
-		Seq:           1700000000123456789,
-		Model:         "mnist-mlp",
-		Version:       42,
-		SamplesPerSec: 1234.5,
+		Peer:   newPeerID(t, 1),
+		Seq:    1700000000123456789,
+		Model:  "mnist-mlp",
+		Status: Status{Version: 42, JoinAt: 7, Stopped: true, SamplesPerSec: 1234.5},
 		Addrs: []ma.Multiaddr{
 			ma.StringCast("/ip4/10.0.0.2/tcp/4001"),
 			ma.StringCast("/ip6/::1/udp/4001/quic-v1"),
@@ -137,7 +137,7 @@ func TestWireRejects(t *testing.T) {
 		want error
 	}{
 		{"empty", nil, false, ErrMalformed},
-		{"version", append([]byte{2}, good[1:]...), false, ErrMalformed},
+		{"version", append([]byte{1}, good[1:]...), false, ErrVersion},
 		{"truncated", good[:len(good)-3], false, ErrMalformed},
 		{"trailing", append(append([]byte(nil), good...), 0), false, ErrMalformed},
 		{"bad peer id", hb(func(h *Heartbeat) { h.Peer = "not-a-peer-id" }), false, ErrMalformed},
@@ -158,7 +158,7 @@ func TestWireRejects(t *testing.T) {
 		{"bad holder", an(func(a *Announcement) { a.Holder = "xx" }), true, ErrMalformed},
 	}
 	// A hand-built address that is not a multiaddr.
-	badAddr := []byte{wireVersion, kindHeartbeat}
+	badAddr := []byte{FormatVersion, kindHeartbeat}
 	badAddr = appendBytes(badAddr, []byte(newPeerID(t, 1)))
 	badAddr = binary.AppendUvarint(badAddr, 1)
 	badAddr = appendBytes(badAddr, []byte("m"))
@@ -173,7 +173,7 @@ func TestWireRejects(t *testing.T) {
 		want error
 	}{"bad multiaddr", badAddr, false, ErrMalformed})
 	// Elements beyond the cap.
-	hugeElems := []byte{wireVersion, kindAnnounce}
+	hugeElems := []byte{FormatVersion, kindAnnounce}
 	hugeElems = appendBytes(hugeElems, []byte(newPeerID(t, 1)))
 	hugeElems = binary.AppendUvarint(hugeElems, 1)
 	hugeElems = appendBytes(hugeElems, []byte("m"))
@@ -201,14 +201,55 @@ func TestWireRejects(t *testing.T) {
 	}
 }
 
+// TestWireVersion: a message of another format version (a peer on another
+// Starling release) fails with ErrVersion, whose text names both versions,
+// and not as a malformed message; bytes that only start with another
+// version byte are malformed.
+func TestWireVersion(t *testing.T) {
+	for _, b := range [][]byte{
+		append([]byte{1}, AppendHeartbeat(nil, sampleHeartbeat(t))[1:]...),
+		{1, kindHeartbeat, 38, 0, 36, 8, 1}, // a v1 heartbeat's start: binary peer ID
+		{3, kindAnnounce},
+	} {
+		_, err := DecodeHeartbeat(b)
+		if !errors.Is(err, ErrVersion) || errors.Is(err, ErrMalformed) {
+			t.Fatalf("% x: %v, want ErrVersion only", b, err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, fmt.Sprintf("format %d", b[0])) || !strings.Contains(msg, "format 2") {
+			t.Errorf("%q does not name both versions", msg)
+		}
+	}
+	_, err := DecodeAnnouncement(append([]byte{1}, AppendAnnouncement(nil, sampleAnnouncement(t))[1:]...))
+	if !errors.Is(err, ErrVersion) {
+		t.Fatalf("v1 announcement: %v, want ErrVersion", err)
+	}
+	for _, b := range [][]byte{[]byte("garbage"), {0, kindHeartbeat}, {1}} {
+		if _, err := DecodeHeartbeat(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%q: %v, want ErrMalformed", b, err)
+		}
+	}
+}
+
+// wrapsSentinel reports whether a decoder's error wraps one of the
+// documented sentinels.
+func wrapsSentinel(err error) bool {
+	for _, s := range []error{ErrVersion, ErrMalformed, ErrTooLarge, ErrNonFinite} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
 func FuzzDecodeHeartbeat(f *testing.F) {
 	f.Add(AppendHeartbeat(nil, sampleHeartbeat(f)))
+	f.Add([]byte{FormatVersion, 1})
 	f.Add([]byte{1, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		hb, err := DecodeHeartbeat(b)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNonFinite) {
+			if !wrapsSentinel(err) {
 				t.Fatalf("error %v wraps no sentinel", err)
 			}
 			return
@@ -227,11 +268,12 @@ func FuzzDecodeHeartbeat(f *testing.F) {
 
 func FuzzDecodeAnnouncement(f *testing.F) {
 	f.Add(AppendAnnouncement(nil, sampleAnnouncement(f)))
+	f.Add([]byte{FormatVersion, 2})
 	f.Add([]byte{1, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := DecodeAnnouncement(b)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrTooLarge) && !errors.Is(err, ErrNonFinite) {
+			if !wrapsSentinel(err) {
 				t.Fatalf("error %v wraps no sentinel", err)
 			}
 			return
@@ -246,114 +288,6 @@ func FuzzDecodeAnnouncement(f *testing.F) {
 	})
 }
 
-func TestReplayGuard(t *testing.T) {
-	g := newReplayGuard()
-	t0 := time.Unix(0, 0)
-	p := peer.ID("p")
-	steps := []struct {
-		seq  uint64
-		want bool
-	}{
-		{100, true},
-		{100, false},          // exact replay
-		{101, true},           // in order
-		{99, true},            // reordered, within the window, new
-		{99, false},           // and replayed
-		{100 + 64, true},      // top moves to 164
-		{102, true},           // 62 below top: in the window, unseen
-		{101, false},          // 63 below top: in the window, seen before
-		{98, false},           // 66 below top: out of the window
-		{164, false},          // replay of top
-		{1000, true},          // big jump clears the window
-		{1000 - 63, true},     // in the window, unseen
-		{1000 - 64, false},    // outside
-		{1 << 63, true},       // huge jump
-		{(1 << 63) - 1, true}, // just below
-	}
-	for i, s := range steps {
-		if got := g.Check(p, s.seq, t0); got != s.want {
-			t.Fatalf("step %d: Check(%d) = %v, want %v", i, s.seq, got, s.want)
-		}
-	}
-	if !g.Check("q", 1, t0) || !g.Check("q", 0, t0) {
-		t.Fatal("peers must not share state")
-	}
-	g.Check("r", 5, t0.Add(time.Hour))
-	g.Prune(t0.Add(time.Hour), 10*time.Minute)
-	if g.Len() != 1 {
-		t.Fatalf("Prune left %d peers, want 1", g.Len())
-	}
-}
-
-func TestMembership(t *testing.T) {
-	t0 := time.Unix(100, 0)
-	m := NewMembership(5 * time.Second)
-	a, b := newPeerID(t, 1), newPeerID(t, 2)
-	if !m.Observe(&Heartbeat{Peer: a, Seq: 1, Version: 3}, t0) {
-		t.Fatal("first heartbeat should join")
-	}
-	if m.Observe(&Heartbeat{Peer: a, Seq: 2, Version: 4}, t0.Add(time.Second)) {
-		t.Fatal("second heartbeat should not join")
-	}
-	// An older heartbeat arriving late does not roll the view back.
-	m.Observe(&Heartbeat{Peer: a, Seq: 1, Version: 3}, t0.Add(2*time.Second))
-	if p, _ := m.Get(a, t0.Add(2*time.Second)); p.Version != 4 || !p.LastSeen.Equal(t0.Add(time.Second)) {
-		t.Fatalf("stale heartbeat applied: %+v", p)
-	}
-	m.Observe(&Heartbeat{Peer: b, Seq: 1, Version: 9}, t0.Add(3*time.Second))
-	live := m.Live(t0.Add(4 * time.Second))
-	if len(live) != 2 || live[0].ID > live[1].ID {
-		t.Fatalf("Live = %+v", live)
-	}
-	// a was last seen at t0+1s: gone at t0+6s; b stays until t0+8s.
-	if live := m.Live(t0.Add(6 * time.Second)); len(live) != 1 || live[0].ID != b {
-		t.Fatalf("Live after a's TTL = %+v", live)
-	}
-	if _, ok := m.Get(a, t0.Add(6*time.Second)); ok {
-		t.Fatal("Get returned an expired peer")
-	}
-	if gone := m.Expire(t0.Add(6 * time.Second)); len(gone) != 1 || gone[0] != a {
-		t.Fatalf("Expire = %v", gone)
-	}
-	// A returning peer joins again, even with a lower sequence (restart).
-	if !m.Observe(&Heartbeat{Peer: a, Seq: 1}, t0.Add(7*time.Second)) {
-		t.Fatal("returning peer should join")
-	}
-	if m.Len() != 2 {
-		t.Fatalf("Len = %d", m.Len())
-	}
-}
-
-func TestConfigValidate(t *testing.T) {
-	if err := DefaultConfig().Validate(); err != nil {
-		t.Fatal(err)
-	}
-	bad := []func(*Config){
-		func(c *Config) { c.Namespace = "" },
-		func(c *Config) { c.Namespace = "a/b" },
-		func(c *Config) { c.Model = "" },
-		func(c *Config) { c.Model = string(make([]byte, MaxModelIDLen+1)) },
-		func(c *Config) { c.HeartbeatInterval = -1 },
-		func(c *Config) { c.PeerTTL = c.HeartbeatInterval },
-		func(c *Config) { c.MaxMessageSize = 100 },
-		func(c *Config) { c.MaxMessageSize = 1 << 20 },
-		func(c *Config) { c.AnnounceQueue = 0 },
-		func(c *Config) { c.ReplayRetention = time.Second },
-	}
-	for i, f := range bad {
-		c := DefaultConfig()
-		f(&c)
-		if err := c.Validate(); !errors.Is(err, ErrBadConfig) {
-			t.Errorf("case %d: %v, want ErrBadConfig", i, err)
-		}
-	}
-	c := DefaultConfig()
-	c.HeartbeatInterval = 0 // manual heartbeats
-	if err := c.Validate(); err != nil {
-		t.Errorf("manual heartbeats: %v", err)
-	}
-}
-
 func BenchmarkDecodeAnnouncement(b *testing.B) {
 	buf := AppendAnnouncement(nil, sampleAnnouncement(b))
 	b.SetBytes(int64(len(buf)))
@@ -362,5 +296,27 @@ func BenchmarkDecodeAnnouncement(b *testing.B) {
 		if _, err := DecodeAnnouncement(buf); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestHeartbeatStatus: the status travels as fields of its own (a join
+// step, a stopped flag), not packed into the version, and a flags byte
+// with unknown bits is malformed.
+func TestHeartbeatStatus(t *testing.T) {
+	for _, st := range []Status{{Version: 5}, {JoinAt: 1 << 63, Version: 1 << 62}, {Version: 3, Stopped: true}} {
+		hb := sampleHeartbeat(t)
+		hb.Status = st
+		got, err := DecodeHeartbeat(AppendHeartbeat(nil, hb))
+		if err != nil || got.Status != st {
+			t.Errorf("%+v: decoded %+v, %v", st, got, err)
+		}
+	}
+	hb := sampleHeartbeat(t)
+	hb.Status = Status{Version: 3, JoinAt: 9}
+	b := AppendHeartbeat(nil, hb)
+	i := bytes.Index(b, []byte{3, 9, 0}) + 2 // version, join step, flags
+	b[i] = 0x02
+	if _, err := DecodeHeartbeat(b); !errors.Is(err, ErrMalformed) {
+		t.Errorf("unknown flag bit: %v, want ErrMalformed", err)
 	}
 }

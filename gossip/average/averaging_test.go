@@ -1,4 +1,4 @@
-package gossip
+package average
 
 import (
 	"context"
@@ -12,43 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/gossip/internal/avgtest"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Consensus target of issue 6: max distance of any peer's model to the mean
 // ≤ 1e-3 of the initial spread (the initial max distance to the mean).
 const consensusTol = 1e-3
-
-// models returns n random d-vectors (peer i's values centred on i, so the
-// initial spread is large) and their mean in float64.
-func models(r *rand.Rand, n, d int) ([][]float32, []float64) {
-	xs := make([][]float32, n)
-	mean := make([]float64, d)
-	for i := range xs {
-		xs[i] = make([]float32, d)
-		for j := range xs[i] {
-			xs[i][j] = float32(float64(i) + r.NormFloat64())
-			mean[j] += float64(xs[i][j]) / float64(n)
-		}
-	}
-	return xs, mean
-}
-
-// spread returns max_i ‖x_i − mean‖₂.
-func spread(xs [][]float32, mean []float64) float64 {
-	worst := 0.0
-	for _, x := range xs {
-		s := 0.0
-		for j, v := range x {
-			d := float64(v) - mean[j]
-			s += d * d
-		}
-		worst = max(worst, math.Sqrt(s))
-	}
-	return worst
-}
 
 type inflight struct {
 	to, due int
@@ -64,7 +35,7 @@ type inflight struct {
 func simPushSum(t *testing.T, n, d, maxDelay int, seed uint64) int {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 1))
-	xs, mean := models(r, n, d)
+	xs, mean := avgtest.Models(r, n, d)
 	sum0 := make([]float64, d)
 	for j := range sum0 {
 		sum0[j] = mean[j] * float64(n)
@@ -74,7 +45,7 @@ func simPushSum(t *testing.T, n, d, maxDelay int, seed uint64) int {
 		st[i] = NewPushSum(xs[i])
 	}
 	z := make([][]float32, n)
-	spread0 := spread(xs, mean)
+	spread0 := avgtest.Spread(xs, mean)
 	var queue []inflight
 	for k := range 1000 {
 		for i, s := range st {
@@ -118,7 +89,7 @@ func simPushSum(t *testing.T, n, d, maxDelay int, seed uint64) int {
 		for i, s := range st {
 			z[i] = s.Estimate(z[i])
 		}
-		if spread(z, mean) <= consensusTol*spread0 {
+		if avgtest.Spread(z, mean) <= consensusTol*spread0 {
 			return k + 1
 		}
 	}
@@ -133,8 +104,8 @@ func simPushSum(t *testing.T, n, d, maxDelay int, seed uint64) int {
 func simPairwise(t *testing.T, n, d int, seed uint64) int {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 2))
-	xs, mean := models(r, n, d)
-	spread0 := spread(xs, mean)
+	xs, mean := avgtest.Models(r, n, d)
+	spread0 := avgtest.Spread(xs, mean)
 	var actives []int
 	for i := range n {
 		if RoleOf(i) == Active {
@@ -152,7 +123,7 @@ func simPairwise(t *testing.T, n, d int, seed uint64) int {
 				t.Fatal(err)
 			}
 		}
-		if spread(xs, mean) <= consensusTol*spread0 {
+		if avgtest.Spread(xs, mean) <= consensusTol*spread0 {
 			// The mean is conserved up to float32 rounding.
 			for j := range mean {
 				s := 0.0
@@ -172,7 +143,7 @@ func simPairwise(t *testing.T, n, d int, seed uint64) int {
 
 // TestConsensusRounds is the issue's consensus check: 32 in-process peers,
 // no training, simulated message passing. go test -v -run
-// TestConsensusRounds ./gossip prints the rounds.
+// TestConsensusRounds ./gossip/average prints the rounds.
 func TestConsensusRounds(t *testing.T) {
 	const d = 256
 	for _, tc := range []struct {
@@ -322,10 +293,10 @@ func TestPairwiseAverage(t *testing.T) {
 	}
 }
 
-func testIDs(n int) []peer.ID {
-	ids := make([]peer.ID, n)
+func testIDs(n int) []peerid.ID {
+	ids := make([]peerid.ID, n)
 	for i := range ids {
-		ids[i] = peer.ID(fmt.Sprintf("peer-%02d", i))
+		ids[i] = peerid.ID(fmt.Sprintf("peer-%02d", i))
 	}
 	return ids
 }
@@ -339,14 +310,14 @@ func testIDs(n int) []peer.ID {
 func TestPushSumOverExchanger(t *testing.T) {
 	const n, d, maxRounds = 32, 64, 200
 	r := rand.New(rand.NewPCG(4, 4))
-	xs, mean := models(r, n, d)
-	spread0 := spread(xs, mean)
+	xs, mean := avgtest.Models(r, n, d)
+	spread0 := avgtest.Spread(xs, mean)
 	ids := testIDs(n)
 	net := NewMemNetwork()
 	var faultMu sync.Mutex
 	fr := rand.New(rand.NewPCG(5, 5))
 	errInjected := errors.New("injected")
-	net.SetFault(func(from, to peer.ID) error {
+	net.SetFault(func(from, to peerid.ID) error {
 		faultMu.Lock()
 		defer faultMu.Unlock()
 		if fr.IntN(10) == 0 {
@@ -387,7 +358,7 @@ func TestPushSumOverExchanger(t *testing.T) {
 		if math.Abs(wsum-n) > 1e-9 {
 			t.Fatalf("round %d: Σw = %v, want %d", k, wsum, n)
 		}
-		if spread(z, mean) <= consensusTol*spread0 {
+		if avgtest.Spread(z, mean) <= consensusTol*spread0 {
 			rounds = int(k) + 1
 			break
 		}
@@ -413,8 +384,8 @@ func TestPushSumOverExchanger(t *testing.T) {
 func TestPairwiseOverExchanger(t *testing.T) {
 	const n, d, maxRounds = 32, 64, 500
 	r := rand.New(rand.NewPCG(6, 6))
-	xs, mean := models(r, n, d)
-	spread0 := spread(xs, mean)
+	xs, mean := avgtest.Models(r, n, d)
+	spread0 := avgtest.Spread(xs, mean)
 	ids := testIDs(n)
 	net := NewMemNetwork()
 	peers := make([]*PairwisePeer, n)
@@ -441,7 +412,7 @@ func TestPairwiseOverExchanger(t *testing.T) {
 		for i, p := range peers {
 			z[i] = p.Model(z[i])
 		}
-		if spread(z, mean) <= consensusTol*spread0 {
+		if avgtest.Spread(z, mean) <= consensusTol*spread0 {
 			rounds = k + 1
 			break
 		}
@@ -467,7 +438,7 @@ func BenchmarkPushSumShareAbsorb(b *testing.B) {
 	for _, n := range []int{1 << 10, 1 << 20} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			r := rand.New(rand.NewPCG(1, 1))
-			xs, _ := models(r, 2, n)
+			xs, _ := avgtest.Models(r, 2, n)
 			s0, s1 := NewPushSum(xs[0]), NewPushSum(xs[1])
 			var buf []float32
 			b.SetBytes(int64(4 * n))
@@ -499,7 +470,7 @@ func TestPushSumPeerClip(t *testing.T) {
 	// Two honest senders set the radius: their X/W are 1 and 2 away.
 	for i, off := range []float32{1, 2} {
 		x := []float32{(1 + off) * 0.5, 0.5, 0.5, 0.5}
-		if err := p.HandleShare(Share{From: peer.ID(fmt.Sprint("h", i)), X: x, W: 0.5}); err != nil {
+		if err := p.HandleShare(Share{From: peerid.ID(fmt.Sprint("h", i)), X: x, W: 0.5}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,32 +1,26 @@
-package gossip
+package average
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
 
-	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/starling-ml/starling/peerid"
 )
-
-// ErrNotDelivered: an exchange certainly did not reach the remote handler
-// (nothing was sent, or the remote refused it before applying it). A
-// push-sum sender re-absorbs a share that failed this way, so no mass is
-// lost; after any other error the share's fate is unknown.
-var ErrNotDelivered = errors.New("gossip: not delivered")
 
 // Share is a push-sum share in flight.
 type Share struct {
-	From    peer.ID
+	From    peerid.ID
 	Step    uint64    // the sender's gossip step (which exponential-graph offset)
 	Version uint64    // the sender's model version when it split
 	X       []float32 // numerator share
 	W       float64   // weight share, > 0
 }
 
-// Exchanger moves gossip-averaging vectors between peers. node/ implements
-// it over its tensor streams; MemNetwork is an in-memory fake. Each peer's
+// Exchanger moves gossip-averaging vectors between peers.
+// gossip.NodeTransport implements it over node/'s tensor streams;
+// MemNetwork is an in-memory fake. Each peer's
 // Exchanger delivers what arrives for it to the Handler it was built with.
 //
 // Implementations are safe for concurrent use, honour ctx's deadline on
@@ -35,14 +29,14 @@ type Exchanger interface {
 	// Push delivers a push-sum share to peer to and returns once the
 	// remote Handler's HandleShare returned. An error wrapping
 	// ErrNotDelivered means the share certainly was not absorbed.
-	Push(ctx context.Context, to peer.ID, s Share) error
+	Push(ctx context.Context, to peerid.ID, s Share) error
 	// Swap is the active side of an AD-PSGD exchange: it sends mine to the
 	// passive peer with, whose Handler atomically replies with its model
 	// before averaging and averages; the reply is written into theirs
 	// (len(theirs) == len(mine)). The caller then averages its own model
 	// with theirs. On error theirs is undefined and the caller must not
 	// average.
-	Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error
+	Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error
 }
 
 // Handler is the receiving side of an Exchanger, implemented by the
@@ -55,7 +49,7 @@ type Handler interface {
 	// HandleSwap is the passive side of an AD-PSGD exchange: atomically
 	// copy the local model into mine and set the local model to the mean of
 	// itself and theirs. It must not block on the network.
-	HandleSwap(from peer.ID, theirs, mine []float32) error
+	HandleSwap(from peerid.ID, theirs, mine []float32) error
 }
 
 // MemNetwork is an in-memory Exchanger fabric for tests and simulations:
@@ -64,15 +58,15 @@ type Handler interface {
 // It is safe for concurrent use.
 type MemNetwork struct {
 	mu    sync.RWMutex
-	peers map[peer.ID]Handler
-	fault func(from, to peer.ID) error
+	peers map[peerid.ID]Handler
+	fault func(from, to peerid.ID) error
 }
 
 // NewMemNetwork returns an empty network.
-func NewMemNetwork() *MemNetwork { return &MemNetwork{peers: make(map[peer.ID]Handler)} }
+func NewMemNetwork() *MemNetwork { return &MemNetwork{peers: make(map[peerid.ID]Handler)} }
 
 // Join attaches peer id with its handler and returns its Exchanger.
-func (n *MemNetwork) Join(id peer.ID, h Handler) Exchanger {
+func (n *MemNetwork) Join(id peerid.ID, h Handler) Exchanger {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.peers[id] = h
@@ -81,7 +75,7 @@ func (n *MemNetwork) Join(id peer.ID, h Handler) Exchanger {
 
 // Leave detaches peer id; exchanges with it fail with ErrUnknownPeer and
 // ErrNotDelivered.
-func (n *MemNetwork) Leave(id peer.ID) {
+func (n *MemNetwork) Leave(id peerid.ID) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.peers, id)
@@ -89,13 +83,13 @@ func (n *MemNetwork) Leave(id peer.ID) {
 
 // SetFault installs f, called before every exchange; a non-nil result
 // fails the exchange before delivery (it is wrapped with ErrNotDelivered).
-func (n *MemNetwork) SetFault(f func(from, to peer.ID) error) {
+func (n *MemNetwork) SetFault(f func(from, to peerid.ID) error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.fault = f
 }
 
-func (n *MemNetwork) route(from, to peer.ID) (Handler, error) {
+func (n *MemNetwork) route(from, to peerid.ID) (Handler, error) {
 	n.mu.RLock()
 	h, ok := n.peers[to]
 	fault := n.fault
@@ -113,12 +107,12 @@ func (n *MemNetwork) route(from, to peer.ID) (Handler, error) {
 
 type memExchanger struct {
 	net  *MemNetwork
-	self peer.ID
+	self peerid.ID
 }
 
 var _ Exchanger = (*memExchanger)(nil)
 
-func (e *memExchanger) Push(ctx context.Context, to peer.ID, s Share) error {
+func (e *memExchanger) Push(ctx context.Context, to peerid.ID, s Share) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrNotDelivered, err)
 	}
@@ -134,7 +128,7 @@ func (e *memExchanger) Push(ctx context.Context, to peer.ID, s Share) error {
 	return nil
 }
 
-func (e *memExchanger) Swap(ctx context.Context, with peer.ID, mine, theirs []float32) error {
+func (e *memExchanger) Swap(ctx context.Context, with peerid.ID, mine, theirs []float32) error {
 	if len(theirs) != len(mine) {
 		return fmt.Errorf("%w: mine %d, theirs %d", ErrShape, len(mine), len(theirs))
 	}

@@ -1,4 +1,4 @@
-package gossip
+package average
 
 import (
 	"context"
@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // errWrongAlgorithm: a peer got an exchange of the other averaging
 // algorithm, or of the wrong role.
-var errWrongAlgorithm = errors.New("gossip: exchange not served by this peer")
+var errWrongAlgorithm = errors.New("average: exchange not served by this peer")
 
 // PushSumPeer is one push-sum participant, safe for concurrent use: it is
 // the Handler for its Exchanger and steps by pushing shares through it.
@@ -89,14 +88,14 @@ func (p *PushSumPeer) HandleShare(s Share) error {
 }
 
 // HandleSwap refuses: push-sum peers do not swap (Handler).
-func (p *PushSumPeer) HandleSwap(peer.ID, []float32, []float32) error {
+func (p *PushSumPeer) HandleSwap(peerid.ID, []float32, []float32) error {
 	return fmt.Errorf("%w: push-sum peer got a swap", errWrongAlgorithm)
 }
 
 // Step gives half of the peer's mass to peer to. If the push certainly
 // failed (ErrNotDelivered) the share is absorbed back, so mass is
 // conserved; the error is still returned.
-func (p *PushSumPeer) Step(ctx context.Context, ex Exchanger, to peer.ID, step, version uint64) error {
+func (p *PushSumPeer) Step(ctx context.Context, ex Exchanger, to peerid.ID, step, version uint64) error {
 	p.stepMu.Lock()
 	defer p.stepMu.Unlock()
 	p.mu.Lock()
@@ -183,7 +182,7 @@ func (p *PairwisePeer) Clipped() int {
 
 // average averages the model with theirs (from partner from), clipping
 // theirs first if SetClip was called; p.mu is held.
-func (p *PairwisePeer) average(from peer.ID, theirs []float32) error {
+func (p *PairwisePeer) average(from peerid.ID, theirs []float32) error {
 	if p.clip != nil && len(theirs) == len(p.x) {
 		p.clip.Clip(theirs, p.x, string(from))
 	}
@@ -200,7 +199,7 @@ func (p *PairwisePeer) HandleShare(Share) error {
 
 // HandleSwap is the passive side (Handler): it copies the local model into
 // mine and averages the local model with theirs, atomically.
-func (p *PairwisePeer) HandleSwap(from peer.ID, theirs, mine []float32) error {
+func (p *PairwisePeer) HandleSwap(from peerid.ID, theirs, mine []float32) error {
 	if p.role != Passive {
 		return fmt.Errorf("%w: active peer got a swap from %s", errWrongAlgorithm, from)
 	}
@@ -215,7 +214,7 @@ func (p *PairwisePeer) HandleSwap(from peer.ID, theirs, mine []float32) error {
 
 // Exchange runs one AD-PSGD exchange with passive peer with: both models
 // become their mean. Only active peers may call it.
-func (p *PairwisePeer) Exchange(ctx context.Context, ex Exchanger, with peer.ID) error {
+func (p *PairwisePeer) Exchange(ctx context.Context, ex Exchanger, with peerid.ID) error {
 	if p.role != Active {
 		return fmt.Errorf("%w: passive peers do not start exchanges", errWrongAlgorithm)
 	}

@@ -1,34 +1,43 @@
-package gossip
+package wire
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"math"
 
-	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
+	mh "github.com/multiformats/go-multihash"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/peerid"
 )
 
-// Wire format, version 1. Every message starts with the format version and
+// Wire format, version 2. Every message starts with the format version and
 // its kind; integers are unsigned varints, floats little-endian IEEE 754
-// float32, byte strings a varint length then the bytes. Decoders reject
-// unknown versions and kinds, over-long fields, non-finite floats and
-// trailing bytes; they never panic.
+// float32, byte strings a varint length then the bytes. A peer ID is its
+// text (base58) form, which must decode to a multihash. Decoders reject
+// other format versions (ErrVersion), unknown kinds, over-long fields,
+// non-finite floats and trailing bytes; they never panic.
 //
-//	heartbeat:    1 1 peer seq model version samples/s naddrs {addr}
-//	announcement: 1 2 peer seq model version base kind codec elems size
+//	heartbeat:    2 1 peer seq model version joinat flags samples/s naddrs {addr}
+//	announcement: 2 2 peer seq model version base kind codec elems size
 //	              samples loss digest[32] holder key
+//
+// A heartbeat's flags byte has bit 0 set when the peer stopped training
+// (Status.Stopped); the other bits are 0. Version 1 carried peer IDs as
+// their binary multihash and packed the status flags into the model
+// version's top bits; the two do not interoperate.
 const (
-	wireVersion   = 1
+	// FormatVersion is the wire format this package speaks.
+	FormatVersion = 2
 	kindHeartbeat = 1
 	kindAnnounce  = 2
 )
 
 // Field caps. They bound what a peer can make us allocate.
 const (
-	MaxPeerIDLen  = 128 // bytes of a binary peer ID (Ed25519 ones are 38)
+	MaxPeerIDLen  = 128 // bytes of a peer ID's text form (Ed25519 ones are 52)
 	MaxModelIDLen = 64  // bytes of a model id
 	MaxAddrs      = 16  // addresses in a heartbeat
 	MaxAddrLen    = 256 // bytes of one binary multiaddr
@@ -41,13 +50,30 @@ const (
 
 // Heartbeat is a peer's periodic membership message.
 type Heartbeat struct {
-	Peer          peer.ID        // the sender; must be the message's signer
-	Seq           uint64         // increases with every message the sender publishes
-	Model         string         // model id the sender trains
-	Version       uint64         // the sender's local model version
-	SamplesPerSec float32        // the sender's recent training throughput, finite and ≥ 0
-	Addrs         []ma.Multiaddr // where the sender listens (for pulling tensors)
+	Peer  peerid.ID // the sender; must be the message's signer
+	Seq   uint64    // increases with every message the sender publishes
+	Model string    // model id the sender trains
+	Status
+	Addrs []ma.Multiaddr // where the sender listens (for pulling tensors)
 }
+
+// Status is what a peer tells the others of its progress in every
+// heartbeat.
+type Status struct {
+	// Version is the sender's model version (rounds or steps applied).
+	Version uint64
+	// JoinAt, when not 0, is the step at which the sender declared it
+	// joins a synchronous job (Version is then not meaningful).
+	JoinAt uint64
+	// Stopped says the sender stopped training before the job's end; it
+	// takes part in nothing more, although it may stay reachable.
+	Stopped bool
+	// SamplesPerSec is the sender's recent training throughput, finite
+	// and ≥ 0.
+	SamplesPerSec float32
+}
+
+const flagStopped = 1 << 0
 
 // PayloadKind says what an announced vector is.
 type PayloadKind uint8
@@ -75,7 +101,7 @@ func (k PayloadKind) String() string {
 // never rides GossipSub: a receiver that wants it opens a node/ tensor
 // stream to Holder (or to Peer when Holder is empty) and asks for Key.
 type Announcement struct {
-	Peer    peer.ID        // the sender; must be the message's signer
+	Peer    peerid.ID      // the sender; must be the message's signer
 	Seq     uint64         // increases with every message the sender publishes
 	Model   string         // model id
 	Version uint64         // model version this vector produces (or is, for KindModel)
@@ -87,25 +113,35 @@ type Announcement struct {
 	Samples uint64         // training samples behind it (FedAvg weights)
 	Loss    float32        // training loss at Version, finite
 	Digest  [32]byte       // SHA-256 of the encoded bytes
-	Holder  peer.ID        // who serves the bytes; empty means Peer
+	Holder  peerid.ID      // who serves the bytes; empty means Peer
 	Key     string         // what to ask Holder for
 }
 
 // Source returns the peer to pull from: Holder, or Peer when Holder is empty.
-func (a *Announcement) Source() peer.ID {
+func (a *Announcement) Source() peerid.ID {
 	if a.Holder != "" {
 		return a.Holder
 	}
 	return a.Peer
 }
 
+// Digest returns the SHA-256 of an encoded vector, as announcements carry
+// it.
+func Digest(b []byte) [32]byte { return sha256.Sum256(b) }
+
 // AppendHeartbeat appends hb's encoding to dst and returns it.
 func AppendHeartbeat(dst []byte, hb *Heartbeat) []byte {
-	dst = append(dst, wireVersion, kindHeartbeat)
+	dst = append(dst, FormatVersion, kindHeartbeat)
 	dst = appendBytes(dst, []byte(hb.Peer))
 	dst = binary.AppendUvarint(dst, hb.Seq)
 	dst = appendBytes(dst, []byte(hb.Model))
 	dst = binary.AppendUvarint(dst, hb.Version)
+	dst = binary.AppendUvarint(dst, hb.JoinAt)
+	var flags byte
+	if hb.Stopped {
+		flags |= flagStopped
+	}
+	dst = append(dst, flags)
 	dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(hb.SamplesPerSec))
 	dst = binary.AppendUvarint(dst, uint64(len(hb.Addrs)))
 	for _, a := range hb.Addrs {
@@ -116,7 +152,7 @@ func AppendHeartbeat(dst []byte, hb *Heartbeat) []byte {
 
 // AppendAnnouncement appends a's encoding to dst and returns it.
 func AppendAnnouncement(dst []byte, a *Announcement) []byte {
-	dst = append(dst, wireVersion, kindAnnounce)
+	dst = append(dst, FormatVersion, kindAnnounce)
 	dst = appendBytes(dst, []byte(a.Peer))
 	dst = binary.AppendUvarint(dst, a.Seq)
 	dst = appendBytes(dst, []byte(a.Model))
@@ -138,8 +174,8 @@ func appendBytes(dst, b []byte) []byte {
 	return append(dst, b...)
 }
 
-// DecodeHeartbeat decodes a heartbeat. Errors wrap ErrMalformed,
-// ErrTooLarge or ErrNonFinite.
+// DecodeHeartbeat decodes a heartbeat. Errors wrap ErrVersion,
+// ErrMalformed, ErrTooLarge or ErrNonFinite.
 func DecodeHeartbeat(b []byte) (*Heartbeat, error) {
 	r := reader{b: b}
 	r.header(kindHeartbeat)
@@ -148,6 +184,14 @@ func DecodeHeartbeat(b []byte) (*Heartbeat, error) {
 	hb.Seq = r.uvarint("seq")
 	hb.Model = string(r.bytes("model", MaxModelIDLen))
 	hb.Version = r.uvarint("version")
+	hb.JoinAt = r.uvarint("join step")
+	switch flags := r.byte("flags"); {
+	case r.err != nil:
+	case flags&^flagStopped != 0:
+		r.fail(ErrMalformed, "unknown heartbeat flags %#x", flags)
+	default:
+		hb.Stopped = flags&flagStopped != 0
+	}
 	hb.SamplesPerSec = r.float32("samples/s")
 	if r.err == nil && hb.SamplesPerSec < 0 {
 		r.fail(ErrMalformed, "samples/s %v < 0", hb.SamplesPerSec)
@@ -175,8 +219,8 @@ func DecodeHeartbeat(b []byte) (*Heartbeat, error) {
 	return hb, nil
 }
 
-// DecodeAnnouncement decodes an announcement. Errors wrap ErrMalformed,
-// ErrTooLarge or ErrNonFinite.
+// DecodeAnnouncement decodes an announcement. Errors wrap ErrVersion,
+// ErrMalformed, ErrTooLarge or ErrNonFinite.
 func DecodeAnnouncement(b []byte) (*Announcement, error) {
 	r := reader{b: b}
 	r.header(kindAnnounce)
@@ -232,14 +276,21 @@ func (r *reader) fail(sentinel error, format string, args ...any) {
 	}
 }
 
+// header reads the format version and the kind. The header of a control
+// message (a known kind) in another format version is reported as such
+// (ErrVersion), before anything else is read: the rest may be laid out in
+// any way. Other headers are malformed.
 func (r *reader) header(kind byte) {
 	v, k := r.byte("format version"), r.byte("kind")
 	if r.err != nil {
 		return
 	}
-	if v != wireVersion {
-		r.fail(ErrMalformed, "format version %d, want %d", v, wireVersion)
-	} else if k != kind {
+	switch {
+	case v != FormatVersion && v > 0 && (k == kindHeartbeat || k == kindAnnounce):
+		r.fail(ErrVersion, "it sent format %d, this peer speaks format %d", v, FormatVersion)
+	case v != FormatVersion:
+		r.fail(ErrMalformed, "format version %d, want %d", v, FormatVersion)
+	case k != kind:
 		r.fail(ErrMalformed, "message kind %d, want %d", k, kind)
 	}
 }
@@ -303,7 +354,11 @@ func (r *reader) float32(what string) float32 {
 	return f
 }
 
-func (r *reader) peerID(what string, optional bool) peer.ID {
+// peerID reads a peer ID's text form and checks that it is one: base58
+// of a multihash, as libp2p prints peer IDs. Base58 is a bijection, so an
+// accepted ID is the one text of its peer (the signer check compares
+// texts).
+func (r *reader) peerID(what string, optional bool) peerid.ID {
 	b := r.bytes(what, MaxPeerIDLen)
 	if r.err != nil {
 		return ""
@@ -311,12 +366,11 @@ func (r *reader) peerID(what string, optional bool) peer.ID {
 	if len(b) == 0 && optional {
 		return ""
 	}
-	id, err := peer.IDFromBytes(b)
-	if err != nil {
-		r.fail(ErrMalformed, "%s: %v", what, err)
+	if _, err := mh.FromB58String(string(b)); err != nil {
+		r.fail(ErrMalformed, "%s %q is not a peer ID: %v", what, b, err)
 		return ""
 	}
-	return id
+	return peerid.ID(b)
 }
 
 func (r *reader) end() {

@@ -1,0 +1,18 @@
+package train
+
+// Hooks for the external tests (package train_test). Those run the
+// strategies on traintest's fakes, and traintest imports train, so they
+// cannot be in package train; they share these helpers with the internal
+// tests.
+var (
+	NewTestWorker = testWorker
+	Shards        = shards
+	MNIST         = mnist
+	SleepCtx      = sleepCtx
+)
+
+// TestArch is the model of NewTestWorker's workers.
+const TestArch = testArch
+
+// SetSlowdown makes a built worker s times slower (WorkerConfig.Slowdown).
+func SetSlowdown(w *Worker, s float64) { w.cfg.Slowdown = s }
