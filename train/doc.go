@@ -7,4 +7,10 @@
 //
 // Loops check ctx between steps, stop with ErrDiverged when the loss stops
 // being finite, and report progress through a callback that must not block.
+//
+// The round-based strategies, Federated and Sync, take every protocol
+// decision in a pure function of what they saw (fedplan.go, syncplan.go)
+// and keep the waiting and I/O in a thin loop around it. Time comes from
+// the time package; the in-memory tests run those loops inside
+// testing/synctest bubbles (docs/design.md).
 package train

@@ -184,32 +184,22 @@ func fnv64(s string) uint64 {
 	return h
 }
 
-// quorate reports whether members hold a strict majority of ref (less the
-// peers that announced their departure); an empty ref is no constraint.
-// ref is the membership of the last round this peer completed: a peer cut
-// off from most of it is on the minority side of a partition, or the
-// others died; it cannot tell which, so it waits (awaitMajority) rather than
-// train rounds of its own, whose state, numbered as the global rounds
-// are, would later pass for the newest and replace the majority's.
-func quorate(self peerid.ID, departed map[peerid.ID]bool, members, ref []peerid.ID) bool {
-	in, total := tally(self, departed, members, ref)
-	return total == 0 || 2*in > total
-}
-
-// tally returns how many of ref, less the peers that announced their
-// departure, there are (total) and how many of them are among members (in).
-func tally(self peerid.ID, departed map[peerid.ID]bool, members, ref []peerid.ID) (in, total int) {
-	for _, p := range ref {
-		if p != self && departed[p] {
-			continue
-		}
-		total++
-		if slices.Contains(members, p) {
-			in++
-		}
-	}
-	return in, total
-}
+// The waits of a federated peer's loops (see docs/design.md).
+const (
+	// catchUpPoll is how often a starting peer looks for the others.
+	catchUpPoll = 100 * time.Millisecond
+	// catchUpFetch bounds a starting peer's fetch of the newest state.
+	catchUpFetch = 1500 * time.Millisecond
+	// majorityPoll is how often a minority peer looks for the majority.
+	majorityPoll = 200 * time.Millisecond
+	// alignPoll is how often a peer lining up for a round looks at the
+	// others' versions.
+	alignPoll = 50 * time.Millisecond
+	// alignWait bounds that (with a quarter of the round timeout): long
+	// enough for a heartbeat or two to show where the others are, short
+	// enough to stay well inside an all-reduce's stall timeout.
+	alignWait = 1500 * time.Millisecond
+)
 
 // fedPeer is one federated peer's view of the others: the network, and
 // the peers it saw announce that they stopped.
@@ -219,34 +209,15 @@ type fedPeer struct {
 	rec   Recorder
 	self  peerid.ID
 	start time.Time
-	// departed holds the peers whose status said Done when this peer last
-	// looked: a stopped peer drops out of Statuses once its announcements
-	// end, and must still not count towards the majority (see quorate).
+	// departed holds the peers whose status said Done (noteDepartures).
 	departed map[peerid.ID]bool
 }
 
 // members returns the live members and notes the peers that stopped (or
 // came back).
 func (f *fedPeer) members() []peerid.ID {
-	for p, st := range f.net.Statuses() {
-		if st.Done {
-			f.departed[p] = true
-		} else {
-			delete(f.departed, p)
-		}
-	}
+	noteDepartures(f.departed, f.net.Statuses())
 	return f.net.Members()
-}
-
-// versions returns the last version of each live peer that did not stop.
-func (f *fedPeer) versions() map[peerid.ID]uint64 {
-	out := map[peerid.ID]uint64{}
-	for p, st := range f.net.Statuses() {
-		if !st.Done {
-			out[p] = st.Version
-		}
-	}
-	return out
 }
 
 func (f *fedPeer) quorate(members, ref []peerid.ID) bool {
@@ -266,15 +237,15 @@ func (f *fedPeer) publish(ctx context.Context, version uint64, state []float32) 
 }
 
 // awaitMajority waits, up to cfg.RoundTimeout, until the members at round
-// r hold a majority of ref again, and returns them. After the wait it goes
+// r are quorate for ref again, and returns them. After the wait it goes
 // on with the members it sees, which it returns with ok false: the others
-// are taken for dead (a peer of two whose partner died waits this long).
+// are taken for dead.
 func (f *fedPeer) awaitMajority(ctx context.Context, r uint64, ref, members []peerid.ID) (_ []peerid.ID, ok bool, err error) {
 	in, total := tally(f.self, f.departed, members, ref)
 	f.event("minority", fmt.Sprintf("round %d: %d of the last round's %d peers reachable; waiting up to %v for a majority of them", r, in, total, f.cfg.RoundTimeout))
 	deadline := time.Now().Add(f.cfg.RoundTimeout)
 	for {
-		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+		if err := sleepCtx(ctx, majorityPoll); err != nil {
 			return nil, false, err
 		}
 		members = f.members()
@@ -289,34 +260,17 @@ func (f *fedPeer) awaitMajority(ctx context.Context, r uint64, ref, members []pe
 	}
 }
 
-// alignRound waits, up to 1.5 s, until every other sampled peer has
-// reached version r−1; if one has already finished round r, it fetches the
-// newest state into state and returns its version (else it returns
-// version).
+// alignRound lines up with the other peers sampled for round r
+// (planAlign), looking for up to alignWait: if one has already finished
+// round r, it fetches the newest state into state and returns its version
+// (else it returns version).
 func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r uint64, sampled []peerid.ID) (uint64, error) {
-	// Long enough for a heartbeat or two to show where the others are,
-	// short enough to stay well inside an all-reduce's stall timeout.
-	deadline := time.Now().Add(min(f.cfg.RoundTimeout/4, 1500*time.Millisecond))
+	deadline := time.Now().Add(min(f.cfg.RoundTimeout/4, alignWait))
 	for {
-		vs := f.versions()
-		var ahead []peerid.ID
-		ready := true
-		for _, p := range sampled {
-			if p == f.self {
-				continue
-			}
-			v, known := vs[p]
-			switch {
-			case known && v >= r:
-				// Round r is already over for p: this peer is late.
-				ahead = append(ahead, p)
-			case !known || v+1 < r:
-				ready = false
-			}
-		}
-		if len(ahead) > 0 {
+		plan := planAlign(f.self, r, sampled, liveVersions(f.net.Statuses()))
+		if len(plan.fetch) > 0 {
 			fctx, cancel := context.WithTimeout(ctx, f.cfg.RoundTimeout/4)
-			v, err := f.net.Fetch(fctx, ahead, r, state)
+			v, err := f.net.Fetch(fctx, plan.fetch, r, state)
 			cancel()
 			if err == nil {
 				return v, nil
@@ -325,10 +279,10 @@ func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r ui
 				return version, ctx.Err()
 			}
 		}
-		if ready || time.Now().After(deadline) {
+		if plan.ready || time.Now().After(deadline) {
 			return version, nil
 		}
-		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+		if err := sleepCtx(ctx, alignPoll); err != nil {
 			return version, err
 		}
 	}
@@ -368,6 +322,10 @@ type RoundInfo struct {
 // fails for this peer leaves it the previous state as that round's
 // version; the next round it joins brings it back in line, and after a
 // failed last round it takes the others' final state if they have one.
+//
+// Each round is look → decide → act: the peer reads the members and
+// statuses, decides with the pure functions of fedplan.go (quorate,
+// planRound, planAlign, judgeRound, finalFrom) and does what they say.
 func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -413,15 +371,15 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		version = cfg.Resume.Version
 	}
 	if cfg.CatchUp > 0 {
-		// A late or restarted peer takes the newest state the others hold.
-		// It gives discovery up to CatchUp to show it the others, then asks
-		// them without waiting for newer versions.
+		// A late or restarted peer takes the newest state the others hold:
+		// it looks for them for up to CatchUp, then asks them without
+		// waiting for newer versions.
 		deadline := time.Now().Add(cfg.CatchUp)
 		for {
 			members := f.members()
 			if others := othersOf(self, members); len(others) > 0 {
-				ref = members // see quorate
-				if v, err := fetchState(ctx, net, others, version+1, state, 1500*time.Millisecond); err == nil {
+				ref = members
+				if v, err := fetchState(ctx, net, others, version+1, state, catchUpFetch); err == nil {
 					copy(st, state[n:])
 					version = v
 					f.event("caught-up", fmt.Sprintf("version %d", v))
@@ -431,7 +389,7 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			if time.Now().After(deadline) {
 				break
 			}
-			if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			if err := sleepCtx(ctx, catchUpPoll); err != nil {
 				return err
 			}
 		}
@@ -453,7 +411,7 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		f.publish(ctx, version, state)
 		return onRound != nil && onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)})
 	}
-	align := true
+	align := true       // line up with the others before the next round joined
 	lastFailed := false // the newest version is a failed round's, relabelled
 	for r := version + 1; r <= uint64(cfg.Rounds); r++ {
 		if err := ctx.Err(); err != nil {
@@ -464,10 +422,7 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		members := f.members()
 		if ref == nil {
-			// Before a first completed round, the view at the start of
-			// the first round it tries: a peer cut off before that round
-			// completes waits for it too.
-			ref = members
+			ref = members // before a first completed round: the first view
 		}
 		if !f.quorate(members, ref) {
 			var back bool
@@ -480,16 +435,12 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			}
 			align = true // the majority may be rounds ahead
 		}
-		sampled := Sample(cfg.Seed, r, members, cfg.Fraction)
-		if !slices.Contains(sampled, self) {
+		plan := planRound(cfg.Seed, cfg.Fraction, self, r, version, members)
+		if !plan.join {
 			continue
 		}
-		prev := Sample(cfg.Seed, r-1, members, cfg.Fraction)
 		if align {
-			// After a start or a failed round, line up with the others
-			// before joining an all-reduce: take a newer state if someone
-			// is ahead, and give laggards a moment to reach round r−1.
-			v, err := f.alignRound(ctx, state, version, r, sampled)
+			v, err := f.alignRound(ctx, state, version, r, plan.sampled)
 			if err != nil {
 				return err
 			}
@@ -503,34 +454,28 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		rctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout)
 		before := version
-		info, synced, err := f.round(rctx, w, server, state, send, avg, delta, &version, r, prev, sampled)
+		info, synced, err := f.round(rctx, w, server, state, send, avg, delta, &version, r, plan)
 		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if errors.Is(err, ErrDiverged) {
-				return err
-			}
-			// The round failed for this peer: it holds the others' result
-			// if they had one (synced), else the unchanged state of r−1
-			// as version r.
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		verdict := judgeRound(err, synced, version != before)
+		if verdict.fatal {
+			return err
+		}
+		if verdict.failed {
 			f.event("round-failed", err.Error())
 			align = true
 		}
-		if err == nil && !synced {
-			// The federation as this peer saw it for a round it
-			// completed: the members, not the round's sample (with
-			// Fraction < 1 a sample is a few peers, whose loss would
-			// look like a partition).
+		if verdict.reference {
 			ref = members
 		}
-		if version == before {
-			continue // no new state (a fetch for round r−1 failed)
+		if !verdict.report {
+			continue
 		}
 		info.Round = version
-		info.Failed = err != nil && !synced
-		lastFailed = info.Failed
+		info.Failed = verdict.lost
+		lastFailed = verdict.lost
 		info.Synced = synced
 		info.Err = err
 		info.Global = global
@@ -544,16 +489,10 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			return nil
 		}
 	}
-	// A failed round is mended by the next one this peer joins (see
-	// fedRound), but the last round has no next one: a peer that failed it
-	// while others completed it (it entered late, say) would end with the
-	// state of the round before, labelled final. It takes the others'
-	// final state instead, if they have one to give.
+	// A failed last round has no next round to mend it: take the others'
+	// final state, if they have one to give.
 	if last := uint64(cfg.Rounds); lastFailed && version == last {
-		// From the last round's other participants, else the other
-		// members; they may still be finishing it.
-		members := f.members()
-		from := othersOf(self, Sample(cfg.Seed, last, members, cfg.Fraction), members)
+		from := finalFrom(cfg.Seed, cfg.Fraction, self, last, f.members())
 		if v, err := fetchState(ctx, net, from, last, state, cfg.RoundTimeout/4); err == nil {
 			f.event("caught-up", fmt.Sprintf("final version %d", v))
 			if adopt(v) {
@@ -561,21 +500,10 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			}
 		}
 	}
-	// A peer left out of the last rounds by sampling ends behind them; the
-	// others, still in those rounds, sample from membership, which must
-	// not change under them: it does not Leave.
+	// A peer left out of the last rounds by sampling ends behind them and
+	// does not Leave: the others, still in those rounds, sample from
+	// membership.
 	completed = true
-	return nil
-}
-
-// othersOf returns the first of lists that names a peer other than self,
-// without self (nil if none does).
-func othersOf(self peerid.ID, lists ...[]peerid.ID) []peerid.ID {
-	for _, l := range lists {
-		if o := slices.DeleteFunc(slices.Clone(l), func(p peerid.ID) bool { return p == self }); len(o) > 0 {
-			return o
-		}
-	}
 	return nil
 }
 
@@ -596,16 +524,14 @@ func fetchState(ctx context.Context, net Net, peers []peerid.ID, version uint64,
 	return v, nil
 }
 
-// round runs round r for a sampled peer. synced reports that the peer
-// took the round's result (or a later state) from others.
-func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state, send, avg, delta []float32, version *uint64, r uint64, prev, sampled []peerid.ID) (RoundInfo, bool, error) {
+// round runs round r, as plan says, for a sampled peer. synced reports
+// that the peer took the round's result (or a later state) from others.
+func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state, send, avg, delta []float32, version *uint64, r uint64, plan roundPlan) (RoundInfo, bool, error) {
 	net, cfg := f.net, f.cfg
 	n := len(w.Model.Params)
 	global := state[:n]
-	if *version < r-1 {
-		// Missed rounds: fetch the state after round r−1 from its
-		// participants (they are the ones who have it).
-		v, err := net.Fetch(ctx, othersOf(net.Self(), prev, sampled), r-1, state)
+	if plan.behind {
+		v, err := net.Fetch(ctx, plan.from, r-1, state)
 		if err != nil {
 			return RoundInfo{}, false, fmt.Errorf("round %d: fetching state %d: %w", r, r-1, err)
 		}
@@ -651,7 +577,7 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 	if len(send) > n {
 		copy(send[n:], state)
 	}
-	used, err := net.AllReduce(ctx, r, sampled, avg, send, float64(w.ShardSize()))
+	used, err := net.AllReduce(ctx, r, plan.sampled, avg, send, float64(w.ShardSize()))
 	if err != nil {
 		// No result for round r here: keep the state of r−1 as version r,
 		// so later rounds never wait for a state nobody will publish. If
@@ -676,5 +602,5 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 	copy(w.Model.Params, global)
 	*version = r
 	f.publish(ctx, r, state)
-	return RoundInfo{Round: r, Participants: used, Sampled: sampled, Loss: lossSum / float64(max(samples, 1))}, false, nil
+	return RoundInfo{Round: r, Participants: used, Sampled: plan.sampled, Loss: lossSum / float64(max(samples, 1))}, false, nil
 }

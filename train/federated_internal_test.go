@@ -100,27 +100,3 @@ func TestFedConfigValidate(t *testing.T) {
 		}
 	}
 }
-
-func TestQuorate(t *testing.T) {
-	all := []peerid.ID{"a", "b", "c", "d", "e"}
-	for _, c := range []struct {
-		members, ref, gone []peerid.ID
-		want               bool
-	}{
-		{[]peerid.ID{"a"}, nil, nil, true},                                   // no reference yet
-		{[]peerid.ID{"a", "b", "c"}, all, nil, true},                         // 3 of 5
-		{[]peerid.ID{"a", "b"}, all, nil, false},                             // 2 of 5
-		{[]peerid.ID{"a", "b"}, all, []peerid.ID{"d", "e"}, true},            // 2 of 3 once two left
-		{[]peerid.ID{"a"}, []peerid.ID{"a", "b"}, nil, false},                // 1 of 2: a partner lost
-		{[]peerid.ID{"a"}, []peerid.ID{"a", "b"}, []peerid.ID{"b"}, true},    // 1 of 1: the partner left
-		{[]peerid.ID{"a", "x", "y"}, []peerid.ID{"a", "b", "c"}, nil, false}, // newcomers do not make a majority of the old
-	} {
-		gone := map[peerid.ID]bool{}
-		for _, p := range c.gone {
-			gone[p] = true
-		}
-		if got := quorate("a", gone, c.members, c.ref); got != c.want {
-			t.Errorf("members %v of %v (gone %v): quorate %v, want %v", c.members, c.ref, c.gone, got, c.want)
-		}
-	}
-}

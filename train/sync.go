@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sort"
 	"time"
@@ -187,15 +186,6 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// stopped reports whether st is the status of a peer that stopped
-// training before the job's end: one to leave out of every group. (A peer
-// that finished the job is still ahead of those behind: they fetch the
-// final state from it. It does not say Done; this also holds for a
-// Net that sets it anyway.)
-func (s *syncPeer) stopped(st Status) bool {
-	return st.Done && st.Version < uint64(s.cfg.Steps)
-}
-
 // syncPeer is one peer's synchronous loop.
 type syncPeer struct {
 	w     *Worker
@@ -270,11 +260,6 @@ func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
 	return nil
 }
 
-// staleStatuses is how long a peer left out of a step waits for fresher
-// statuses from running peers that seem behind it: a few heartbeats
-// (swarm's come every second).
-const staleStatuses = 3 * time.Second
-
 // errAhead sends a peer to rejoin the group ahead of its own.
 var errAhead = errors.New("train: another group of the job is ahead")
 
@@ -284,7 +269,8 @@ type syncFatal struct{ err error }
 
 func (e *syncFatal) Error() string { return e.err.Error() }
 
-// step runs step version+1 with the current group.
+// step runs step version+1 with the current group, and the peers that
+// declared they join at it (admit).
 func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 	w := s.w
 	next := s.version + 1
@@ -294,30 +280,15 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 	}
 	group := s.group
 	if !s.cfg.Fixed {
-		// Peers that declared they join at this step take part from now;
-		// they fetch the state this step starts from.
-		members := s.net.Members()
-		var joining []peerid.ID
-		for p, ps := range s.net.Statuses() {
-			if !slices.Contains(members, p) || slices.Contains(group, p) || s.stopped(ps) {
-				continue
-			}
-			switch {
-			case ps.JoinAt == next:
-				joining = append(joining, p)
-			case ps.JoinAt == 0 && ps.Version > next:
-				// A running peer outside our group is ahead of us: two
-				// groups of one job (peers that started apart, a healed
-				// partition). The group behind joins the one ahead.
-				return StepInfo{}, fmt.Errorf("%w: %s runs outside our group at step %d", errAhead, p, ps.Version)
-			}
+		a := admit(next, uint64(s.cfg.Steps), group, s.net.Members(), s.net.Statuses())
+		if a.ahead != "" {
+			return StepInfo{}, fmt.Errorf("%w: %s runs outside our group at step %d", errAhead, a.ahead, a.aheadAt)
 		}
-		if len(joining) > 0 {
+		if len(a.joining) > 0 {
 			s.net.Publish(s.version, s.st.pack(w))
-			group = slices.Concat(group, joining)
-			slices.Sort(group)
-			s.event("admit", fmt.Sprintf("%v at step %d", joining, next))
+			s.event("admit", fmt.Sprintf("%v at step %d", a.joining, next))
 		}
+		group = a.group
 	}
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StepTimeout)
 	used, err := s.net.AllReduce(sctx, next, group, s.avg, w.Model.Grads, float64(k))
@@ -332,17 +303,8 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 	copy(w.Model.Grads, s.avg)
 	w.Apply(k)
 	s.version, s.group, s.left = next, used, false
-	// The pace is measured from one applied step to the next, whatever
-	// the caller does in between.
 	now := time.Now()
-	if !s.lastStep.IsZero() {
-		if dt := now.Sub(s.lastStep).Seconds(); dt > 0 && s.rate == 0 {
-			s.rate = 1 / dt
-		} else if dt > 0 {
-			s.rate = 0.9*s.rate + 0.1/dt
-		}
-	}
-	s.lastStep = now
+	s.rate, s.lastStep = pace(s.rate, s.lastStep, now), now
 	if !s.cfg.Fixed {
 		if err := s.net.SetStatus(ctx, Status{Version: next, Rate: s.rate}); err != nil && ctx.Err() != nil {
 			return StepInfo{}, ctx.Err()
@@ -351,151 +313,86 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 	return StepInfo{Step: next, Group: used, Loss: loss, Samples: k}, nil
 }
 
-// join brings the peer into the job: it either starts from its own state
-// with the peers at the same step, or fetches the running peers' state and
-// joins them at a declared step. joined reports a fetched state.
+// join brings the peer into the job, look by look (planJoin): it either
+// starts from its own state with the peers at the same step, or fetches
+// the running peers' state and joins them at a declared step, until
+// JoinTimeout. joined reports a fetched state.
 func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 	if s.cfg.Fixed {
 		s.group = s.net.Members()
 		return false, nil
 	}
+	steps := uint64(s.cfg.Steps)
 	lead := s.cfg.JoinLead
-	deadline := time.Now().Add(s.cfg.JoinTimeout)
-	buf := make([]float32, s.st.size())
-	discover := time.Now().Add(s.cfg.Discover)
-	stale := time.Now().Add(staleStatuses)
+	now := time.Now()
+	deadline := now.Add(s.cfg.JoinTimeout)
+	var discover time.Time // only the first join waits for discovery
 	if !s.started {
-		s.started = true
-	} else {
-		discover = time.Time{}
+		s.started, discover = true, now.Add(s.cfg.Discover)
 	}
-	for attempt := 1; ; attempt++ {
+	stale := now.Add(staleStatuses)
+	buf := make([]float32, s.st.size())
+	for {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		members := s.net.Members()
-		statuses := s.net.Statuses()
-		if len(statuses) == 0 && time.Now().Before(discover) {
-			// Nobody known yet: give discovery a moment before starting
-			// alone.
-			if err := sleepCtx(ctx, min(100*time.Millisecond, time.Until(discover))); err != nil {
+		plan := planJoin(joinView{self: s.self, version: s.version, steps: steps, left: s.left, lead: lead,
+			members: s.net.Members(), statuses: s.net.Statuses(), now: time.Now(), discover: discover, stale: stale})
+		var want uint64 // the version to fetch
+		switch plan.action {
+		case joinLook:
+			if err := sleepCtx(ctx, plan.pause); err != nil {
 				return false, err
 			}
 			continue
-		}
-		var running, ahead []peerid.ID
-		var top uint64
-		var rate float64
-		for _, p := range members {
-			ps, ok := statuses[p]
-			if p == s.self || !ok || ps.JoinAt != 0 || s.stopped(ps) {
-				continue
-			}
-			running = append(running, p)
-			if ps.Version > s.version || (s.left && ps.Version == s.version) {
-				ahead = append(ahead, p)
-				top = max(top, ps.Version)
-				rate = max(rate, ps.Rate)
-			}
-		}
-		if len(ahead) == 0 && s.left && time.Now().Before(stale) &&
-			slices.ContainsFunc(running, func(p peerid.ID) bool { return statuses[p].Version < s.version }) {
-			// Left out of a step, we see running peers behind us. Their
-			// statuses may predate the step (they travel with heartbeats)
-			// and the peers be well past it: look again before going on
-			// without them.
-			if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-				return false, err
-			}
-			continue
-		}
-		if len(ahead) == 0 {
-			// Nobody is ahead: start (or go on) from our own state with
-			// the peers at our step. Those behind will join us.
+		case joinStart:
 			if err := s.net.SetStatus(ctx, Status{Version: s.version, Rate: s.rate}); err != nil {
 				return false, err
 			}
-			g := []peerid.ID{s.self}
-			for _, p := range running {
-				if statuses[p].Version == s.version {
-					g = append(g, p)
-				}
-			}
-			slices.Sort(g)
-			s.group, s.left = g, false
+			s.group, s.left = plan.group, false
 			return false, nil
-		}
-		// Join the running peers at a step T far enough ahead that they
-		// all hear of it before they get there. Past the job's last step,
-		// take its final state instead.
-		T := top + 2 + uint64(math.Ceil(rate*lead.Seconds()))
-		if T > uint64(s.cfg.Steps) {
-			fctx, cancel := context.WithTimeout(ctx, min(4*lead+time.Duration(float64(uint64(s.cfg.Steps)-min(top, uint64(s.cfg.Steps)))/max(rate, 1)*float64(time.Second)), time.Until(deadline)+time.Second))
-			v, err := s.net.Fetch(fctx, ahead, uint64(s.cfg.Steps), buf)
-			cancel()
-			if err == nil && v == uint64(s.cfg.Steps) {
-				if err := s.st.unpack(s.w, buf, v); err != nil {
-					return false, &syncFatal{err}
-				}
-				s.version, s.group, s.left = v, nil, false
-				s.event("joined", fmt.Sprintf("final state of step %d", v))
-				return true, nil
+		case joinDeclare:
+			if err := s.net.SetStatus(ctx, Status{JoinAt: plan.at, Rate: s.rate}); err != nil {
+				return false, err
 			}
-			if ctx.Err() != nil {
-				return false, ctx.Err()
-			}
-			if time.Now().After(deadline) {
-				return false, fmt.Errorf("%w: the job's final state (step %d) from %v within %v: %v", ErrNoState, s.cfg.Steps, ahead, s.cfg.JoinTimeout, err)
-			}
-			s.left = false
-			continue
+			s.event("join", fmt.Sprintf("declared step %d (others at %d, %.1f steps/s)", plan.at, plan.top, plan.rate))
+			want = plan.at - 1
+		case joinFinal:
+			want = plan.at
 		}
-		if err := s.net.SetStatus(ctx, Status{JoinAt: T, Rate: s.rate}); err != nil {
-			return false, err
-		}
-		s.event("join", fmt.Sprintf("declared step %d (others at %d, %.1f steps/s)", T, top, rate))
-		// They publish the state after step T−1 when they reach it.
-		wait := 4 * lead
-		if rate > 0 {
-			wait = 2*lead + time.Duration(2*float64(T-top)/rate*float64(time.Second))
-		}
-		// (A second more: a state service may keep one to transfer.)
-		fctx, cancel := context.WithTimeout(ctx, min(wait+time.Second, time.Until(deadline)+time.Second))
-		v, err := s.net.Fetch(fctx, ahead, T-1, buf)
+		fctx, cancel := context.WithTimeout(ctx, min(plan.wait, time.Until(deadline)+time.Second))
+		v, err := s.net.Fetch(fctx, plan.from, want, buf)
 		cancel()
-		if err == nil && v == T-1 {
+		if err == nil && v == want {
 			if err := s.st.unpack(s.w, buf, v); err != nil {
 				return false, &syncFatal{err}
 			}
-			s.version = v
-			// The group of step T: every running peer (peers that have
-			// not started are not running), the other joiners of T, and
-			// us.
-			statuses = s.net.Statuses()
-			members = s.net.Members()
-			g := []peerid.ID{s.self}
-			for _, p := range members {
-				if ps, ok := statuses[p]; ok && p != s.self && !s.stopped(ps) && ((ps.JoinAt == 0 && ps.Version > 0) || ps.JoinAt == T) {
-					g = append(g, p)
-				}
+			s.version, s.left = v, false
+			if plan.action == joinFinal {
+				s.group = nil // nothing left to take part in
+				s.event("joined", fmt.Sprintf("final state of step %d", v))
+			} else {
+				s.group = joinGroup(s.self, plan.at, steps, s.net.Members(), s.net.Statuses())
+				s.event("joined", fmt.Sprintf("state of step %d", v))
 			}
-			slices.Sort(g)
-			s.group, s.left = g, false
-			s.event("joined", fmt.Sprintf("state of step %d", v))
 			return true, nil
 		}
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return false, fmt.Errorf("%w: could not join the running peers %v within %v (last: version %d, %v)", ErrNoState, ahead, s.cfg.JoinTimeout, v, err)
+			if plan.action == joinFinal {
+				return false, fmt.Errorf("%w: the job's final state (step %d) from %v within %v: %v", ErrNoState, s.cfg.Steps, plan.from, s.cfg.JoinTimeout, err)
+			}
+			return false, fmt.Errorf("%w: could not join the running peers %v within %v (last: version %d, %v)", ErrNoState, plan.from, s.cfg.JoinTimeout, v, err)
 		}
-		// Missed it: the others were faster than we thought, or nobody
-		// runs any more. Look again with a longer lead; peers at our own
-		// step no longer count as ahead.
-		s.event("join-missed", fmt.Sprintf("step %d: got version %d: %v", T, v, err))
-		lead = min(2*lead, 16*s.cfg.JoinLead)
-		s.left = false
+		s.left = false // peers at our own step no longer count as ahead
+		if plan.action == joinDeclare {
+			// Missed it: the others were faster than we thought, or nobody
+			// runs any more.
+			s.event("join-missed", fmt.Sprintf("step %d: got version %d: %v", plan.at, v, err))
+			lead = nextLead(lead, s.cfg.JoinLead)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
@@ -93,7 +94,10 @@ func syncWorker(t testing.TB, shard *data.Set, batch int, seed uint64) *train.Wo
 	return w
 }
 
-// memJob is n in-process peers on an aggtest network.
+// memJob is n in-process peers on an aggtest network. Tests build it, and
+// run its peers, inside a synctest bubble (bubble), where a loaded CPU
+// cannot make a stall timeout or a join wait fire; its models must stay
+// below device's parallel GEMM threshold (see docs/design.md).
 type memJob struct {
 	netw  *aggtest.Network
 	board *traintest.Board
@@ -114,6 +118,11 @@ func (j *memJob) net(t testing.TB, id peerid.ID) *traintest.Net {
 	}
 	j.board.Join(id)
 	return &traintest.Net{ID: id, Runner: r, Board: j.board}
+}
+
+// bubble returns f run in a synctest bubble, for t.Run.
+func bubble(f func(t *testing.T)) func(t *testing.T) {
+	return func(t *testing.T) { synctest.Test(t, f) }
 }
 
 // logRec logs a peer's events (shown with -v or on failure).
@@ -140,7 +149,7 @@ func relErr(a, b []float32) float64 {
 func TestSyncMatchesBigBatch(t *testing.T) {
 	tr := trainSet(t)
 	for _, n := range []int{3, 4} {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+		t.Run(fmt.Sprintf("n=%d", n), bubble(func(t *testing.T) {
 			const b, steps, epochSteps = 8, 6, 8
 			big := tr.Head(n * b * epochSteps)
 			seeds := make([]uint64, n)
@@ -202,7 +211,7 @@ func TestSyncMatchesBigBatch(t *testing.T) {
 			if e > 1e-5 || eu > 1e-4 {
 				t.Fatalf("parameters differ by %.2e relative (updates %.2e) from one peer with batch %d", e, eu, n*b)
 			}
-		})
+		}))
 	}
 }
 
@@ -249,7 +258,9 @@ func seq(from, n int) []int {
 
 // TestSyncSurvivesAKilledPeer: a peer that dies mid-job is left out by
 // the all-reduce; the survivors finish with the same parameters.
-func TestSyncSurvivesAKilledPeer(t *testing.T) {
+func TestSyncSurvivesAKilledPeer(t *testing.T) { synctest.Test(t, syncSurvivesAKilledPeer) }
+
+func syncSurvivesAKilledPeer(t *testing.T) {
 	job := newMemJob(300 * time.Millisecond)
 	workers, nets := memPeers(t, job, 4, 256, 0)
 	cfg := train.DefaultSyncConfig()
@@ -283,7 +294,7 @@ func TestSyncSurvivesAKilledPeer(t *testing.T) {
 // step with it again, a stall timeout each, forever.
 func TestSyncPeerStops(t *testing.T) {
 	for _, n := range []int{2, 4} {
-		t.Run(fmt.Sprintf("%d peers", n), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%d peers", n), bubble(func(t *testing.T) {
 			job := newMemJob(300 * time.Millisecond)
 			workers, nets := memPeers(t, job, n, 256, 0)
 			cfg := train.DefaultSyncConfig()
@@ -310,7 +321,7 @@ func TestSyncPeerStops(t *testing.T) {
 					t.Fatalf("peer %d holds other parameters than peer 0", k)
 				}
 			}
-		})
+		}))
 	}
 }
 
@@ -357,7 +368,9 @@ func TestSyncOverSwarmPeerStops(t *testing.T) {
 // TestSyncLateJoiner: a peer that starts while the others run fetches
 // their state, joins at the step it declared, and ends with the same
 // parameters, having contributed to the last steps.
-func TestSyncLateJoiner(t *testing.T) {
+func TestSyncLateJoiner(t *testing.T) { synctest.Test(t, syncLateJoiner) }
+
+func syncLateJoiner(t *testing.T) {
 	job := newMemJob(2 * time.Second)
 	workers, nets := memPeers(t, job, 3, 256, 0)
 	cfg := train.DefaultSyncConfig()
@@ -422,7 +435,9 @@ func TestSyncLateJoiner(t *testing.T) {
 
 // TestSyncRejoinsAfterStall: a peer that stalls past the stall timeout is
 // left out of a step; once it thaws it rejoins and the job ends in step.
-func TestSyncRejoinsAfterStall(t *testing.T) {
+func TestSyncRejoinsAfterStall(t *testing.T) { synctest.Test(t, syncRejoinsAfterStall) }
+
+func syncRejoinsAfterStall(t *testing.T) {
 	job := newMemJob(300 * time.Millisecond)
 	workers, nets := memPeers(t, job, 4, 256, 0)
 	cfg := train.DefaultSyncConfig()
@@ -591,7 +606,9 @@ func TestSyncOverSwarm(t *testing.T) {
 // TestSyncBothLeftOut: in a group of two, a stall leaves both peers out of
 // the same step (the survivor alone is below the quorum); they must find
 // each other again and end together.
-func TestSyncBothLeftOut(t *testing.T) {
+func TestSyncBothLeftOut(t *testing.T) { synctest.Test(t, syncBothLeftOut) }
+
+func syncBothLeftOut(t *testing.T) {
 	job := newMemJob(300 * time.Millisecond)
 	workers, nets := memPeers(t, job, 2, 256, 0)
 	stalled := false
@@ -608,7 +625,9 @@ func TestSyncBothLeftOut(t *testing.T) {
 // at the same moment (one sent a NaN: it is excluded, and the other is
 // below the quorum); each then sees the other at its own step. They must
 // run on together, not as two jobs.
-func TestSyncBothLeftOutAtOnce(t *testing.T) {
+func TestSyncBothLeftOutAtOnce(t *testing.T) { synctest.Test(t, syncBothLeftOutAtOnce) }
+
+func syncBothLeftOutAtOnce(t *testing.T) {
 	job := newMemJob(300 * time.Millisecond)
 	workers, nets := memPeers(t, job, 2, 256, 0)
 	var once sync.Once

@@ -1,0 +1,174 @@
+package train
+
+import (
+	"errors"
+	"slices"
+
+	"github.com/starling-ml/starling/peerid"
+)
+
+// A federated peer's protocol decisions, as functions of plain values: no
+// Net, no context, no clock. Federated (federated.go) gathers their inputs
+// (members, statuses, its version), calls them, does the I/O they name and
+// waits; its deadlines bound those waits. docs/design.md gives the
+// reasoning behind each decision.
+
+// quorate reports whether members hold a strict majority of ref, the
+// membership of the last round this peer completed, less the peers in
+// departed other than self; an empty ref is no constraint. A peer that is
+// not quorate waits for the majority instead of training rounds of its
+// own.
+func quorate(self peerid.ID, departed map[peerid.ID]bool, members, ref []peerid.ID) bool {
+	in, total := tally(self, departed, members, ref)
+	return total == 0 || 2*in > total
+}
+
+// tally returns how many of ref, less the peers that announced their
+// departure, there are (total) and how many of them are among members (in).
+func tally(self peerid.ID, departed map[peerid.ID]bool, members, ref []peerid.ID) (in, total int) {
+	for _, p := range ref {
+		if p != self && departed[p] {
+			continue
+		}
+		total++
+		if slices.Contains(members, p) {
+			in++
+		}
+	}
+	return in, total
+}
+
+// noteDepartures records in departed the peers whose status says Done and
+// forgets those whose status no longer does (they came back). A peer
+// missing from statuses keeps its entry: a stopped peer's status goes once
+// its announcements end, and it must still not count towards a majority.
+func noteDepartures(departed map[peerid.ID]bool, statuses map[peerid.ID]Status) {
+	for p, st := range statuses {
+		if st.Done {
+			departed[p] = true
+		} else {
+			delete(departed, p)
+		}
+	}
+}
+
+// liveVersions returns the version of each peer in statuses that did not
+// stop.
+func liveVersions(statuses map[peerid.ID]Status) map[peerid.ID]uint64 {
+	out := make(map[peerid.ID]uint64, len(statuses))
+	for p, st := range statuses {
+		if !st.Done {
+			out[p] = st.Version
+		}
+	}
+	return out
+}
+
+// roundPlan is a peer's decision at the start of round r, once it holds a
+// majority of its reference.
+type roundPlan struct {
+	// sampled is round r's sample of the members (sorted).
+	sampled []peerid.ID
+	// join reports that this peer is in sampled; if not, it skips round r.
+	join bool
+	// behind reports that the peer missed rounds (its version is below
+	// r−1): it fetches the state after round r−1 from from, round r−1's
+	// sample less itself, else round r's, before it trains.
+	behind bool
+	from   []peerid.ID
+}
+
+// planRound decides round r for a peer at version among members.
+func planRound(seed uint64, fraction float64, self peerid.ID, r, version uint64, members []peerid.ID) roundPlan {
+	p := roundPlan{sampled: Sample(seed, r, members, fraction)}
+	p.join = slices.Contains(p.sampled, self)
+	if p.join && version+1 < r {
+		p.behind = true
+		p.from = othersOf(self, Sample(seed, r-1, members, fraction), p.sampled)
+	}
+	return p
+}
+
+// alignPlan is a sampled peer's decision, on one look at the others'
+// versions, before it enters round r's all-reduce after a start or a
+// failed round.
+type alignPlan struct {
+	// fetch lists the sampled peers that already finished round r: this
+	// peer is late and takes their state instead of the round.
+	fetch []peerid.ID
+	// ready reports that every other sampled peer has reached version
+	// r−1: the round can start. Otherwise the peer looks again until its
+	// wait is over.
+	ready bool
+}
+
+// planAlign decides for self, sampled for round r, given versions, the
+// versions of the live peers that did not stop.
+func planAlign(self peerid.ID, r uint64, sampled []peerid.ID, versions map[peerid.ID]uint64) alignPlan {
+	p := alignPlan{ready: true}
+	for _, q := range sampled {
+		if q == self {
+			continue
+		}
+		v, known := versions[q]
+		switch {
+		case known && v >= r:
+			p.fetch = append(p.fetch, q)
+		case !known || v+1 < r:
+			p.ready = false
+		}
+	}
+	return p
+}
+
+// roundVerdict is what a peer makes of one round it was sampled for.
+type roundVerdict struct {
+	// fatal ends the run with the round's error (the model diverged).
+	fatal bool
+	// failed: the round failed for this peer; it says so (a round-failed
+	// event) and aligns with the others before its next round.
+	failed bool
+	// reference: the peer completed the round itself; the members it saw
+	// become its reference for quorate.
+	reference bool
+	// report: the peer holds a new version (the round's result, a state it
+	// fetched, or its previous state relabelled), which it reports.
+	report bool
+	// lost: the new version is the previous state relabelled
+	// (RoundInfo.Failed).
+	lost bool
+}
+
+// judgeRound judges a round that ended with err (nil on success; never
+// the caller's own cancellation), synced reporting a state taken from
+// others and moved a change of version.
+func judgeRound(err error, synced, moved bool) roundVerdict {
+	if errors.Is(err, ErrDiverged) {
+		return roundVerdict{fatal: true}
+	}
+	failed := err != nil
+	return roundVerdict{
+		failed:    failed,
+		reference: !failed && !synced,
+		report:    moved,
+		lost:      moved && failed && !synced,
+	}
+}
+
+// finalFrom returns the peers a peer that failed the job's last round
+// asks for the final state: the last round's other participants, else the
+// other members (nil if there are none).
+func finalFrom(seed uint64, fraction float64, self peerid.ID, last uint64, members []peerid.ID) []peerid.ID {
+	return othersOf(self, Sample(seed, last, members, fraction), members)
+}
+
+// othersOf returns the first of lists that names a peer other than self,
+// without self (nil if none does).
+func othersOf(self peerid.ID, lists ...[]peerid.ID) []peerid.ID {
+	for _, l := range lists {
+		if o := slices.DeleteFunc(slices.Clone(l), func(p peerid.ID) bool { return p == self }); len(o) > 0 {
+			return o
+		}
+	}
+	return nil
+}

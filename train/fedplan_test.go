@@ -1,0 +1,165 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/starling-ml/starling/peerid"
+)
+
+func pids(s ...string) []peerid.ID {
+	out := make([]peerid.ID, len(s))
+	for i, p := range s {
+		out[i] = peerid.ID(p)
+	}
+	return out
+}
+
+func TestQuorate(t *testing.T) {
+	all := pids("a", "b", "c", "d", "e")
+	for _, c := range []struct {
+		members, ref, gone []peerid.ID
+		want               bool
+	}{
+		{pids("a"), nil, nil, true},                            // no reference yet
+		{pids("a", "b", "c"), all, nil, true},                  // 3 of 5
+		{pids("a", "b"), all, nil, false},                      // 2 of 5
+		{pids("a", "b"), all, pids("d", "e"), true},            // 2 of 3 once two left
+		{pids("a"), pids("a", "b"), nil, false},                // 1 of 2: a partner lost
+		{pids("a"), pids("a", "b"), pids("b"), true},           // 1 of 1: the partner left
+		{pids("a", "x", "y"), pids("a", "b", "c"), nil, false}, // newcomers do not make a majority of the old
+		{pids("b", "c"), pids("a", "b", "c"), pids("a"), true}, // self's own departure does not count
+	} {
+		gone := map[peerid.ID]bool{}
+		for _, p := range c.gone {
+			gone[p] = true
+		}
+		if got := quorate("a", gone, c.members, c.ref); got != c.want {
+			t.Errorf("members %v of %v (gone %v): quorate %v, want %v", c.members, c.ref, c.gone, got, c.want)
+		}
+	}
+}
+
+func TestNoteDepartures(t *testing.T) {
+	departed := map[peerid.ID]bool{"gone": true, "back": true}
+	noteDepartures(departed, map[peerid.ID]Status{
+		"back":    {Version: 3},
+		"stopped": {Version: 2, Done: true},
+		"running": {Version: 3},
+	})
+	// "gone" no longer announces anything: it stays departed.
+	if want := map[peerid.ID]bool{"gone": true, "stopped": true}; !maps.Equal(departed, want) {
+		t.Fatalf("departed %v, want %v", departed, want)
+	}
+}
+
+func TestLiveVersions(t *testing.T) {
+	got := liveVersions(map[peerid.ID]Status{"a": {Version: 4}, "b": {Version: 2, Done: true}, "c": {}})
+	if want := map[peerid.ID]uint64{"a": 4, "c": 0}; !maps.Equal(got, want) {
+		t.Fatalf("versions %v, want %v", got, want)
+	}
+}
+
+func TestPlanRound(t *testing.T) {
+	five := pids("a", "b", "c", "d", "e")
+	// With seed 1 and C = 0.4, rounds 1–6 of five sample [a d] [b e] [a d]
+	// [b e] [b e] [a e]; of two with C = 0.5, [a] [b] [a] [b] [b] [a].
+	for _, c := range []struct {
+		name       string
+		self       peerid.ID
+		r, version uint64
+		members    []peerid.ID
+		fraction   float64
+		want       roundPlan
+	}{
+		{"sampled and up to date", "b", 2, 1, five, 0.4, roundPlan{sampled: pids("b", "e"), join: true}},
+		{"not sampled", "a", 2, 1, five, 0.4, roundPlan{sampled: pids("b", "e")}},
+		{"not sampled, behind: nothing to fetch", "c", 4, 0, five, 0.4, roundPlan{sampled: pids("b", "e")}},
+		{"first round", "a", 1, 0, five, 1, roundPlan{sampled: five, join: true}},
+		{"missed rounds: fetch from the last round's sample", "b", 4, 1, five, 0.4,
+			roundPlan{sampled: pids("b", "e"), join: true, behind: true, from: pids("a", "d")}},
+		{"missed rounds, in the last round's sample too", "b", 5, 3, five, 0.4,
+			roundPlan{sampled: pids("b", "e"), join: true, behind: true, from: pids("e")}},
+		{"missed rounds, nobody else sampled", "b", 5, 2, pids("a", "b"), 0.5,
+			roundPlan{sampled: pids("b"), join: true, behind: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := planRound(1, c.fraction, c.self, c.r, c.version, c.members)
+			if !slices.Equal(got.sampled, c.want.sampled) || got.join != c.want.join || got.behind != c.want.behind || !slices.Equal(got.from, c.want.from) {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestPlanAlign(t *testing.T) {
+	const r = 5
+	sampled := pids("a", "b", "c")
+	for _, c := range []struct {
+		name     string
+		versions map[peerid.ID]uint64
+		want     alignPlan
+	}{
+		{"everyone at r−1", map[peerid.ID]uint64{"b": 4, "c": 4}, alignPlan{ready: true}},
+		{"self's own version does not count", map[peerid.ID]uint64{"a": 0, "b": 4, "c": 4}, alignPlan{ready: true}},
+		{"a laggard", map[peerid.ID]uint64{"b": 4, "c": 3}, alignPlan{}},
+		{"a peer not heard of (or stopped)", map[peerid.ID]uint64{"b": 4}, alignPlan{}},
+		{"a peer already past round r", map[peerid.ID]uint64{"b": 5, "c": 4}, alignPlan{fetch: pids("b"), ready: true}},
+		{"peers past r and a laggard", map[peerid.ID]uint64{"b": 7, "c": 1}, alignPlan{fetch: pids("b")}},
+		{"all past r", map[peerid.ID]uint64{"b": 6, "c": 5}, alignPlan{fetch: pids("b", "c"), ready: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := planAlign("a", r, sampled, c.versions)
+			if !slices.Equal(got.fetch, c.want.fetch) || got.ready != c.want.ready {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestJudgeRound(t *testing.T) {
+	failed := errors.New("round 3: all-reduce: stalled")
+	for _, c := range []struct {
+		name          string
+		err           error
+		synced, moved bool
+		want          roundVerdict
+	}{
+		{"completed", nil, false, true, roundVerdict{reference: true, report: true}},
+		{"took the others' result", nil, true, true, roundVerdict{report: true}},
+		{"failed: previous state relabelled", failed, false, true, roundVerdict{failed: true, report: true, lost: true}},
+		{"failed before any new state", failed, false, false, roundVerdict{failed: true}},
+		{"diverged", ErrDiverged, false, false, roundVerdict{fatal: true}},
+		{"diverged, wrapped", fmt.Errorf("step 3: %w", ErrDiverged), false, false, roundVerdict{fatal: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := judgeRound(c.err, c.synced, c.moved); got != c.want {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestFinalFrom(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		self     peerid.ID
+		members  []peerid.ID
+		fraction float64
+		want     []peerid.ID
+	}{
+		// Round 6 samples [a e] of five with C = 0.4, [a] of two with 0.5.
+		{"the last round's other participants", "a", pids("a", "b", "c", "d", "e"), 0.4, pids("e")},
+		{"alone in the last round: the other members", "a", pids("a", "b"), 0.5, pids("b")},
+		{"alone", "a", pids("a"), 1, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := finalFrom(1, c.fraction, c.self, 6, c.members); !slices.Equal(got, c.want) {
+				t.Fatalf("got %v, want %v", got, c.want)
+			}
+		})
+	}
+}
