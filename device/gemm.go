@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"sync/atomic"
 )
 
 // microKernel computes one MR×NR tile of C:
@@ -250,50 +249,23 @@ func (cl *gemmCall) run(w int) {
 	}
 }
 
-// runParallel hands parts 1..nt−1 to the worker goroutines, computes part 0
-// on the calling goroutine and waits for the rest.
+// runParallel runs parts 1..nt−1 on goroutines of their own, computes
+// part 0 on the calling goroutine and waits for the rest: no goroutine
+// outlives the call.
 func (cl *gemmCall) runParallel() {
-	ensureWorkers(cl.nt - 1)
 	cl.wg.Add(cl.nt - 1)
 	for w := 1; w < cl.nt; w++ {
-		gemmTasks <- gemmTask{cl, w}
+		go runPart(cl, w)
 	}
 	cl.run(0)
 	cl.wg.Wait()
 }
 
-// gemmTask is part w of a parallel GEMM, passed by value to a worker.
-type gemmTask struct {
-	call *gemmCall
-	w    int
-}
-
-// The worker goroutines: started on first need, up to the largest split
-// seen, and parked on gemmTasks between calls (a channel hand-off costs no
-// allocation, unlike starting a goroutine per call). Workers never block
-// on anything but the channel, so concurrent callers cannot deadlock: each
-// caller computes its own part 0 and waits only for its own parts.
-var (
-	gemmTasks   = make(chan gemmTask, 256)
-	workerMu    sync.Mutex
-	workerCount atomic.Int32
-)
-
-func ensureWorkers(n int) {
-	if int(workerCount.Load()) >= n {
-		return
-	}
-	workerMu.Lock()
-	defer workerMu.Unlock()
-	for int(workerCount.Load()) < n {
-		go func() {
-			for t := range gemmTasks {
-				t.call.run(t.w)
-				t.call.wg.Done()
-			}
-		}()
-		workerCount.Add(1)
-	}
+// runPart computes part w of cl and says so. (A function, not a method
+// value: go with a method value allocates a closure.)
+func runPart(cl *gemmCall, w int) {
+	cl.run(w)
+	cl.wg.Done()
 }
 
 var gemmCalls = make(chan *gemmCall, 64)

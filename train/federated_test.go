@@ -27,9 +27,7 @@ func runFed(t *testing.T, n int, shards [][]int, tr *data.Set, cfg train.FedConf
 // runFedWrapped is runFed with each peer's Net passed through wrap (if
 // not nil), and events recorded in rec (if not nil). The federation runs
 // in a synctest bubble: its timeouts run in virtual time, which passes
-// only while every peer waits, so a loaded CPU cannot make one fire. Its
-// models must stay below device's parallel GEMM threshold (see
-// docs/design.md).
+// only while every peer waits, so a loaded CPU cannot make one fire.
 func runFedWrapped(t *testing.T, n int, shards [][]int, tr *data.Set, cfg train.FedConfig, wcfg train.WorkerConfig, kill peerid.ID, rec train.Recorder, wrap func(id peerid.ID, net train.Net) train.Net) map[peerid.ID][]float32 {
 	t.Helper()
 	finals := map[peerid.ID][]float32{}

@@ -96,8 +96,7 @@ func syncWorker(t testing.TB, shard *data.Set, batch int, seed uint64) *train.Wo
 
 // memJob is n in-process peers on an aggtest network. Tests build it, and
 // run its peers, inside a synctest bubble (bubble), where a loaded CPU
-// cannot make a stall timeout or a join wait fire; its models must stay
-// below device's parallel GEMM threshold (see docs/design.md).
+// cannot make a stall timeout or a join wait fire.
 type memJob struct {
 	netw  *aggtest.Network
 	board *traintest.Board

@@ -30,10 +30,9 @@ var drivers = []string{
 // goroutineAllowed lists the pure packages' files that may start
 // goroutines, and why.
 var goroutineAllowed = map[string]string{
-	// The CPU backend's GEMM splits a large product over a pool of worker
-	// goroutines parked on a channel; a call returns only when its parts
-	// are done, so nothing runs on after it.
-	"device/gemm.go": "the compute backend's worker pool",
+	// The CPU backend's GEMM splits a large product over goroutines that
+	// start and end within the call: nothing runs on after it.
+	"device/gemm.go": "the compute backend's fork-join parallelism",
 }
 
 func goList(t *testing.T, args ...string) []string {
