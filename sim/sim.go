@@ -20,7 +20,6 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/data"
-	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
@@ -31,13 +30,10 @@ import (
 // Peer is one simulated peer, as a strategy sees it: a swarm.Peer, as
 // `peer run` builds on a real host, on a mocknet host.
 type Peer struct {
-	Index int
-	ID    peerid.ID
-	Host  host.Host
-	Swarm *swarm.Peer
-	// Node and CP are Swarm's node and control plane.
-	Node   *node.Node
-	CP     *gossip.ControlPlane
+	Index  int
+	ID     peerid.ID
+	Host   host.Host
+	Swarm  *swarm.Peer
 	Worker *train.Worker
 	// Group is every peer's ID, sorted: the topology gossip strategies use.
 	Group []peerid.ID
@@ -276,7 +272,7 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger) (*network, e
 		if err != nil {
 			return nil, fmt.Errorf("sim: peer %d: %w", i, err)
 		}
-		p.Swarm, p.Node, p.CP = sp, sp.Node, sp.Control
+		p.Swarm = sp
 		sw.peers = append(sw.peers, p)
 	}
 	if err := sw.mn.LinkAll(); err != nil {
@@ -295,7 +291,7 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger) (*network, e
 	for i, p := range sw.peers {
 		p.Group = group
 		if err := p.Swarm.WaitPeers(wctx, len(sw.peers)); err != nil {
-			return nil, fmt.Errorf("sim: peer %d saw %d of %d peers: %w", i, len(p.CP.Peers()), len(sw.peers)-1, err)
+			return nil, fmt.Errorf("sim: peer %d saw %d of %d peers: %w", i, len(p.Swarm.Control.Peers()), len(sw.peers)-1, err)
 		}
 	}
 	ok = true
@@ -314,7 +310,7 @@ func (sw *network) kill(i int) {
 	sw.mu.Unlock()
 	p := sw.peers[i]
 	p.Swarm.Close()
-	p.Node.Close()
+	p.Swarm.Node.Close()
 	p.Host.Close()
 }
 
@@ -328,7 +324,7 @@ func (sw *network) close() {
 			continue
 		}
 		p.Swarm.Close()
-		p.Node.Close()
+		p.Swarm.Node.Close()
 	}
 	sw.mn.Close()
 }

@@ -64,7 +64,7 @@ func init() {
 // transport starts the peer's stream transport over its node; a fetch
 // takes up to the node's MaxTensorBytes (see newSwarm).
 func transport(p *Peer) (*gossip.NodeTransport, error) {
-	return swarm.NewStreamTransport(p.Node, p.Config.Async.Model, 256<<20)
+	return swarm.NewStreamTransport(p.Swarm.Node, p.Config.Async.Model, 256<<20)
 }
 
 func asyncStrategy(mode string) Strategy {
@@ -80,7 +80,7 @@ func asyncStrategy(mode string) Strategy {
 		if p.Config.Delay > 0 {
 			opts = append(opts, train.WithDeliveryDelay(func(peerid.ID) time.Duration { return p.Delay() }))
 		}
-		return train.RunAsync(ctx, p.Worker, &swarm.StreamNet{CP: p.CP, T: t}, cfg, p.Rec, opts...)
+		return train.RunAsync(ctx, p.Worker, &swarm.StreamNet{CP: p.Swarm.Control, T: t}, cfg, p.Rec, opts...)
 	}
 }
 
@@ -93,7 +93,7 @@ func gossipStrategy(algo string) Strategy {
 		defer t.Close()
 		cfg := p.Config.Gossip
 		cfg.Algorithm = algo
-		var net train.GossipNet = &swarm.StreamNet{CP: p.CP, T: t}
+		var net train.GossipNet = &swarm.StreamNet{CP: p.Swarm.Control, T: t}
 		if p.Config.Delay > 0 {
 			net = &delayGossipNet{GossipNet: net, p: p}
 		}
