@@ -37,14 +37,10 @@
 //     byte stream, so they work over TCP (and WebSocket) only: with a PSK
 //     the node listens and dials on TCP only, and an explicit QUIC listen
 //     address is refused with ErrQUICWithPSK. The extra cipher pass costs
-//     CPU: on loopback, where the CPU is the limit, a PSK swarm used about
-//     2.5x the CPU per byte of one without (BenchmarkLoopback "psk":
-//     cpu-x-tls 3.6 against 1.4–1.6) and reached a quarter to half of its
-//     throughput; on a 1 Gbit/s link, where the link is the limit, it cost
-//     nothing measurable (118.9 MB/s best of 5 either way).
+//     CPU per byte, which shows where the CPU is the limit (docs/results).
 //   - an allowlist of peer IDs (Config.Allowlist), enforced by a connection
 //     gater right after the security handshake proves the remote key: no
-//     per-byte cost (BenchmarkLoopback "allowlist" matches plain), but the swarm's existence and addresses stay
+//     per-byte cost, but the swarm's existence and addresses stay
 //     visible to strangers (they are refused, not unable to talk).
 //
 // # Discovery

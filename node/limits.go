@@ -35,24 +35,13 @@ func resourceLimits(c *Config) rcmgr.ConcreteLimitConfig {
 	return partial.Build(base)
 }
 
-// initialWindow is the receive window a stream starts with. yamux's own
-// 256 KiB grows only when a window is consumed within 4 RTTs of the
-// session's ping, measured at start on an idle link; under load, with
-// data flowing both ways, the window updates wait behind data in both
-// directions' queues, the window never grows, and a stream runs at 256 KiB
-// per loaded RTT (13 MB/s at 20 ms). 4 MiB keeps a stream at link rate on
-// a 1 Gbit/s link with 30 ms of queueing.
+// initialWindow is the receive window a stream starts with: enough to
+// keep a stream at link rate on a 1 Gbit/s link with 30 ms of queueing
+// (docs/design.md, "Resource limits").
 const initialWindow = 4 << 20
 
-// maxFrame is the largest yamux data frame we send. yamux's 64 KiB costs
-// a copy, a queue hand-off and a write (plus a 12-byte read on plaintext,
-// which has no buffering below yamux) per 64 KiB: 256 KiB frames raised a
-// 4-rank plaintext all-reduce on loopback by 7 % and an 8-host netbed one
-// by 6 % (both CPU-bound). Larger frames gain little more and hurt what
-// waits in the session's 64-frame send queue behind them: votes and, on a
-// connection loaded both ways, window updates (16 MiB queued is 134 ms at
-// 1 Gbit/s, a stream's full 16 MiB window at link rate). Pings bypass the
-// queue.
+// maxFrame is the largest yamux data frame we send (docs/design.md,
+// "Resource limits").
 const maxFrame = 256 << 10
 
 // yamuxTransport returns libp2p's yamux transport with the receive window
