@@ -144,26 +144,22 @@ func (b *bandwidth) GetBandwidthTotals() metrics.Stats {
 	return metrics.Stats{TotalIn: b.in.Load(), TotalOut: b.out.Load()}
 }
 func (b *bandwidth) GetBandwidthByPeer() map[peer.ID]metrics.Stats {
-	out := map[peer.ID]metrics.Stats{}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	for k, c := range b.pairs {
-		s := out[k.peer]
-		s.TotalIn += c.in.Load()
-		s.TotalOut += c.out.Load()
-		out[k.peer] = s
-	}
-	return out
+	return groupBy(b, func(k pairKey) peer.ID { return k.peer })
 }
 func (b *bandwidth) GetBandwidthByProtocol() map[protocol.ID]metrics.Stats {
-	out := map[protocol.ID]metrics.Stats{}
+	return groupBy(b, func(k pairKey) protocol.ID { return k.proto })
+}
+
+// groupBy sums b's counts by key(pair).
+func groupBy[K comparable](b *bandwidth, key func(pairKey) K) map[K]metrics.Stats {
+	out := map[K]metrics.Stats{}
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	for k, c := range b.pairs {
-		s := out[k.proto]
+		s := out[key(k)]
 		s.TotalIn += c.in.Load()
 		s.TotalOut += c.out.Load()
-		out[k.proto] = s
+		out[key(k)] = s
 	}
 	return out
 }
