@@ -2,7 +2,6 @@ package train
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -53,9 +52,8 @@ type AsyncConfig struct {
 	Policy string
 	// BufferK is FedBuff's K: contributions per server step (at least
 	// that many with a robust BufferRule). 8, about two per peer of a
-	// small swarm; FedBuff's experiments use 10 on large ones. With the
-	// mean, 4 reaches a target sooner on small swarms (2.3 s against 2.8 s
-	// to 97 % in the straggler experiment of docs/results).
+	// small swarm; FedBuff's experiments use 10 on large ones. The mean
+	// does better with 4 on small swarms (docs/design.md).
 	BufferK int
 	// ServerLR is FedBuff's server learning rate η. 1 applies the mean
 	// weighted delta as is.
@@ -96,35 +94,16 @@ type AsyncConfig struct {
 	// 0 turns both off. 1.
 	ClipFactor float64
 	// BufferRule is how FedBuff combines the buffered contributions
-	// (rule.Parse; a rule of one pass): "median" (the default)
-	// or "trimmed:β", robust to a minority of liars, or "mean", FedBuff
-	// as published, which one lying peer can poison. With a rule other
-	// than the mean, peers publish their models rather than deltas (so
-	// the codec must be dense: fp32, fp16, bf16 or int8, without error
-	// feedback). Each peer's latest model is a standing vote, counted as
-	// s(τ)·(its model − this peer's model) with τ its staleness at the
-	// step, until it sends another or standingSteps (16) steps pass; the
-	// votes are cut to their median length and the rule combines them
-	// (staleness.BufferConfig.Rule, Models). A step needs K new models
-	// from a strict majority of the live peers, this one included
-	// (bufferQuorum), so that one flooding is still one vote among honest
-	// ones. A peer that left counts as live until PeerTTL passes: when
-	// half of the others leave at once, buffers wait that long for the
-	// quorum (TestFedBuffQuorumAfterPeersLeave).
-	//
-	// Why models, and why standing votes: every peer keeps a model of its
-	// own, and a delta, taken from its sender's model, cannot pull a
-	// receiver's model back towards the others'. With votes on deltas one
-	// peer of three real processes drifted off and stalled in 5 of 6 runs;
-	// the mean kept IID runs together but on non-IID shards (dirichlet:0.5)
-	// every peer stalled at its own accuracy, 0.70–0.89: a peer's own
-	// deltas are always the freshest, so a staleness policy weighs them
-	// above the others' (with "const" the mean holds, but a liar poisons
-	// it). Votes on models pull the peers
-	// together; standing votes keep a stopped peer's or a straggler's
-	// model in every step, where votes cleared at each step had two peers
-	// of three lose 9 points in the last steps of a non-IID run, taken
-	// after the first peer stopped.
+	// (rule.Parse; a rule of one pass): "median" (the default) or
+	// "trimmed:β", robust to a minority of liars, or "mean", FedBuff as
+	// published, which one lying peer can poison. With a rule other than
+	// the mean, peers publish their models rather than deltas, so the codec
+	// must be dense (fp32, fp16, bf16 or int8, without error feedback);
+	// each peer's latest model is a standing vote (staleness.BufferConfig's
+	// Rule and Models), and a step needs K new models from a strict
+	// majority of the live peers, this one included (bufferQuorum). A peer
+	// that left counts as live until PeerTTL passes. docs/design.md gives
+	// the reasons.
 	BufferRule string
 }
 
@@ -319,8 +298,16 @@ type contribution struct {
 	pooled             bool // vec came from asyncPeer.vecs
 }
 
-// asyncPeer is one peer's state. The run goroutine owns everything but the
-// atomics and the receiver's lastSeq.
+// Polling intervals of the driver's waits.
+const (
+	// gatePoll is how often a peer held by the SSP gate looks at the
+	// versions again (it merges what arrives meanwhile).
+	gatePoll = 20 * time.Millisecond
+)
+
+// asyncPeer is one peer's state and the driver of its decisions
+// (asyncplan.go). The run goroutine owns everything but the atomics, the
+// peer table of vc (peersMu) and the receiver goroutine's seen.
 type asyncPeer struct {
 	cfg   AsyncConfig
 	pol   staleness.Policy
@@ -329,6 +316,7 @@ type asyncPeer struct {
 	rec   Recorder
 	start time.Time
 	opts  asyncOptions
+	plan  payloadPlan
 
 	vc    *staleness.VersionClock
 	mixer *staleness.Mixer // FedAsync
@@ -377,6 +365,7 @@ func newAsyncPeer(w *Worker, self peerid.ID, cfg AsyncConfig, rec Recorder, opts
 	if err != nil {
 		return nil, err
 	}
+	p.plan = planPayload(cfg.Mode, p.robust)
 	if rec == nil {
 		p.rec = discardRecorder{}
 	}
@@ -389,13 +378,6 @@ func (p *asyncPeer) model() []float32 {
 		return p.server
 	}
 	return p.w.Model.Params
-}
-
-func (p *asyncPeer) kind() wire.PayloadKind {
-	if p.cfg.Mode == ModeFedBuff && !p.robust {
-		return wire.KindDelta
-	}
-	return wire.KindModel
 }
 
 func (p *asyncPeer) since() time.Duration { return time.Since(p.start) }
@@ -414,42 +396,19 @@ func (p *asyncPeer) dropCounts() Drops {
 	return d
 }
 
-// screen checks an announcement before anything is fetched. It runs on the
-// receiver goroutine, which owns lastSeq.
-func (p *asyncPeer) screen(a *wire.Announcement) (DropReason, bool) {
-	if a.Model != p.cfg.Model {
-		return DropModel, false
-	}
-	if a.Kind != p.kind() {
-		return DropKind, false
-	}
-	if int(a.Elems) != len(p.w.Model.Params) {
-		return DropShape, false
-	}
-	win := p.seen[a.Peer]
-	if win == nil {
-		win = &seqWindow{}
-		p.seen[a.Peer] = win
-	}
-	if !win.admit(a.Seq) {
-		return DropReplay, false
-	}
-	local := p.local.Load()
-	if a.Base <= local+p.cfg.MaxAhead {
-		// The announced base is the version the peer works from, whether
-		// or not we pull it: the SSP gate holds us while it is more than
-		// the bound behind, so that what the peer sends next is within it.
-		p.peersMu.Lock()
-		p.vc.Observe(string(a.Peer), staleness.Version(a.Base), time.Now())
-		p.peersMu.Unlock()
-	}
-	if a.Base > local+p.cfg.MaxAhead || a.Version > local+p.cfg.MaxAhead+uint64(p.cfg.LocalSteps)+1 {
-		return DropFuture, false
-	}
-	if s, ok := p.pol.Bound(); ok && local > a.Base && local-a.Base > uint64(s) {
-		return DropStale, false // would be rejected on arrival: do not pull it
-	}
-	return 0, true
+// screen screens a against the peer's settings and local version (see
+// screen). Receiver goroutine: it owns seen.
+func (p *asyncPeer) screen(a *wire.Announcement) screening {
+	return screen(a, screenView{model: p.cfg.Model, kind: p.plan.kind, dim: len(p.w.Model.Params), local: p.local.Load(),
+		maxAhead: p.cfg.MaxAhead, localSteps: p.cfg.LocalSteps, policy: p.pol}, p.seen)
+}
+
+// observe records that peer works from version base, for the SSP gate and
+// the buffer's quorum.
+func (p *asyncPeer) observe(peer peerid.ID, base uint64) {
+	p.peersMu.Lock()
+	p.vc.Observe(string(peer), staleness.Version(base), time.Now())
+	p.peersMu.Unlock()
 }
 
 // liveOthers returns how many other peers are live.
@@ -458,12 +417,6 @@ func (p *asyncPeer) liveOthers() int {
 	defer p.peersMu.Unlock()
 	return p.vc.Live(time.Now())
 }
-
-// bufferQuorum is how many peers' votes a robust FedBuff buffer waits for
-// with live other peers: a strict majority of them and this one, so that
-// a minority of liars is a minority of the votes however many deltas it
-// floods.
-func bufferQuorum(live int) int { return (live+1)/2 + 1 }
 
 // merge folds one contribution into the model, or drops it, and recycles
 // its vector. Run goroutine.
@@ -478,25 +431,18 @@ func (p *asyncPeer) recycle(c *contribution) {
 	}
 }
 
-// mergeVec merges or drops c.
+// mergeVec merges or drops c: planMerge, then the mixer or the buffer,
+// then mergeOutcome.
 func (p *asyncPeer) mergeVec(c *contribution) {
-	if len(c.vec) != len(p.w.Model.Params) {
-		p.drop(DropShape, c.from, 0)
-		return
-	}
-	if c.kind != p.kind() {
-		p.drop(DropKind, c.from, 0)
-		return
-	}
-	// Lamport merge: a contribution computed from a version we have not
-	// reached yet is fresh (τ = 0) and moves our clock forward; one beyond
-	// MaxAhead is bogus.
-	if local := uint64(p.vc.Local()); c.base > local {
-		if c.base-local > p.cfg.MaxAhead {
-			p.drop(DropFuture, c.from, 0)
-			return
-		}
+	once := p.roundFrom != nil && c.from != p.self
+	plan := planMerge(c, mergeView{dim: len(p.w.Model.Params), kind: p.plan.kind, local: uint64(p.vc.Local()),
+		maxAhead: p.cfg.MaxAhead, once: once, merged: once && p.roundFrom[c.from]})
+	if plan.advance {
 		p.vc.Set(staleness.Version(c.base))
+	}
+	if !plan.merge {
+		p.drop(plan.drop, c.from, 0)
+		return
 	}
 	var (
 		d   staleness.Decision
@@ -504,11 +450,7 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 		w   float64
 	)
 	if p.mixer != nil {
-		if p.clip != nil && c.from != p.self {
-			if p.roundFrom[c.from] {
-				p.drop(DropRepeat, c.from, 0)
-				return
-			}
+		if plan.clip {
 			p.clip.Clip(c.vec, p.w.Model.Params, string(c.from))
 		}
 		d, err = p.mixer.Mix(p.w.Model.Params, c.vec, staleness.Version(c.base))
@@ -525,25 +467,20 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 		}
 	}
 	p.local.Store(uint64(p.vc.Local()))
-	switch {
-	case errors.Is(err, staleness.ErrShape):
-		p.drop(DropShape, c.from, 0)
-	case errors.Is(err, staleness.ErrNonFinite):
-		p.drop(DropNonFinite, c.from, 0)
-	case errors.Is(err, staleness.ErrFutureVersion):
-		p.drop(DropFuture, c.from, 0)
-	case err != nil:
-		p.drop(DropDecode, c.from, 0)
-	case d.Action != staleness.Accept:
-		p.drop(DropStale, c.from, int(d.Tau))
-	default:
-		p.merged++
-		p.tauSum += float64(d.Tau)
-		if p.roundFrom != nil {
-			p.roundFrom[c.from] = true
+	if r, ok := mergeOutcome(d, err); !ok {
+		tau := 0
+		if r == DropStale {
+			tau = int(d.Tau)
 		}
-		p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "merge", Staleness: int(d.Tau), Weight: w})
+		p.drop(r, c.from, tau)
+		return
 	}
+	p.merged++
+	p.tauSum += float64(d.Tau)
+	if p.roundFrom != nil {
+		p.roundFrom[c.from] = true
+	}
+	p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "merge", Staleness: int(d.Tau), Weight: w})
 }
 
 // RunAsync trains w asynchronously with the peers reachable through net,
@@ -552,22 +489,23 @@ func (p *asyncPeer) mergeVec(c *contribution) {
 //
 // Each round the peer trains LocalSteps steps from its current model,
 // publishes the result (FedAsync: the model; FedBuff: the delta from the
-// round's start) with its base version, and merges what other peers
-// published meanwhile, each weighted by the staleness policy. Versions
-// are Lamport clocks: every merged contribution and every own round ticks
-// the local version, and a contribution from a peer that is ahead moves it
-// forward, so τ = local − base counts the updates a contribution missed.
+// round's start, or the model with a robust BufferRule) with its base
+// version, and merges what other peers published meanwhile, each weighted
+// by the staleness policy. Versions are Lamport clocks: every merged
+// contribution and every own round ticks the local version, and a
+// contribution from a peer that is ahead moves it forward, so τ = local −
+// base counts the updates a contribution missed.
 //
 // A receiver goroutine screens announcements (model id, kind, length,
 // replay, versions too far ahead, beyond the SSP bound) before pulling
 // anything and queues them; Fetchers pullers fetch (each with
-// FetchTimeout), decode and hand them to the run loop, which merges between
-// rounds. In FedAsync mode a model still waiting to be pulled is replaced
-// by a newer one from the same peer. Every drop is counted by reason and recorded as
-// an Event "drop:<reason>"; no dropped contribution touches the model. A
-// dead peer only means fewer contributions. With an SSP bound in the
-// policy, a peer more than the bound ahead of the slowest live peer waits
-// (merging what arrives) before its next round.
+// FetchTimeout), decode and hand them to the run loop, which merges
+// between rounds. In FedAsync mode a model still waiting to be pulled is
+// replaced by a newer one from the same peer. Every drop is counted by
+// reason and recorded as an Event "drop:<reason>"; no dropped contribution
+// touches the model. A dead peer only means fewer contributions. With an
+// SSP bound in the policy, a peer more than the bound ahead of the slowest
+// live peer waits (merging what arrives) before its next round.
 func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec Recorder, opts ...AsyncOption) (*AsyncSummary, error) {
 	var o asyncOptions
 	for _, opt := range opts {
@@ -595,14 +533,15 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		runErr   error
 	)
 	snapshot := func(force bool) {
-		if at := p.since(); force || at-lastSnap >= cfg.SnapshotEvery {
+		if at := p.since(); snapshotDue(force, at, lastSnap, cfg.SnapshotEvery) {
 			p.rec.Snapshot(p.self.String(), at, w.Steps, p.model())
 			lastSnap = at
 		}
 	}
 	snapshot(true)
-	for round := 0; ; round++ {
-		if ctx.Err() != nil || (cfg.MaxSteps > 0 && w.Steps >= cfg.MaxSteps) {
+	for round := 0; ctx.Err() == nil; round++ {
+		steps, ok := nextRound(w.Steps, cfg.LocalSteps, cfg.MaxSteps)
+		if !ok {
 			break
 		}
 		waited, err := p.gate(ctx, inbox)
@@ -614,10 +553,6 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		if p.server != nil {
 			copy(w.Model.Params, p.server)
 		}
-		steps := cfg.LocalSteps
-		if cfg.MaxSteps > 0 {
-			steps = min(steps, cfg.MaxSteps-w.Steps)
-		}
 		loss, steps, err := p.localSteps(ctx, steps, snapshot)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -627,21 +562,22 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		}
 		p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "round", Loss: loss})
 		clear(p.roundFrom)
-		vec := w.Model.Params // FedAsync, and FedBuff with a robust rule: the model
-		if p.server != nil && !p.robust {
+		vec := w.Model.Params
+		if p.plan.delta {
 			delta = growVec(delta, len(vec))
 			for i := range vec {
 				delta[i] = vec[i] - p.server[i]
 			}
 			vec = delta
-		} else if p.server == nil {
-			p.vc.Tick() // the own round is an update of the model
+		}
+		if p.plan.tick {
+			p.vc.Tick()
 		}
 		p.local.Store(uint64(p.vc.Local()))
 		payload = enc.Encode(payload, vec)
 		sum.Rounds++
 		a := wire.Announcement{
-			Version: uint64(p.vc.Local()), Base: base, Kind: p.kind(), Codec: enc.ID(),
+			Version: uint64(p.vc.Local()), Base: base, Kind: p.plan.kind, Codec: enc.ID(),
 			Elems: uint32(len(vec)), Samples: uint64(steps * w.Config().Batch), Loss: finiteF32(loss),
 			Key: fmt.Sprintf("%s/%d", cfg.Mode, round),
 		}
@@ -651,8 +587,8 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 			p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "publish", Bytes: int64(len(payload))})
 		}
 		cancel()
-		if p.server != nil { // FedBuff: the own delta (or model) joins the own buffer
-			p.merge(&contribution{from: p.self, version: a.Version, base: base, kind: p.kind(), vec: vec})
+		if p.plan.buffer {
+			p.merge(&contribution{from: p.self, version: a.Version, base: base, kind: p.plan.kind, vec: vec})
 		}
 		p.drain(inbox)
 		net.SetStatus(uint64(p.vc.Local()), float32(float64(w.Samples)/max(p.since().Seconds(), 1e-9)))
@@ -679,25 +615,22 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 }
 
 // localSteps runs up to k local SGD steps (fewer if RoundTime passes
-// first) and returns their mean loss and number, taking snapshots between
-// steps (so a slow peer's curve has points inside its long rounds).
+// first: roundOver) and returns their mean loss and number, taking
+// snapshots between steps (so a slow peer's curve has points inside its
+// long rounds).
 func (p *asyncPeer) localSteps(ctx context.Context, k int, snapshot func(bool)) (float64, int, error) {
 	sum := 0.0
 	start := time.Now()
 	i := 0
-	for ; i < k; i++ {
-		if i > 0 && p.cfg.RoundTime > 0 && time.Since(start) >= p.cfg.RoundTime {
-			break
-		}
+	for ; !roundOver(i, k, time.Since(start), p.cfg.RoundTime); i++ {
 		loss, err := p.w.Step(ctx)
 		if err != nil {
 			return 0, i, err
 		}
 		sum += loss
 		snapshot(false)
-		// Let the receiver and fetchers run: a compute-bound loop keeps
-		// them waiting for a P until the scheduler preempts it (10 ms),
-		// which shows up as staleness.
+		// Let the receiver and pullers run now, not when the scheduler
+		// preempts this compute-bound loop: their wait is staleness.
 		runtime.Gosched()
 	}
 	return sum / float64(max(i, 1)), i, nil
@@ -715,22 +648,22 @@ func (p *asyncPeer) drain(inbox <-chan *contribution) {
 	}
 }
 
-// gate holds the next round while the SSP bound says wait, merging what
-// arrives. Peers silent for PeerTTL stop counting, and so do peers stuck
-// at a version for 3×PeerTTL, so it cannot wait forever on a dead, hung or
-// lying peer.
+// gate holds the next round while gateWaits says so, merging what
+// arrives, and returns how long it held it. Peers silent for PeerTTL stop
+// counting, and so do peers stuck at a version for 3×PeerTTL, so it cannot
+// wait forever on a dead, hung or lying peer.
 func (p *asyncPeer) gate(ctx context.Context, inbox <-chan *contribution) (time.Duration, error) {
 	if _, ok := p.pol.Bound(); !ok {
 		return 0, ctx.Err()
 	}
 	start := time.Now()
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(gatePoll)
 	defer tick.Stop()
 	for {
 		p.peersMu.Lock()
-		lag := p.vc.Lag(time.Now())
+		wait := gateWaits(p.pol, p.vc, time.Now())
 		p.peersMu.Unlock()
-		if p.pol.Gate(lag).Action != staleness.Wait {
+		if !wait {
 			return time.Since(start), nil
 		}
 		select {
@@ -746,11 +679,9 @@ func (p *asyncPeer) gate(ctx context.Context, inbox <-chan *contribution) (time.
 // receive screens announcements and queues the accepted ones for Fetchers
 // pullers, which fetch, decode and deliver them to the run loop. It never
 // blocks on a pull, so the control plane's queue does not back up behind
-// slow holders; in FedAsync mode a queued model announcement is replaced by
-// a newer one from the same peer (DropSuperseded), since the newer model
-// already holds the older one's work.
+// slow holders.
 func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contribution, wg *sync.WaitGroup) {
-	q := newPullQueue(p.cfg.Mode == ModeFedAsync, 4*p.cfg.Inbox)
+	q := newSharedPullQueue(p.cfg.Mode == ModeFedAsync, 4*p.cfg.Inbox)
 	for range p.cfg.Fetchers {
 		wg.Go(func() { p.puller(ctx, net, q, inbox, wg) })
 	}
@@ -759,12 +690,12 @@ func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contr
 		if err != nil {
 			return
 		}
-		if r, ok := p.screen(a); !ok {
-			tau := 0
-			if l := p.local.Load(); l > a.Base {
-				tau = int(l - a.Base)
-			}
-			p.drop(r, a.Peer, tau)
+		s := p.screen(a)
+		if s.observe {
+			p.observe(a.Peer, a.Base)
+		}
+		if !s.pull {
+			p.drop(s.drop, a.Peer, s.tau)
 			continue
 		}
 		if old, r := q.push(a); old != nil {
@@ -775,7 +706,7 @@ func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contr
 
 // puller pulls queued announcements until ctx ends. A delivery delay runs
 // on its own goroutine, so it holds no pull slot.
-func (p *asyncPeer) puller(ctx context.Context, net AsyncNet, q *pullQueue, inbox chan *contribution, wg *sync.WaitGroup) {
+func (p *asyncPeer) puller(ctx context.Context, net AsyncNet, q *sharedPullQueue, inbox chan *contribution, wg *sync.WaitGroup) {
 	for {
 		a, ok := q.pop(ctx)
 		if !ok {
@@ -808,74 +739,49 @@ func (p *asyncPeer) puller(ctx context.Context, net AsyncNet, q *pullQueue, inbo
 	}
 }
 
-// pullQueue holds screened announcements waiting to be pulled, oldest
-// first, bounded by max (the oldest is dropped beyond it). With coalesce, at
-// most one announcement per peer waits: a newer one takes the older one's
-// place in the queue. Safe for concurrent use.
-type pullQueue struct {
-	mu       sync.Mutex
-	items    []*wire.Announcement
-	byPeer   map[peerid.ID]*wire.Announcement
-	coalesce bool
-	max      int
-	ready    chan struct{}
+// sharedPullQueue is the pullQueue of a receiver and its pullers: safe
+// for concurrent use, and pop waits for an announcement.
+type sharedPullQueue struct {
+	mu    sync.Mutex
+	q     pullQueue
+	ready chan struct{}
 }
 
-func newPullQueue(coalesce bool, max int) *pullQueue {
-	return &pullQueue{byPeer: make(map[peerid.ID]*wire.Announcement), coalesce: coalesce, max: max, ready: make(chan struct{}, 1)}
+func newSharedPullQueue(coalesce bool, max int) *sharedPullQueue {
+	return &sharedPullQueue{q: newPullQueue(coalesce, max), ready: make(chan struct{}, 1)}
 }
 
-// push queues a and returns the announcement it displaced, if any, and why.
-func (q *pullQueue) push(a *wire.Announcement) (*wire.Announcement, DropReason) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	defer q.wake()
-	if q.coalesce {
-		if old := q.byPeer[a.Peer]; old != nil {
-			prev := *old
-			*old = *a // keeps the older one's place
-			return &prev, DropSuperseded
-		}
-		q.byPeer[a.Peer] = a
-	}
-	q.items = append(q.items, a)
-	if len(q.items) <= q.max {
-		return nil, 0
-	}
-	d := q.items[0]
-	q.items = q.items[1:]
-	if q.byPeer[d.Peer] == d {
-		delete(q.byPeer, d.Peer)
-	}
-	return d, DropOverflow
+// push queues a (pullQueue.push).
+func (s *sharedPullQueue) push(a *wire.Announcement) (*wire.Announcement, DropReason) {
+	s.mu.Lock()
+	old, r := s.q.push(a)
+	s.mu.Unlock()
+	s.wake()
+	return old, r
 }
 
-func (q *pullQueue) wake() {
+func (s *sharedPullQueue) wake() {
 	select {
-	case q.ready <- struct{}{}:
+	case s.ready <- struct{}{}:
 	default:
 	}
 }
 
 // pop takes the oldest announcement, waiting for one until ctx ends.
-func (q *pullQueue) pop(ctx context.Context) (*wire.Announcement, bool) {
+func (s *sharedPullQueue) pop(ctx context.Context) (*wire.Announcement, bool) {
 	for {
-		q.mu.Lock()
-		if len(q.items) > 0 {
-			a := q.items[0]
-			q.items = q.items[1:]
-			if q.byPeer[a.Peer] == a {
-				delete(q.byPeer, a.Peer)
+		s.mu.Lock()
+		a, ok := s.q.pop()
+		more := s.q.len() > 0
+		s.mu.Unlock()
+		if ok {
+			if more {
+				s.wake() // another puller may take the next
 			}
-			if len(q.items) > 0 {
-				q.wake() // another puller may take the next
-			}
-			q.mu.Unlock()
 			return a, true
 		}
-		q.mu.Unlock()
 		select {
-		case <-q.ready:
+		case <-s.ready:
 		case <-ctx.Done():
 			return nil, false
 		}
@@ -907,10 +813,7 @@ func (p *asyncPeer) pull(ctx context.Context, net AsyncNet, a *wire.Announcement
 	}
 	if err := dec.Decode(vec, b); err != nil {
 		p.vecs.Put(&vec)
-		if errors.Is(err, compression.ErrLength) {
-			return nil, DropShape, false
-		}
-		return nil, DropDecode, false
+		return nil, decodeDrop(err), false
 	}
 	return &contribution{from: a.Peer, seq: a.Seq, version: a.Version, base: a.Base, kind: a.Kind, vec: vec, pooled: true}, 0, true
 }
@@ -932,36 +835,6 @@ func (p *asyncPeer) deliver(inbox chan *contribution, c *contribution) {
 		default:
 		}
 	}
-}
-
-// seqWindow admits each sequence number of one sender once: numbers above
-// the highest seen, or up to 64 below it if not seen yet (announcements
-// may arrive out of order); everything else is a replay.
-type seqWindow struct {
-	top  uint64
-	bits uint64 // bit i: top−i was seen
-}
-
-func (w *seqWindow) admit(seq uint64) bool {
-	switch {
-	case w.bits == 0 || seq > w.top:
-		shift := seq - w.top
-		if w.bits == 0 || shift >= 64 {
-			w.bits = 1
-		} else {
-			w.bits = w.bits<<shift | 1
-		}
-		w.top = seq
-		return true
-	case w.top-seq >= 64:
-		return false
-	}
-	bit := uint64(1) << (w.top - seq)
-	if w.bits&bit != 0 {
-		return false
-	}
-	w.bits |= bit
-	return true
 }
 
 // discardRecorder discards everything.

@@ -2,38 +2,38 @@ package train_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/train/traintest"
 )
 
-// runAsyncPeers trains k peers with RunAsync over a MemBus until each has
-// done at least steps local steps (the fast ones go on until the slowest
-// is done), and returns the workers and summaries. adversary, if set, runs
-// alongside until the honest peers finish.
+// testStep is how long a local step of the in-memory integration tests
+// takes. They run in synctest bubbles, where computing takes no time and
+// virtual time passes only while every goroutine waits: the peers' pace is
+// this step time (times a worker's Slowdown), whatever the machine's load,
+// and no timeout fires because a CPU is busy.
+const testStep = time.Millisecond
+
+// runAsyncPeers trains k peers with RunAsync over a MemBus, in a synctest
+// bubble, until each has done at least steps local steps (the fast ones go
+// on until the slowest is done), and returns the workers and summaries.
+// adversary, if set, runs alongside until the honest peers finish.
 func runAsyncPeers(t *testing.T, k, steps int, cfg train.AsyncConfig, slow map[int]float64, adversary func(ctx context.Context, bus *traintest.MemBus, started chan<- struct{})) ([]*train.Worker, []*train.AsyncSummary) {
 	t.Helper()
 	sh := train.Shards(t, 6000, k)
-	bus := traintest.NewMemBus()
 	workers := make([]*train.Worker, k)
-	sums := make([]*train.AsyncSummary, k)
-	errs := make([]error, k)
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	rec := &stepCounter{steps: map[string]int{}, live: k, target: steps, stop: cancel}
-	cfg.SnapshotEvery = 0
-	nets := make([]train.AsyncNet, k)
 	for i := range k {
 		wc := train.DefaultWorkerConfig()
 		wc.Model, wc.DataSeed, wc.Slowdown = train.TestArch, uint64(i+1), slow[i]
@@ -41,31 +41,37 @@ func runAsyncPeers(t *testing.T, k, steps int, cfg train.AsyncConfig, slow map[i
 		if err != nil {
 			t.Fatal(err)
 		}
+		train.SetStepTime(w, testStep)
 		workers[i] = w
-		nets[i] = bus.Join(peerid.ID(fmt.Sprint("p", i)), cfg.Model, 1024)
 	}
-	actx, acancel := context.WithCancel(ctx)
-	var awg sync.WaitGroup
-	if adversary != nil {
-		started := make(chan struct{})
-		awg.Go(func() { adversary(actx, bus, started) })
-		<-started
-	}
-	var wg sync.WaitGroup
-	for i := range k {
-		wg.Go(func() { sums[i], errs[i] = train.RunAsync(ctx, workers[i], nets[i], cfg, rec) })
-	}
-	wg.Wait()
-	acancel()
-	awg.Wait()
-	if !errors.Is(ctx.Err(), context.Canceled) {
-		t.Fatalf("peers did not reach %d steps each: %v", steps, ctx.Err())
-	}
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("peer %d: %v", i, err)
+	sums := make([]*train.AsyncSummary, k)
+	synctest.Test(t, func(t *testing.T) {
+		bus := traintest.NewMemBus()
+		errs := make([]error, k)
+		ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+		defer cancel()
+		rec := &stepCounter{steps: map[string]int{}, live: k, target: steps, stop: cancel}
+		cfg.SnapshotEvery = 0
+		nets := make([]train.AsyncNet, k)
+		for i := range k {
+			nets[i] = bus.Join(peerid.ID(fmt.Sprint("p", i)), cfg.Model, 1024)
 		}
-	}
+		actx, acancel := context.WithCancel(ctx)
+		var awg sync.WaitGroup
+		if adversary != nil {
+			started := make(chan struct{})
+			awg.Go(func() { adversary(actx, bus, started) })
+			<-started
+		}
+		var wg sync.WaitGroup
+		for i := range k {
+			wg.Go(func() { sums[i], errs[i] = train.RunAsync(ctx, workers[i], nets[i], cfg, rec) })
+		}
+		wg.Wait()
+		acancel()
+		awg.Wait()
+		checkStopped(t, ctx, steps, errs)
+	})
 	return workers, sums
 }
 
@@ -277,43 +283,53 @@ func sspConfig() train.AsyncConfig {
 	return cfg
 }
 
+// pacedWorker is NewTestWorker with steps of testStep.
+func pacedWorker(t *testing.T, shard *data.Set, seed uint64) *train.Worker {
+	w := train.NewTestWorker(t, shard, seed)
+	train.SetStepTime(w, testStep)
+	return w
+}
+
 // TestAsyncDeadPeerDoesNotHang runs two peers with an SSP bound; one stops
 // after 20 steps and leaves. The other's gate must open once the dead peer's
 // version expires (PeerTTL), and it finishes its steps.
 func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
 	sh := train.Shards(t, 2000, 2)
-	bus := traintest.NewMemBus()
-	cfg := sspConfig()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	var sumA *train.AsyncSummary
-	var errA error
-	wA, wB := train.NewTestWorker(t, sh[0], 1), train.NewTestWorker(t, sh[1], 2)
-	netA, netB := bus.Join("a", cfg.Model, 256), bus.Join("b", cfg.Model, 256)
-	wg.Go(func() {
-		c := cfg
-		c.MaxSteps = 20
-		train.RunAsync(ctx, wB, netB, c, nil)
-		bus.Leave("b")
+	wA, wB := pacedWorker(t, sh[0], 1), pacedWorker(t, sh[1], 2)
+	synctest.Test(t, func(t *testing.T) {
+		bus := traintest.NewMemBus()
+		cfg := sspConfig()
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		var sumA *train.AsyncSummary
+		var errA error
+		netA, netB := bus.Join("a", cfg.Model, 256), bus.Join("b", cfg.Model, 256)
+		wg.Go(func() {
+			c := cfg
+			c.MaxSteps = 20
+			train.RunAsync(ctx, wB, netB, c, nil)
+			bus.Leave("b")
+		})
+		wg.Go(func() {
+			c := cfg
+			c.MaxSteps = 300
+			sumA, errA = train.RunAsync(ctx, wA, netA, c, nil)
+		})
+		wg.Wait()
+		if errA != nil || ctx.Err() != nil {
+			t.Fatalf("peer a: %v (ctx %v)", errA, ctx.Err())
+		}
+		if sumA.Steps != 300 {
+			t.Fatalf("peer a did %d steps", sumA.Steps)
+		}
+		// b's last version held a's gate until it expired: PeerTTL, give
+		// or take a look at the versions (20 ms).
+		if ttl := cfg.PeerTTL.Seconds(); sumA.GateWaitS < ttl-0.02 || sumA.GateWaitS > ttl+0.02 {
+			t.Fatalf("peer a waited %.3fs at the SSP gate, want PeerTTL (%v)", sumA.GateWaitS, cfg.PeerTTL)
+		}
+		t.Logf("%+v", *sumA)
 	})
-	wg.Go(func() {
-		c := cfg
-		c.MaxSteps = 300
-		sumA, errA = train.RunAsync(ctx, wA, netA, c, nil)
-	})
-	wg.Wait()
-	if errA != nil || ctx.Err() != nil {
-		t.Fatalf("peer a: %v (ctx %v)", errA, ctx.Err())
-	}
-	if sumA.Steps != 300 {
-		t.Fatalf("peer a did %d steps", sumA.Steps)
-	}
-	// b's last version held a's gate until it expired.
-	if sumA.GateWaitS < 0.1 {
-		t.Fatalf("peer a waited %.3fs at the SSP gate, want about PeerTTL", sumA.GateWaitS)
-	}
-	t.Logf("%+v", *sumA)
 }
 
 // TestFedBuffQuorumAfterPeersLeave: four robust FedBuff peers, two of
@@ -324,45 +340,51 @@ func TestAsyncDeadPeerDoesNotHang(t *testing.T) {
 // steps after the others left.
 func TestFedBuffQuorumAfterPeersLeave(t *testing.T) {
 	sh := train.Shards(t, 4000, 4)
-	bus := traintest.NewMemBus()
-	cfg := train.DefaultAsyncConfig()
-	cfg.Mode, cfg.LocalSteps, cfg.PeerTTL, cfg.SnapshotEvery = train.ModeFedBuff, 2, 100*time.Millisecond, time.Hour
-	cfg.BufferRule, cfg.BufferK = "median", 8
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	sums, errs := make([]*train.AsyncSummary, 4), make([]error, 4)
-	for i := range 4 {
-		id := peerid.ID(fmt.Sprint("p", i))
-		w, net := train.NewTestWorker(t, sh[i], uint64(i+1)), bus.Join(id, cfg.Model, 256)
-		wg.Go(func() {
-			c := cfg
-			c.MaxSteps = 1500
-			if i >= 2 {
-				c.MaxSteps = 20
-			}
-			sums[i], errs[i] = train.RunAsync(ctx, w, net, c, nil)
-			if i >= 2 {
-				bus.Leave(id)
-			}
-		})
+	ws := make([]*train.Worker, 4)
+	for i := range ws {
+		ws[i] = pacedWorker(t, sh[i], uint64(i+1))
 	}
-	wg.Wait()
-	if ctx.Err() != nil {
-		t.Fatalf("hung: %v", ctx.Err())
-	}
-	for i := range 2 {
-		if errs[i] != nil || sums[i].Steps != 1500 {
-			t.Fatalf("peer %d: %v after %d steps", i, errs[i], sums[i].Steps)
+	synctest.Test(t, func(t *testing.T) {
+		bus := traintest.NewMemBus()
+		cfg := train.DefaultAsyncConfig()
+		cfg.Mode, cfg.LocalSteps, cfg.PeerTTL, cfg.SnapshotEvery = train.ModeFedBuff, 2, 100*time.Millisecond, time.Hour
+		cfg.BufferRule, cfg.BufferK = "median", 8
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		sums, errs := make([]*train.AsyncSummary, 4), make([]error, 4)
+		for i, w := range ws {
+			id := peerid.ID(fmt.Sprint("p", i))
+			net := bus.Join(id, cfg.Model, 256)
+			wg.Go(func() {
+				c := cfg
+				c.MaxSteps = 1500
+				if i >= 2 {
+					c.MaxSteps = 20
+				}
+				sums[i], errs[i] = train.RunAsync(ctx, w, net, c, nil)
+				if i >= 2 {
+					bus.Leave(id)
+				}
+			})
 		}
-		// 750 rounds of 2 steps from two peers: 1,500 deltas, K = 8, or
-		// about 180 server steps. While the quorum was stuck at 3 they
-		// took 5 or 6 in 300 steps.
-		if sums[i].Flushes < 50 {
-			t.Errorf("peer %d: %d server steps; the quorum did not drop with the peers gone", i, sums[i].Flushes)
+		wg.Wait()
+		if ctx.Err() != nil {
+			t.Fatalf("hung: %v", ctx.Err())
 		}
-		t.Logf("peer %d: %d merged, %d server steps, drops %v", i, sums[i].Merged, sums[i].Flushes, sums[i].Drops)
-	}
+		for i := range 2 {
+			if errs[i] != nil || sums[i].Steps != 1500 {
+				t.Fatalf("peer %d: %v after %d steps", i, errs[i], sums[i].Steps)
+			}
+			// 750 rounds of 2 steps from two peers: 1,500 deltas, K = 8, or
+			// about 180 server steps. While the quorum was stuck at 3 they
+			// took 5 or 6 in 300 steps.
+			if sums[i].Flushes < 150 {
+				t.Errorf("peer %d: %d server steps; the quorum did not drop with the peers gone", i, sums[i].Flushes)
+			}
+			t.Logf("peer %d: %d merged, %d server steps, drops %v", i, sums[i].Merged, sums[i].Flushes, sums[i].Drops)
+		}
+	})
 }
 
 // lastSnap keeps the parameters of the last snapshot it was given.
@@ -385,26 +407,28 @@ func (*lastSnap) Event(train.Event) {}
 // reported and checkpointed as the final model before.
 func TestFedBuffEndsWithItsModel(t *testing.T) {
 	sh := train.Shards(t, 2000, 2)
-	bus := traintest.NewMemBus()
-	cfg := train.DefaultAsyncConfig()
-	cfg.Mode, cfg.LocalSteps, cfg.MaxSteps, cfg.BufferK = train.ModeFedBuff, 3, 40, 2
-	var wg sync.WaitGroup
-	ws := []*train.Worker{train.NewTestWorker(t, sh[0], 1), train.NewTestWorker(t, sh[1], 2)}
-	recs := []*lastSnap{{}, {}}
-	errs := make([]error, 2)
-	for i := range 2 {
-		net := bus.Join(peerid.ID(fmt.Sprint("p", i)), cfg.Model, 64)
-		wg.Go(func() { _, errs[i] = train.RunAsync(t.Context(), ws[i], net, cfg, recs[i]) })
-	}
-	wg.Wait()
-	for i := range 2 {
-		if errs[i] != nil {
-			t.Fatal(errs[i])
+	ws := []*train.Worker{pacedWorker(t, sh[0], 1), pacedWorker(t, sh[1], 2)}
+	synctest.Test(t, func(t *testing.T) {
+		bus := traintest.NewMemBus()
+		cfg := train.DefaultAsyncConfig()
+		cfg.Mode, cfg.LocalSteps, cfg.MaxSteps, cfg.BufferK = train.ModeFedBuff, 3, 40, 2
+		var wg sync.WaitGroup
+		recs := []*lastSnap{{}, {}}
+		errs := make([]error, 2)
+		for i := range 2 {
+			net := bus.Join(peerid.ID(fmt.Sprint("p", i)), cfg.Model, 64)
+			wg.Go(func() { _, errs[i] = train.RunAsync(t.Context(), ws[i], net, cfg, recs[i]) })
 		}
-		if !slices.Equal(ws[i].Model.Params, recs[i].params) {
-			t.Errorf("peer %d: the worker's parameters are not the model of the last snapshot", i)
+		wg.Wait()
+		for i := range 2 {
+			if errs[i] != nil {
+				t.Fatal(errs[i])
+			}
+			if !slices.Equal(ws[i].Model.Params, recs[i].params) {
+				t.Errorf("peer %d: the worker's parameters are not the model of the last snapshot", i)
+			}
 		}
-	}
+	})
 }
 
 // TestAsyncLyingPeerDoesNotHoldGate runs a peer with an SSP bound while
@@ -413,51 +437,73 @@ func TestFedBuffEndsWithItsModel(t *testing.T) {
 // its version has not grown for 3×PeerTTL, and the peer finish its steps.
 func TestAsyncLyingPeerDoesNotHoldGate(t *testing.T) {
 	sh := train.Shards(t, 1000, 1)
-	bus := traintest.NewMemBus()
-	cfg := sspConfig()
-	cfg.MaxSteps = 100
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	w := train.NewTestWorker(t, sh[0], 1)
-	fp32, _ := compression.Parse("fp32")
-	b := fp32.Encode(nil, make([]float32, len(w.Model.Params)))
-	lctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for seq := uint64(1); lctx.Err() == nil; seq++ {
-			bus.Inject(wire.Announcement{Peer: "liar", Seq: seq, Model: cfg.Model, Kind: wire.KindModel, Codec: fp32.ID(),
-				Elems: uint32(len(w.Model.Params)), Size: uint64(len(b)), Digest: wire.Digest(b), Key: fmt.Sprint(seq)}, b)
-			train.SleepCtx(lctx, 20*time.Millisecond)
+	w := pacedWorker(t, sh[0], 1)
+	synctest.Test(t, func(t *testing.T) {
+		bus := traintest.NewMemBus()
+		cfg := sspConfig()
+		cfg.MaxSteps = 100
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		fp32, _ := compression.Parse("fp32")
+		b := fp32.Encode(nil, make([]float32, len(w.Model.Params)))
+		lctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		net := bus.Join("a", cfg.Model, 256)
+		wg.Go(func() {
+			for seq := uint64(1); lctx.Err() == nil; seq++ {
+				bus.Inject(wire.Announcement{Peer: "liar", Seq: seq, Model: cfg.Model, Kind: wire.KindModel, Codec: fp32.ID(),
+					Elems: uint32(len(w.Model.Params)), Size: uint64(len(b)), Digest: wire.Digest(b), Key: fmt.Sprint(seq)}, b)
+				train.SleepCtx(lctx, 20*time.Millisecond)
+			}
+		})
+		sum, err := train.RunAsync(ctx, w, net, cfg, nil)
+		stop()
+		wg.Wait()
+		if err != nil || ctx.Err() != nil {
+			t.Fatalf("%v (ctx %v)", err, ctx.Err())
+		}
+		// The liar's version holds the gate until it has not grown for
+		// 3×PeerTTL, give or take a look at the versions (20 ms).
+		if stall := 3 * cfg.PeerTTL.Seconds(); sum.Steps != 100 || sum.GateWaitS < stall-0.02 || sum.GateWaitS > stall+0.02 {
+			t.Fatalf("%d steps after %.3fs at the SSP gate, want 100 after %.1fs", sum.Steps, sum.GateWaitS, stall)
 		}
 	})
-	sum, err := train.RunAsync(ctx, w, bus.Join("a", cfg.Model, 256), cfg, nil)
-	stop()
-	wg.Wait()
-	if err != nil || ctx.Err() != nil {
-		t.Fatalf("%v (ctx %v)", err, ctx.Err())
-	}
-	if sum.Steps != 100 || sum.GateWaitS < 0.5 || sum.GateWaitS > 10 {
-		t.Fatalf("%d steps after %.2fs at the SSP gate, want 100 after about 0.6s", sum.Steps, sum.GateWaitS)
-	}
 }
 
 // TestAsyncRoundTime checks that RoundTime ends rounds early: with one step
-// taking longer than RoundTime, every round is a single step.
+// taking longer than RoundTime, every round is a single step; with steps
+// of 1 ms and a RoundTime of 2.5 ms, rounds of 3 steps.
 func TestAsyncRoundTime(t *testing.T) {
 	sh := train.Shards(t, 1000, 1)
-	wc := train.DefaultWorkerConfig()
-	wc.Model, wc.Slowdown = train.TestArch, 3
-	w, err := train.NewWorker(wc, sh[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := train.DefaultAsyncConfig()
-	cfg.LocalSteps, cfg.RoundTime, cfg.MaxSteps = 100, time.Nanosecond, 12
-	sum, err := train.RunAsync(context.Background(), w, traintest.NewMemBus().Join("solo", cfg.Model, 4), cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sum.Steps != 12 || sum.Rounds != 12 {
-		t.Fatalf("%d steps in %d rounds, want 12 rounds of one step", sum.Steps, sum.Rounds)
+	for _, c := range []struct {
+		slowdown  float64
+		roundTime time.Duration
+		rounds    int
+	}{
+		{3, time.Nanosecond, 12},
+		{1, 2500 * time.Microsecond, 4},
+		{1, 0, 2}, // LocalSteps
+	} {
+		wc := train.DefaultWorkerConfig()
+		wc.Model, wc.Slowdown = train.TestArch, c.slowdown
+		w, err := train.NewWorker(wc, sh[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		train.SetStepTime(w, testStep)
+		synctest.Test(t, func(t *testing.T) {
+			cfg := train.DefaultAsyncConfig()
+			cfg.LocalSteps, cfg.RoundTime, cfg.MaxSteps = 10, c.roundTime, 12
+			if c.roundTime > 0 {
+				cfg.LocalSteps = 100
+			}
+			sum, err := train.RunAsync(t.Context(), w, traintest.NewMemBus().Join("solo", cfg.Model, 4), cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sum.Steps != 12 || sum.Rounds != c.rounds {
+				t.Fatalf("round time %v, slowdown %v: %d steps in %d rounds, want %d rounds", c.roundTime, c.slowdown, sum.Steps, sum.Rounds, c.rounds)
+			}
+		})
 	}
 }

@@ -44,18 +44,6 @@ func shards(t testing.TB, n, k int) []*data.Set {
 	return out
 }
 
-func TestSeqWindow(t *testing.T) {
-	var w seqWindow
-	for _, tc := range []struct {
-		seq  uint64
-		want bool
-	}{{10, true}, {10, false}, {12, true}, {11, true}, {11, false}, {9, true}, {100, true}, {36, false}, {37, true}, {37, false}, {12, false}, {200, true}, {100, false}} {
-		if got := w.admit(tc.seq); got != tc.want {
-			t.Fatalf("admit(%d) = %v, want %v", tc.seq, got, tc.want)
-		}
-	}
-}
-
 func TestAsyncConfigValidate(t *testing.T) {
 	if err := DefaultAsyncConfig().Validate(); err != nil {
 		t.Fatal(err)
@@ -133,7 +121,7 @@ func TestAsyncDropsBadInput(t *testing.T) {
 			p.vc.Set(local)
 			p.local.Store(local)
 			dim := len(w.Model.Params)
-			kind := p.kind()
+			kind := p.plan.kind
 			fp32, _ := compression.Parse("fp32")
 			vec := func(n int, poison float32) []float32 {
 				v := make([]float32, n)
@@ -161,8 +149,12 @@ func TestAsyncDropsBadInput(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if r, ok := p.screen(got); !ok {
-					p.drop(r, got.Peer, 0)
+				s := p.screen(got)
+				if s.observe {
+					p.observe(got.Peer, got.Base)
+				}
+				if !s.pull {
+					p.drop(s.drop, got.Peer, s.tau)
 					return
 				}
 				c, r, ok := p.pull(ctx, net, got)
@@ -285,57 +277,6 @@ func TestAsyncDropsBadInput(t *testing.T) {
 				t.Fatal("good model not mixed")
 			}
 		})
-	}
-}
-
-func TestPullQueue(t *testing.T) {
-	ann := func(p string, seq uint64) *wire.Announcement {
-		return &wire.Announcement{Peer: peerid.ID(p), Seq: seq}
-	}
-	ctx := context.Background()
-	q := newPullQueue(true, 3)
-	for _, a := range []*wire.Announcement{ann("a", 1), ann("b", 1)} {
-		if old, _ := q.push(a); old != nil {
-			t.Fatalf("push displaced %v", old)
-		}
-	}
-	// A newer model from a replaces the queued one in place.
-	if old, r := q.push(ann("a", 2)); old == nil || old.Seq != 1 || r != DropSuperseded {
-		t.Fatalf("coalesce: %v %v", old, r)
-	}
-	q.push(ann("c", 1))
-	// Over max: the oldest goes.
-	if old, r := q.push(ann("d", 1)); old == nil || old.Peer != "a" || r != DropOverflow {
-		t.Fatalf("overflow: %v %v", old, r)
-	}
-	var got []string
-	for range 3 {
-		a, ok := q.pop(ctx)
-		if !ok {
-			t.Fatal("pop failed")
-		}
-		got = append(got, fmt.Sprint(string(a.Peer), a.Seq))
-	}
-	if fmt.Sprint(got) != "[b1 c1 d1]" {
-		t.Fatalf("popped %v", got)
-	}
-	// a's slot was freed by the overflow: a new a is queued, not merged.
-	if old, _ := q.push(ann("a", 3)); old != nil {
-		t.Fatalf("push after overflow displaced %v", old)
-	}
-	if a, _ := q.pop(ctx); a.Seq != 3 {
-		t.Fatalf("popped %v", a)
-	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-	defer cancel()
-	if _, ok := q.pop(cctx); ok {
-		t.Fatal("pop on an empty queue returned")
-	}
-	// Without coalescing (FedBuff) every delta waits its turn.
-	q = newPullQueue(false, 8)
-	q.push(ann("a", 1))
-	if old, _ := q.push(ann("a", 2)); old != nil {
-		t.Fatalf("FedBuff queue coalesced")
 	}
 }
 

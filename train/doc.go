@@ -5,6 +5,12 @@
 //	train, test, _ := data.LoadMNIST("")
 //	sum, err := train.Local(ctx, train.DefaultLocalConfig(), trainSet, testSet, progressFn)
 //
+// The asynchronous and gossip strategies, RunAsync and RunGossip, take
+// every protocol decision in a pure function of what they saw
+// (asyncplan.go, gossipplan.go) and keep the waiting and I/O in a thin
+// loop around it; their in-memory tests run in testing/synctest bubbles
+// (docs/design.md).
+//
 // Loops check ctx between steps, stop with ErrDiverged when the loss stops
 // being finite, and report progress through a callback that must not block.
 //

@@ -1,5 +1,7 @@
 package train
 
+import "time"
+
 // Hooks for the external tests (package train_test). Those run the
 // strategies on traintest's fakes, and traintest imports train, so they
 // cannot be in package train; they share these helpers with the internal
@@ -16,3 +18,7 @@ const TestArch = testArch
 
 // SetSlowdown makes a built worker s times slower (WorkerConfig.Slowdown).
 func SetSlowdown(w *Worker, s float64) { w.cfg.Slowdown = s }
+
+// SetStepTime makes each step of w take d, times its Slowdown: the pace of
+// a peer in a synctest bubble, where computing takes no time.
+func SetStepTime(w *Worker, d time.Duration) { w.stepTime = d }

@@ -35,10 +35,9 @@ type GossipConfig struct {
 	// few steps' compute.
 	Every int
 	// Period is the least time between two exchanges this peer starts (0:
-	// no limit). Push-sum needs peers to push at similar rates: a peer
-	// that pushes much more often than it receives sees its weight, and so
-	// its share of the average, shrink towards 0, and its own progress is
-	// lost. With stragglers, set Period above the slow peers' step time.
+	// no limit). Push-sum needs peers to push at similar rates
+	// (docs/design.md): with stragglers, set Period above the slow peers'
+	// step time.
 	Period time.Duration
 	// Timeout bounds one exchange. 5 s: a dead or stalled partner costs at
 	// most that, then the peer trains on.
@@ -56,10 +55,8 @@ type GossipConfig struct {
 	// diverged partner cannot drag the model far. In SGP it moves each
 	// received share's X/W towards this peer's X/W the same way, and
 	// refuses a share heavier than the group's whole weight
-	// (average.PushSumPeer.SetClip). 0 turns it off. 1: a
-	// liar is exchanged with as often as anyone, always pulling the same
-	// way, and 3 let one passive peer in four halve the others' accuracy
-	// (TestGossipByzantinePassive).
+	// (average.PushSumPeer.SetClip). 0 turns it off. 1, since a liar is
+	// exchanged with as often as anyone (docs/design.md).
 	ClipFactor float64
 }
 
@@ -125,7 +122,7 @@ func RunGossip(ctx context.Context, w *Worker, net GossipNet, peers []peerid.ID,
 		return nil, fmt.Errorf("%w: gossip: %s is not in its peer list", ErrStrategy, self)
 	}
 	g := &gossipRun{cfg: cfg, w: w, net: net, peers: peers, me: me, rec: rec, start: time.Now(),
-		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(me)))}
+		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(me))), clock: exchangeClock{every: cfg.Every, period: cfg.Period}}
 	g.sum = &GossipSummary{Peer: self.String(), Algorithm: cfg.Algorithm}
 	var err error
 	if cfg.Algorithm == GossipPairwise {
@@ -153,28 +150,34 @@ type gossipRun struct {
 	sum      *GossipSummary
 	lastSnap time.Duration
 	snap     []float32
-	lastEx   time.Time
-	sinceEx  int // local steps since the last exchange started
+	clock    exchangeClock
+	alive    []bool
 }
 
-// due reports whether an exchange is due after this step, and if so starts
-// the clocks of the next one.
-func (g *gossipRun) due() bool {
-	g.sinceEx++
-	if g.sinceEx < g.cfg.Every || time.Since(g.lastEx) < g.cfg.Period {
-		return false
-	}
-	g.sinceEx, g.lastEx = 0, time.Now()
-	return true
-}
+// servePoll is how often a serving passive peer looks at the actives'
+// step counts.
+const servePoll = 100 * time.Millisecond
 
 func (g *gossipRun) done(ctx context.Context) bool {
 	return ctx.Err() != nil || (g.cfg.MaxSteps > 0 && g.w.Steps >= g.cfg.MaxSteps)
 }
 
+// look returns which peers of the group are alive, or nil when no
+// exchange is due (the plans then do not look at it).
+func (g *gossipRun) look(due bool) []bool {
+	if !due {
+		return nil
+	}
+	g.alive = growBools(g.alive, len(g.peers))
+	for i, p := range g.peers {
+		g.alive[i] = g.net.Alive(p)
+	}
+	return g.alive
+}
+
 func (g *gossipRun) snapshot(force bool, model func([]float32) []float32) {
 	at := time.Since(g.start)
-	if !force && at-g.lastSnap < g.cfg.SnapshotEvery {
+	if !snapshotDue(force, at, g.lastSnap, g.cfg.SnapshotEvery) {
 		return
 	}
 	g.lastSnap = at
@@ -228,16 +231,16 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 			applyTo(w, x, n)
 			copy(w.Model.Params, x)
 		})
-		if role == average.Active && g.due() {
-			if j := g.pickPassive(); j < 0 {
-				g.sum.Skipped++
-			} else {
-				ectx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
-				err := pp.Exchange(ectx, ex, g.peers[j])
-				cancel()
-				g.exchanged(err, int64(8*len(w.Model.Params)))
-				pp.Update(func(x []float32) { copy(w.Model.Params, x) })
-			}
+		due := role == average.Active && g.clock.step(time.Now())
+		switch plan := planSwap(due, g.rng, len(g.peers), g.look(due)); plan.act {
+		case gossipSkip:
+			g.sum.Skipped++
+		case gossipExchange:
+			ectx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+			err := pp.Exchange(ectx, ex, g.peers[plan.partner])
+			cancel()
+			g.exchanged(err, int64(8*len(w.Model.Params)))
+			pp.Update(func(x []float32) { copy(w.Model.Params, x) })
 		}
 		if prog != nil {
 			prog.SetSteps(w.Steps)
@@ -263,39 +266,19 @@ func distanceClip(f float64) *rule.DistanceClip {
 	return c
 }
 
-// serveMin is the least time serveActives may wait in all; it may wait up
-// to 10× the passive's own training time when that is longer.
-var serveMin = time.Minute
-
 // serveActives keeps a passive peer that has done its MaxSteps in the
-// exchange while an active peer of the group is still on its way there:
-// alive, short of MaxSteps by its last count, and still counting (a count
-// whose highest value has not grown for the exchange timeout plus 3 s
-// means the peer is stuck, gone or lying: staleness.VersionClock's stall). Without it the actives, which are slower (they wait on
-// their exchanges), would see their last exchanges fail. The passive's
-// model goes on being averaged with theirs meanwhile, as it would have
-// been while it trained. An active slower than 10× this peer, or one
-// whose count creeps on forever, is not waited for beyond that.
+// exchange, its model still averaged, while keepServing says an active
+// peer is still on its way there, for serveBudget at most.
 func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
-	ctx, cancel := context.WithTimeout(ctx, max(serveMin, 10*time.Since(g.start)))
+	ctx, cancel := context.WithTimeout(ctx, serveBudget(time.Since(g.start)))
 	defer cancel()
-	// The actives' counts, ignored once stuck (SetStall) or dead (Forget).
 	counts := staleness.NewVersionClock(0, 0)
-	counts.SetStall(g.cfg.Timeout + 3*time.Second)
+	counts.SetStall(serveStall(g.cfg.Timeout))
+	var actives []activeCount
 	start, served := time.Now(), false
 	for {
-		now := time.Now()
-		for i, p := range g.peers {
-			if i == g.me || average.RoleOf(i) != average.Active {
-				continue
-			}
-			if s, ok := prog.Steps(p); ok && g.net.Alive(p) {
-				counts.Observe(p.String(), staleness.Version(s), now)
-			} else {
-				counts.Forget(p.String())
-			}
-		}
-		if _, v, ok := counts.Slowest(now); !ok || v >= staleness.Version(g.cfg.MaxSteps) {
+		actives = g.lookActives(prog, actives[:0])
+		if !keepServing(counts, actives, time.Now(), g.cfg.MaxSteps) {
 			break
 		}
 		if !served {
@@ -303,7 +286,7 @@ func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
 			g.rec.Event(Event{Peer: g.net.Self().String(), At: time.Since(g.start), Kind: "serving",
 				Detail: "done; staying in the exchange for the active peers still training"})
 		}
-		if sleepCtx(ctx, 100*time.Millisecond) != nil {
+		if sleepCtx(ctx, servePoll) != nil {
 			break
 		}
 	}
@@ -312,24 +295,17 @@ func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
 	}
 }
 
-// pickPassive returns a random live passive peer's index, or −1.
-func (g *gossipRun) pickPassive() int {
-	n := len(g.peers)
-	for range n {
-		j := average.PickPassive(g.rng, n)
-		if j < 0 {
-			return -1
+// lookActives appends the other active peers' step counts to dst.
+func (g *gossipRun) lookActives(prog GossipProgress, dst []activeCount) []activeCount {
+	for i, p := range g.peers {
+		if i == g.me || average.RoleOf(i) != average.Active {
+			continue
 		}
-		if g.net.Alive(g.peers[j]) {
-			return j
-		}
+		s, ok := prog.Steps(p)
+		dst = append(dst, activeCount{id: p, steps: s, ok: ok && g.net.Alive(p)})
 	}
-	return -1
+	return dst
 }
-
-// minPushWeight is the push-sum weight below which a peer stops pushing
-// (the mean weight over the peers is 1).
-const minPushWeight = 1.0 / 64
 
 func (g *gossipRun) pushSum(ctx context.Context) error {
 	w := g.w
@@ -348,9 +324,8 @@ func (g *gossipRun) pushSum(ctx context.Context) error {
 	for !g.done(ctx) {
 		// The gradient is taken at z = X/W; the optimiser steps z, and X
 		// moves by W·Δz under the lock (X/W may have changed meanwhile by
-		// absorbed shares). Scaling by W keeps a peer whose weight has
-		// shrunk (it pushes more often than it receives) from turning a
-		// normal step into a huge one in its estimate.
+		// absorbed shares), so that a peer whose weight has shrunk does
+		// not turn a normal step into a huge one in its estimate.
 		ps.Estimate(w.Model.Params)
 		_, ns, err := w.Grad(ctx)
 		if err != nil {
@@ -366,38 +341,28 @@ func (g *gossipRun) pushSum(ctx context.Context) error {
 				x[i] += float32(wt * float64(z-prev[i]))
 			}
 		})
-		due := n > 1 && g.due()
-		if due && ps.Weight() < minPushWeight {
-			// Pushing would halve a weight that is already small: a peer
-			// that gets fewer shares than it sends (its in-neighbours died
-			// or are slower) would see it fall geometrically until X/W is
-			// lost to float32 underflow. It keeps its mass (the sum of
-			// weights is unchanged) and pushes again once shares have
-			// brought the weight back up.
+		due := n > 1 && g.clock.step(time.Now())
+		plan := planPush(due, g.me, n, k, ps.Weight(), g.look(due))
+		k = plan.k
+		switch plan.act {
+		case gossipSkip:
 			g.sum.Skipped++
-		} else if due {
-			// The exponential graph's next live out-neighbour.
-			to := -1
-			for range average.ExpGraphOffsets(n) {
-				j := average.ExpGraphPeer(g.me, n, k)
-				k++
-				if g.net.Alive(g.peers[j]) {
-					to = j
-					break
-				}
-			}
-			if to < 0 {
-				g.sum.Skipped++
-			} else {
-				ectx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
-				err := ps.Step(ectx, ex, g.peers[to], k, uint64(w.Steps))
-				cancel()
-				g.exchanged(err, int64(4*len(w.Model.Params)))
-			}
+		case gossipExchange:
+			ectx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+			err := ps.Step(ectx, ex, g.peers[plan.partner], k, uint64(w.Steps))
+			cancel()
+			g.exchanged(err, int64(4*len(w.Model.Params)))
 		}
 		g.snapshot(false, ps.Estimate)
 		runtime.Gosched()
 	}
 	g.snapshot(true, ps.Estimate)
 	return ctx.Err()
+}
+
+func growBools(dst []bool, n int) []bool {
+	if cap(dst) >= n {
+		return dst[:n]
+	}
+	return make([]bool, n)
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/starling-ml/starling/gossip/average"
@@ -87,22 +88,22 @@ func (c *creepingNet) Steps(peerid.ID) (int, bool) {
 }
 
 // TestPassiveServesActivesBounded: a finished passive peer waits for an
-// active one that keeps counting without ever finishing only a bounded
-// time.
+// active one that keeps counting without ever finishing only serveMin
+// (its own training took no time in the bubble). The exchange timeout is
+// long enough that the count's stall (serveStall) does not end the wait
+// first.
 func TestPassiveServesActivesBounded(t *testing.T) {
-	defer func(m time.Duration) { serveMin = m }(serveMin)
-	serveMin = 300 * time.Millisecond
 	w := testWorker(t, shards(t, 1000, 1)[0], 1)
-	cfg := DefaultGossipConfig()
-	cfg.MaxSteps = 5
-	net := &creepingNet{sinkNet: sinkNet{self: "p1"}}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	sum, err := RunGossip(ctx, w, net, []peerid.ID{"a0", "p1"}, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sum.Role != "passive" || sum.ServedS < 0.2 || sum.ServedS > 5 {
-		t.Fatalf("role %s served %.2fs, want a passive that waits about 0.3s", sum.Role, sum.ServedS)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultGossipConfig()
+		cfg.MaxSteps, cfg.Timeout = 5, 2*time.Minute
+		net := &creepingNet{sinkNet: sinkNet{self: "p1"}}
+		sum, err := RunGossip(t.Context(), w, net, []peerid.ID{"a0", "p1"}, cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.Role != "passive" || sum.ServedS != serveMin.Seconds() {
+			t.Fatalf("role %s served %.2fs, want a passive that waits %v", sum.Role, sum.ServedS, serveMin)
+		}
+	})
 }

@@ -69,6 +69,10 @@ type Worker struct {
 	Compute time.Duration
 	// usual is the running mean of a step's compute time (Slowdown).
 	usual time.Duration
+	// stepTime, if > 0, is how long a step takes in all, Slowdown times:
+	// tests set it (SetStepTime) to pace peers in a synctest bubble, where
+	// computing takes no time.
+	stepTime time.Duration
 }
 
 // NewWorker builds a worker training on shard.
@@ -139,8 +143,12 @@ func (w *Worker) Grad(ctx context.Context) (loss float64, n int, err error) {
 	return loss, len(y), nil
 }
 
-// slow waits (Slowdown−1)× el to emulate a slower machine (see slowWait).
+// slow waits (Slowdown−1)× el to emulate a slower machine (see slowWait),
+// or out the rest of max(1, Slowdown)× stepTime when that is set.
 func (w *Worker) slow(ctx context.Context, el time.Duration) error {
+	if w.stepTime > 0 {
+		return sleepCtx(ctx, time.Duration(float64(w.stepTime)*max(w.cfg.Slowdown, 1))-el)
+	}
 	if w.cfg.Slowdown <= 1 {
 		return nil
 	}

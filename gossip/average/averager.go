@@ -64,10 +64,7 @@ func (p *PushSumPeer) HandleShare(s Share) error {
 	if p.clip == nil {
 		return p.st.Absorb(s.X, s.W)
 	}
-	if s.W > p.maxW {
-		return fmt.Errorf("%w: share weight %v > %v, the group's whole", ErrBadWeight, s.W, p.maxW)
-	}
-	if err := p.st.check(s.X, s.W); err != nil {
+	if err := p.st.checkShare(s.X, s.W, p.maxW); err != nil {
 		return err
 	}
 	inv := 1 / s.W

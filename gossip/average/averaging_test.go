@@ -237,6 +237,38 @@ func TestPushSumAbsorbRejects(t *testing.T) {
 	}
 }
 
+// TestPushSumCheckShare: whether a clipping SGP peer of a group of 4
+// accepts a share.
+func TestPushSumCheckShare(t *testing.T) {
+	s := NewPushSum([]float32{1, 2})
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for _, c := range []struct {
+		name string
+		x    []float32
+		w    float64
+		want error
+	}{
+		{"honest", []float32{1, 1}, 0.5, nil},
+		{"the group's whole weight", []float32{1, 1}, 4, nil},
+		{"heavier than the group", []float32{1, 1}, 4.5, ErrBadWeight},
+		{"absurdly heavy", []float32{1, 1}, 1e30, ErrBadWeight},
+		{"infinite weight", []float32{1, 1}, math.Inf(1), ErrBadWeight},
+		{"NaN weight", []float32{1, 1}, math.NaN(), ErrBadWeight},
+		{"no weight", []float32{1, 1}, 0, ErrBadWeight},
+		{"negative weight", []float32{1, 1}, -0.5, ErrBadWeight},
+		{"NaN", []float32{1, nan}, 0.5, ErrNonFinite},
+		{"Inf", []float32{inf, 1}, 0.5, ErrNonFinite},
+		{"shape", []float32{1}, 0.5, ErrShape},
+	} {
+		if err := s.checkShare(c.x, c.w, 4); !errors.Is(err, c.want) || (err == nil) != (c.want == nil) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	if !slices.Equal(s.X, []float32{1, 2}) || s.W != 1 {
+		t.Fatalf("checks changed the state: %v %v", s.X, s.W)
+	}
+}
+
 func TestExpGraph(t *testing.T) {
 	for _, tc := range []struct{ n, m int }{{0, 0}, {1, 0}, {2, 1}, {3, 2}, {4, 2}, {5, 3}, {32, 5}, {33, 6}} {
 		if got := ExpGraphOffsets(tc.n); got != tc.m {

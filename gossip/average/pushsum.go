@@ -114,6 +114,16 @@ func (s *PushSum) check(x []float32, w float64) error {
 	return nil
 }
 
+// checkShare is a clipping peer's check of a received share (x, w): a
+// weight above maxWeight, the group's whole weight, which no honest share
+// carries (ErrBadWeight), then Absorb's checks.
+func (s *PushSum) checkShare(x []float32, w, maxWeight float64) error {
+	if w > maxWeight {
+		return fmt.Errorf("%w: share weight %v > %v, the group's whole", ErrBadWeight, w, maxWeight)
+	}
+	return s.check(x, w)
+}
+
 // Estimate writes X/W, the de-biased model, to dst[:0] (grown if short)
 // and returns it.
 func (s *PushSum) Estimate(dst []float32) []float32 {
