@@ -1,22 +1,19 @@
-// Package train wires data/, nn/ and (for the distributed strategies) the
-// network packages into training loops. Local trains one model on one peer;
-// the distributed strategies build on the same step function.
+// Package train holds Starling's training strategies: Local (one peer
+// alone), Federated (FedAvg, FedProx, FedOpt, DiLoCo), Sync (data-parallel
+// SGD), RunAsync (FedAsync, FedBuff) and RunGossip (AD-PSGD, SGP). A
+// Worker is one peer's model, optimiser and data shard; the strategies
+// drive it and reach the network only through their own interfaces (Net,
+// AsyncNet, GossipNet), which swarm implements over libp2p and traintest
+// in memory.
 //
-//	train, test, _ := data.LoadMNIST("")
-//	sum, err := train.Local(ctx, train.DefaultLocalConfig(), trainSet, testSet, progressFn)
+//	w, _ := train.NewWorker(train.DefaultWorkerConfig(), shard)
+//	err := train.Federated(ctx, w, peer.Net(batch), train.DefaultFedConfig(), rec, onRound)
 //
-// The asynchronous and gossip strategies, RunAsync and RunGossip, take
-// every protocol decision in a pure function of what they saw
-// (asyncplan.go, gossipplan.go) and keep the waiting and I/O in a thin
-// loop around it; their in-memory tests run in testing/synctest bubbles
-// (docs/design.md).
-//
-// Loops check ctx between steps, stop with ErrDiverged when the loss stops
-// being finite, and report progress through a callback that must not block.
-//
-// The round-based strategies, Federated and Sync, take every protocol
-// decision in a pure function of what they saw (fedplan.go, syncplan.go)
-// and keep the waiting and I/O in a thin loop around it. Time comes from
-// the time package; the in-memory tests run those loops inside
-// testing/synctest bubbles (docs/design.md).
+// Every strategy takes each protocol decision in a pure function of what
+// it saw (fedplan.go, syncplan.go, asyncplan.go, gossipplan.go) and keeps
+// the waiting and I/O in a thin loop around it. Time comes from the time
+// package; the in-memory tests run the loops inside testing/synctest
+// bubbles (docs/design.md). Loops check ctx between steps, stop with
+// ErrDiverged when the loss stops being finite, and report progress
+// through callbacks that must not block.
 package train
