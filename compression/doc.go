@@ -25,6 +25,10 @@
 //
 // # Codecs
 //
+// Each codec is one entry of the descriptor table (Descs, Describe): its id,
+// name, parameters, and whether it is dense, lossy or sparse. Parse, New,
+// Known, MaxEncodedLen and Dense derive from it.
+//
 //	spec         bytes/value               error                                   id
 //	fp32         4                         none (bit-exact)                        0
 //	fp16         2                         ≤ 2⁻¹¹·|x| (≤ 2⁻²⁵ below 2⁻¹⁴); ±65504   1
@@ -61,8 +65,8 @@
 //
 // NewEntropy(c, EntropyZstd or EntropyS2) (spec "entropy=zstd|s2") wraps the
 // bytes and stores any message it cannot shrink by 1/32. "entropy=auto", the
-// default, enables zstd only where BenchmarkEntropy shows it pays; see
-// autoEntropy in registry.go for the table and the figures.
+// default, enables zstd only where BenchmarkEntropy shows it pays
+// (Desc.Entropy; the figures are in docs/design.md, "Compression").
 //
 // # All-reduce
 //
