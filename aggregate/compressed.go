@@ -119,13 +119,7 @@ func unpackWords(dst []byte, w []float32, n int) []byte {
 
 // maxEncoded is the longest encoding of n values any codec of
 // compression may produce: what a receiver accepts before reading it.
-func maxEncoded(n int) int {
-	m := 0
-	for id := compression.IDFP32; id <= compression.IDPowerSGD; id++ {
-		m = max(m, compression.MaxEncodedLen(id|compression.IDEntropy, n))
-	}
-	return m
-}
+func maxEncoded(n int) int { return compression.MaxEncodedLenAny(n) }
 
 // Compression is one peer's state for compressed all-reduce (see
 // Config.Compress): the codec, the error-feedback residual, PowerSGD's
