@@ -25,43 +25,31 @@ func chunkRange(off, size, c, k int) (lo, hi int) {
 	return lo, hi
 }
 
-// butterfly runs the data phase of the butterfly all-reduce: a direct
-// reduce-scatter followed by an all-gather, chunked and pipelined.
+// butterfly runs pass p as a butterfly: a direct reduce-scatter followed by
+// an all-gather, chunked and pipelined.
 //
 // Goroutines, for each other rank j: scatterTo(j) sends our part of j's
 // shard; scatterFrom(j) receives j's part of our shard; gatherTo(j) sends
 // our reduced shard as its chunks become ready; gatherFrom(j) receives j's
 // reduced shard into dst. One reducer reduces our shard chunk by chunk as
-// the contributions arrive (local rules) or once all have arrived
-// (Krum, centered clipping, which first agree on statistics with the other
-// owners).
-func (a *attempt) butterfly() {
-	n, me, d := a.n, a.rank, len(a.src)
-	C := a.chunk
-	ownOff, ownSize := shardRange(d, n, me)
-	ownChunks := numChunks(ownSize, C)
-
-	// gather holds the contributions to our shard, one row per rank (our
-	// own row points into src).
-	rows := make([][]float32, n)
-	gbuf := a.r.buf("gather", n*ownSize)
-	for j := range n {
-		if j == me {
-			rows[j] = a.src[ownOff : ownOff+ownSize]
-		} else {
-			rows[j] = gbuf[j*ownSize : (j+1)*ownSize]
-		}
-	}
+// the contributions arrive (local rules), or once all have arrived: Krum
+// and centered clipping, which first agree on statistics with the other
+// owners, and compressed passes, which decode, sum and re-encode.
+func (a *attempt) butterfly(p *pass) {
+	n, me := a.n, a.rank
+	ownOff, ownSize := shardRange(p.d, n, me)
+	out, in, res, result := a.butterflyMsgs(p)
 	weights := make([]float64, n)
 	weights[me] = a.weight
 	// arrived[j] gets one token for j's header and one per chunk.
 	arrived := make([]chan struct{}, n)
-	// ready[j] gets one token per reduced chunk of our shard, for gatherTo(j).
+	// ready[j] gets one token once the reduced shard may go, then one per
+	// chunk, for gatherTo(j).
 	ready := make([]chan struct{}, n)
 	for j := range n {
 		if j != me {
-			arrived[j] = make(chan struct{}, ownChunks+1)
-			ready[j] = make(chan struct{}, ownChunks)
+			arrived[j] = make(chan struct{}, p.maxChunks(ownSize)+1)
+			ready[j] = make(chan struct{}, p.maxChunks(ownSize)+1)
 		}
 	}
 
@@ -71,75 +59,71 @@ func (a *attempt) butterfly() {
 		if j == me {
 			continue
 		}
-		wg.Go(func() { a.scatterTo(j) })
-		wg.Go(func() { a.scatterFrom(j, rows[j], &weights[j], arrived[j]) })
-		wg.Go(func() { a.gatherTo(j, ownOff, ownSize, ready[j]) })
-		wg.Go(func() { a.gatherFrom(j) })
+		token := func(int) { arrived[j] <- struct{}{} }
+		off, size := shardRange(p.d, n, j)
+		wg.Go(func() { // scatterTo
+			if a.sendMsg(j, StepScatter, p, a.weight, out[j], nil, 1) {
+				a.laneDone()
+			}
+		})
+		wg.Go(func() { // scatterFrom
+			hdr := func(h header) { weights[j] = h.weight; token(0) }
+			if a.recvMsg(j, StepScatter, p, ownSize, in[j], 1, kindStall, hdr, token) {
+				a.laneDone()
+			}
+		})
+		wg.Go(func() { // gatherTo
+			if a.wait(ready[j]) && a.sendMsg(j, StepGather, p, a.total, *result, ready[j], 2) {
+				a.laneDone()
+			}
+		})
+		wg.Go(func() { // gatherFrom
+			if a.recvResult(j, StepGather, p, off, size, &res[j], 2, kindTimeout, nil, nil) {
+				a.laneDone()
+			}
+		})
 	}
-	wg.Go(func() { a.reduceShard(rows, weights, arrived, ready, ownOff, ownSize) })
+	wg.Go(func() { a.reduceShard(p, in, weights, arrived, ready, ownOff, ownSize, result) })
 	wg.Wait()
 }
 
-func (a *attempt) scatterTo(j int) {
-	var hw [headerLen]float32
-	header{cfg: a.cfg, d: uint64(len(a.src)), weight: a.weight}.encode(hw[:])
-	if !a.send(j, StepScatter, 0, hw[:], 1) {
-		return
-	}
-	C := a.chunk
-	off, size := shardRange(len(a.src), a.n, j)
-	for k := range numChunks(size, C) {
-		lo, hi := chunkRange(off, size, C, k)
-		if !a.send(j, StepScatter, uint32(k+1), a.src[lo:hi], 1) {
-			return
+// butterflyMsgs returns the messages of a butterfly pass by rank: our part
+// of each rank's shard (out), buffers for each rank's part of ours (in;
+// in[me] is our own) and for each rank's reduced shard (res), and our
+// reduced shard's message (result), which the reducer fills before it
+// lets the gather go.
+func (a *attempt) butterflyMsgs(p *pass) (out []msg, in []*msg, res []msg, result *msg) {
+	n, me := a.n, a.rank
+	in = make([]*msg, n)
+	if p.coded() {
+		c := a.r.comp
+		c.ranks(n)
+		for j := range n {
+			off, size := shardRange(p.d, n, j)
+			a.encodePart(p, &c.parts[j], j, off, off+size, j != me)
+			in[j] = &c.in[j]
 		}
+		in[me] = &c.parts[me]
+		return c.parts, in, c.res, &c.out
 	}
-	a.laneDone()
-}
-
-func (a *attempt) scatterFrom(j int, row []float32, w *float64, arrived chan<- struct{}) {
-	h, ok := a.recvHeader(j, StepScatter, 1, kindStall)
-	if !ok {
-		return
+	out, res = make([]msg, n), make([]msg, n)
+	_, ownSize := shardRange(p.d, n, me)
+	gbuf := a.r.buf("gather", n*ownSize)
+	for j := range n {
+		off, size := shardRange(p.d, n, j)
+		out[j] = msg{w: p.src[off : off+size]}
+		in[j] = &msg{w: gbuf[j*ownSize : (j+1)*ownSize]}
 	}
-	*w = h.weight
-	arrived <- struct{}{}
-	C := a.chunk
-	chunk := func(k int) []float32 { lo, hi := chunkRange(0, len(row), C, k); return row[lo:hi] }
-	if a.recvLane(j, StepScatter, 1, numChunks(len(row), C), chunk, 1, kindStall, true, func(int) { arrived <- struct{}{} }) {
-		a.laneDone()
-	}
-}
-
-func (a *attempt) gatherTo(j, off, size int, ready <-chan struct{}) {
-	C := a.chunk
-	for k := range numChunks(size, C) {
-		if !a.wait(ready) {
-			return
-		}
-		lo, hi := chunkRange(off, size, C, k)
-		if !a.send(j, StepGather, uint32(k), a.dst[lo:hi], 2) {
-			return
-		}
-	}
-	a.laneDone()
-}
-
-func (a *attempt) gatherFrom(j int) {
-	C := a.chunk
-	off, size := shardRange(len(a.src), a.n, j)
-	chunk := func(k int) []float32 { lo, hi := chunkRange(off, size, C, k); return a.dst[lo:hi] }
-	if a.recvLane(j, StepGather, 0, numChunks(size, C), chunk, 2, kindTimeout, true, nil) {
-		a.laneDone()
-	}
+	in[me] = &out[me]
+	off, _ := shardRange(p.d, n, me)
+	return out, in, res, &msg{w: p.dst[off : off+ownSize]}
 }
 
 // reduceShard reduces our shard into dst[off:off+size] and hands each
-// finished chunk to the gatherTo lanes.
-func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, ready []chan struct{}, off, size int) {
+// finished chunk to the gatherTo lanes (a compressed pass: the encoded
+// shard in result, all at once).
+func (a *attempt) reduceShard(p *pass, in []*msg, weights []float64, arrived, ready []chan struct{}, off, size int, result *msg) {
 	n, me := a.n, a.rank
-	C := a.chunk
-	chunks := numChunks(size, C)
 	for j := range n {
 		if j != me && !a.wait(arrived[j]) {
 			return
@@ -154,27 +138,22 @@ func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, read
 		a.setFault(faultZeroWeight)
 		return
 	}
-	publish := func() {
-		for j := range n {
-			if j != me {
-				ready[j] <- struct{}{}
-			}
-		}
-	}
+	publish := func(k int) { signal(k, ready...) }
 	srcs := make([][]float32, n)
-	if lr, ok := a.r.cfg.Rule.(rule.LocalRule); ok {
+	if lr, ok := a.r.cfg.Rule.(rule.LocalRule); ok && !p.coded() {
+		publish(1)
 		var s rule.Scratch
-		for k := range chunks {
+		for k := range numChunks(size, p.chunk) {
 			for j := range n {
 				if j != me && !a.wait(arrived[j]) {
 					return
 				}
 			}
-			lo, hi := chunkRange(0, size, C, k)
+			lo, hi := chunkRange(0, size, p.chunk, k)
 			for j := range n {
-				srcs[j] = rows[j][lo:hi]
+				srcs[j] = in[j].w[lo:hi]
 			}
-			out := a.dst[off+lo : off+hi]
+			out := p.dst[off+lo : off+hi]
 			if err := lr.ReduceLocal(out, srcs, weights, &s); err != nil {
 				a.setFault(faultRule)
 				return
@@ -183,41 +162,51 @@ func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, read
 				a.setFault(faultOverflow)
 				return
 			}
-			publish()
+			publish(1)
 		}
 		a.laneDone()
 		return
 	}
 
-	// Non-local rules: wait for the whole shard, then agree on statistics.
-	for range chunks {
-		for j := range n {
-			if j != me && !a.wait(arrived[j]) {
-				return
-			}
+	// Wait for every contribution whole.
+	for j := range n {
+		if j != me && !a.waitWhole(p, in[j], arrived[j]) {
+			return
 		}
 	}
-	p, err := a.r.cfg.Rule.Start(rows, weights)
+	if p.coded() {
+		if !a.sumAtHop(size, a.allRanks(), in, result) || !a.decodeInto(me, p.dst[off:off+size], result.b) {
+			return
+		}
+		publish(1 + numChunks(len(result.w), p.chunk))
+		a.laneDone()
+		return
+	}
+	// Non-local rules: agree on statistics with the other owners.
+	for j := range n {
+		srcs[j] = in[j].w
+	}
+	rp, err := a.r.cfg.Rule.Start(srcs, weights)
 	if err != nil {
 		a.setFault(faultRule)
 		return
 	}
-	for pass := uint32(0); ; pass++ {
-		st := p.Stats()
+	for sp := uint32(0); ; sp++ {
+		st := rp.Stats()
 		if st == nil {
 			break
 		}
-		global, ok := a.exchangeStats(pass, st)
+		global, ok := a.exchangeStats(sp, st)
 		if !ok {
 			return
 		}
-		if p.Absorb(global) != nil {
+		if rp.Absorb(global) != nil {
 			a.setFault(faultRule)
 			return
 		}
 	}
-	out := a.dst[off : off+size]
-	if p.Finish(out) != nil {
+	out := p.dst[off : off+size]
+	if rp.Finish(out) != nil {
 		a.setFault(faultRule)
 		return
 	}
@@ -225,10 +214,17 @@ func (a *attempt) reduceShard(rows [][]float32, weights []float64, arrived, read
 		a.setFault(faultOverflow)
 		return
 	}
-	for range chunks {
-		publish()
-	}
+	publish(1 + numChunks(size, p.chunk))
 	a.laneDone()
+}
+
+// allRanks returns 0, …, n−1.
+func (a *attempt) allRanks() []int {
+	r := make([]int, a.n)
+	for j := range r {
+		r[j] = j
+	}
+	return r
 }
 
 // exchangeStats sends our statistics of a pass to every other owner,

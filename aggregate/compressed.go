@@ -10,85 +10,15 @@ import (
 	"github.com/starling-ml/starling/compression"
 )
 
-// Compressed all-reduce: Config.Compress names a codec (compression.Parse
-// syntax), and every contribution then travels encoded. The protocol is the
-// same tree or butterfly, the same lanes, watchdogs and votes as the plain
-// one; what differs is what a lane carries and what a reducing hop does:
-//
-//   - Each lane carries one message: a cheader (settings hash, vector
-//     length, weight, byte length) as chunk 0, then the encoded bytes packed
-//     four to a float32 word (little-endian, zero-padded) in chunks of
-//     ChunkElems words. Messages of pass p use chunk indices p<<24 | c.
-//   - A peer's contribution is v = w·x + e (w = its weight for Mean, 1 for
-//     Sum; e = its error-feedback residual), encoded with the leaf codec, per
-//     shard in a butterfly (each owner's shard encoded separately) and whole
-//     in a tree. With error feedback the peer keeps e' = v − decode(encode(v))
-//     and commits it only when the round commits, so a re-run attempt
-//     re-encodes from the same state.
-//   - A reducing hop (butterfly owner, tree node) decodes each contribution,
-//     blames its sender for bytes that do not decode or decode to NaN/±Inf,
-//     and sums them with a compression.Combiner: sparse codecs are merged
-//     exactly (densified once the union stops paying), dense ones summed and
-//     re-encoded with compression.HopCodec (fp16/bf16/int8 with themselves,
-//     sign with int8). The owner's (the root's) bytes go to every peer
-//     unchanged, and every peer, the owner included, decodes those bytes, so
-//     all members end with the same bits. Mean then divides by the total
-//     weight.
-//   - PowerSGD runs as two passes of dense float32 all-reduce in one
-//     attempt: P = Σ M_i·Q, then Q = Σ M_iᵀ·P̂ (see compression.PowerSGD);
-//     the result is P̂·Qᵀ / W and every peer keeps Q as the next warm start
-//     (committed with the round). With "ef", peer i keeps e_i = M_i − P̂·Q_iᵀ
-//     on the compressed tensors; raw tensors (biases) travel exactly.
-//
-// Robust rules (median, Krum, …) need every contribution exactly and are not
-// offered with compression (Config.Validate refuses them).
-
-// passShift is where the pass number sits in a compressed lane's chunk index.
-const passShift = 24
-
-// maxPassChunks bounds the data chunks of one compressed message.
-const maxPassChunks = 1<<passShift - 1
-
-const (
-	cheaderMagic = 0x504d4353 // "SCMP"
-	cheaderLen   = 10
-)
-
-// cheader opens every compressed lane.
-type cheader struct {
-	cfg    uint64
-	d      uint64 // vector length of the pass (of the whole vector, not the shard)
-	weight float64
-	nbytes uint64
-}
-
-func (h cheader) encode(w []float32) {
-	putU32(w[0:], cheaderMagic)
-	putU64(w[1:], h.cfg)
-	putU64(w[3:], h.d)
-	putF64(w[5:], h.weight)
-	putU64(w[7:], h.nbytes)
-	putU32(w[9:], 0)
-}
-
-func decodeCHeader(w []float32) (cheader, error) {
-	if len(w) != cheaderLen {
-		return cheader{}, fmt.Errorf("%w: compressed header of %d words", ErrBadValue, len(w))
-	}
-	if getU32(w[0:]) != cheaderMagic || getU32(w[9:]) != 0 {
-		return cheader{}, fmt.Errorf("%w: bad compressed header magic or flags", ErrBadValue)
-	}
-	h := cheader{cfg: getU64(w[1:]), d: getU64(w[3:]), weight: getF64(w[5:]), nbytes: getU64(w[7:])}
-	if !rule.ValidWeight(h.weight) {
-		return cheader{}, fmt.Errorf("%w: header weight %v", ErrBadValue, h.weight)
-	}
-	return h, nil
-}
+// Compressed all-reduce (Config.Compress): the plain butterfly and tree,
+// with a codec hook on their messages (see pass). This file holds the hook
+// (encode our part, sum the parts at a reducing hop, decode a result) and
+// the per-peer state it keeps between rounds (Compression).
 
 // packWords stores b in ⌈len(b)/4⌉ words of dst (grown as needed), four
 // bytes a word, little-endian, the last word zero-padded.
 func packWords(dst []float32, b []byte) []float32 {
-	n := (len(b) + 3) / 4
+	n := words(len(b))
 	if cap(dst) < n {
 		dst = make([]float32, n)
 	}
@@ -115,16 +45,6 @@ func unpackWords(dst []byte, w []float32, n int) []byte {
 		binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
 	}
 	return dst[:n]
-}
-
-// maxEncoded is the longest encoding of n values any codec of
-// compression may produce: what a receiver accepts before reading it.
-func maxEncoded(n int) int {
-	m := 0
-	for id := compression.IDFP32; id <= compression.IDPowerSGD; id++ {
-		m = max(m, compression.MaxEncodedLen(id|compression.IDEntropy, n))
-	}
-	return m
 }
 
 // Compression is one peer's state for compressed all-reduce (see
@@ -156,19 +76,12 @@ type Compression struct {
 	qLocal     []float32
 	pSum, qSum []float32
 
-	// per-rank buffers, reused across rounds
-	enc   [][]byte    // our encoded part of each shard
-	encW  [][]float32 // enc packed into words
-	inW   [][]float32 // received words by rank
-	inB   [][]byte    // received bytes by rank
-	gW    [][]float32 // gathered words by rank
-	gB    [][]byte    // gathered bytes by rank
-	decs  []compression.Decoder
-	out   []byte    // a hop's combined bytes
-	outW  []float32 // out packed
-	fwdB  []byte    // bytes received from the tree parent
-	fwdW  []float32 // words received from the tree parent
-	pass0 []float32 // dense pass input (PowerSGD)
+	// per-rank messages, reused across rounds (see butterflyMsgs, treeMsgs)
+	parts []msg                 // our encoded part of each shard (tree: parts[me], whole)
+	in    []msg                 // a contribution received from each rank
+	res   []msg                 // a result received from each rank
+	out   msg                   // our hop's sum, encoded
+	decs  []compression.Decoder // decodes each rank's result
 }
 
 // newCompression builds the state for spec.
@@ -341,7 +254,7 @@ func (c *Compression) check(d, C int) error {
 	if c.ps != nil && c.layoutN > 0 && c.layoutN != d {
 		return fmt.Errorf("%w: PowerSGD layout covers %d values, vector has %d", ErrBadInput, c.layoutN, d)
 	}
-	if numChunks((maxEncoded(d)+3)/4, C) > maxPassChunks {
+	if numChunks(words(compression.MaxEncodedLenAny(d)), C) > maxPassChunks {
 		return fmt.Errorf("%w: %d values in chunks of %d make too many compressed chunks", ErrBadInput, d, C)
 	}
 	return nil
@@ -359,13 +272,10 @@ func (c *Compression) commit() {
 
 // ranks sizes the per-rank buffers for a group of n.
 func (c *Compression) ranks(n int) {
-	for len(c.enc) < n {
-		c.enc = append(c.enc, nil)
-		c.encW = append(c.encW, nil)
-		c.inW = append(c.inW, nil)
-		c.inB = append(c.inB, nil)
-		c.gW = append(c.gW, nil)
-		c.gB = append(c.gB, nil)
+	for len(c.parts) < n {
+		c.parts = append(c.parts, msg{})
+		c.in = append(c.in, msg{})
+		c.res = append(c.res, msg{})
 		c.decs = append(c.decs, compression.Decoder{})
 	}
 }
@@ -390,23 +300,12 @@ func (c *Compression) rawMask(d int) []bool {
 	return c.raw
 }
 
-// cpass is one compressed all-reduce of a vector of d values.
-type cpass struct {
-	pass uint32
-	d    int
-	// encode appends to dst the encoding of our contribution's values
-	// [lo, hi), part j of the pass.
-	encode func(dst []byte, j, lo, hi int) []byte
-	out    []float32 // the sum, len d
-}
-
-func (p *cpass) chunk(c uint32) uint32 { return p.pass<<passShift | c }
-
-// compressed runs the data phase of a compressed all-reduce.
+// compressed runs the data phase of a compressed all-reduce: our
+// contribution v = w·x + residual (w: our weight for Mean, else 1), encoded
+// per part of one pass, or PowerSGD's two dense passes.
 func (a *attempt) compressed() {
 	c := a.r.comp
 	d := len(a.src)
-	c.ranks(a.n)
 	coef := float32(1)
 	if _, mean := a.r.cfg.Rule.(rule.Mean); mean {
 		coef = float32(a.weight)
@@ -433,7 +332,7 @@ func (a *attempt) compressed() {
 		a.powerSGD()
 		return
 	}
-	p := &cpass{d: d, out: a.dst, encode: func(dst []byte, j, lo, hi int) []byte {
+	p := a.codedPass(0, d, a.dst, func(dst []byte, j, lo, hi int) []byte {
 		if c.rk != nil {
 			// Every peer encodes part j of this round with the same step,
 			// so their random indices coincide and sums stay sparse.
@@ -442,6 +341,8 @@ func (a *attempt) compressed() {
 		v := c.v[lo:hi]
 		out := c.leaf.Encode(dst, v)
 		if c.ef {
+			// The residual e' = v − decode(encode(v)), committed with the
+			// round, so that a re-run attempt encodes from the same state.
 			e := c.pending[lo:hi]
 			if err := c.dec.Decode(e, out); err != nil {
 				panic(fmt.Sprintf("aggregate: %s cannot decode its own output: %v", c.spec, err))
@@ -451,14 +352,18 @@ func (a *attempt) compressed() {
 			}
 		}
 		return out
-	}}
+	})
 	if !a.runPass(p) {
 		return
 	}
 	a.finishMean(a.dst)
 }
 
-// powerSGD runs PowerSGD's two dense passes.
+// powerSGD runs PowerSGD's two dense float32 passes: P = Σ M_i·Q, then
+// Q = Σ M_iᵀ·P̂ (see compression.PowerSGD). The result is P̂·Qᵀ, and every
+// peer keeps Q as its next warm start (committed with the round). With
+// error feedback, peer i keeps e_i = M_i − P̂·Q_iᵀ on the compressed
+// tensors; raw tensors (biases) travel exactly.
 func (a *attempt) powerSGD() {
 	c := a.r.comp
 	d := len(a.src)
@@ -468,12 +373,12 @@ func (a *attempt) powerSGD() {
 		return func(dst []byte, j, lo, hi int) []byte { return compression.FP32{}.Encode(dst, (*x)[lo:hi]) }
 	}
 	c.pSum = grow(c.pSum, len(c.pLocal))
-	if !a.runPass(&cpass{pass: 0, d: len(c.pLocal), out: c.pSum, encode: dense(&c.pLocal)}) {
+	if !a.runPass(a.codedPass(0, len(c.pLocal), c.pSum, dense(&c.pLocal))) {
 		return
 	}
 	c.qLocal = c.ps.Backproject(c.qLocal, c.v, c.pSum) // pSum → P̂ in place, alike on every peer
 	c.qSum = grow(c.qSum, len(c.qLocal))
-	if !a.runPass(&cpass{pass: 1, d: len(c.qLocal), out: c.qSum, encode: dense(&c.qLocal)}) {
+	if !a.runPass(a.codedPass(1, len(c.qLocal), c.qSum, dense(&c.qLocal))) {
 		return
 	}
 	c.ps.Reconstruct(a.dst, c.pSum, c.qSum)
@@ -504,80 +409,34 @@ func (a *attempt) finishMean(x []float32) {
 	}
 }
 
-func grow(b []float32, n int) []float32 {
-	if cap(b) < n {
-		return make([]float32, n)
+// encodePart encodes our contribution's values [lo, hi), part j of p, into
+// m, and packs it into words when it is to be sent.
+func (a *attempt) encodePart(p *pass, m *msg, j, lo, hi int, send bool) {
+	m.b = p.encode(m.b, j, lo, hi)
+	if send {
+		m.w = packWords(m.w, m.b)
 	}
-	return b[:n]
 }
 
-// runPass runs one pass with the attempt's algorithm and reports whether it
-// completed.
-func (a *attempt) runPass(p *cpass) bool {
-	if a.bad.Load() {
-		return false
-	}
-	if a.algo == Tree {
-		a.cTree(p)
-	} else {
-		a.cButterfly(p)
-	}
-	return !a.bad.Load() && a.lanes.Load() == 0
-}
-
-// sendMsg sends a header and the packed bytes w (of nbytes) to rank j.
-func (a *attempt) sendMsg(j int, s Step, p *cpass, weight float64, w []float32, nbytes int, mult int) bool {
-	var hw [cheaderLen]float32
-	cheader{cfg: a.cfg, d: uint64(p.d), weight: weight, nbytes: uint64(nbytes)}.encode(hw[:])
-	if !a.send(j, s, p.chunk(0), hw[:], mult) {
-		return false
-	}
-	C := a.r.cfg.ChunkElems
-	for k := range numChunks(len(w), C) {
-		lo, hi := chunkRange(0, len(w), C, k)
-		if !a.send(j, s, p.chunk(uint32(k+1)), w[lo:hi], mult) {
+// sumAtHop is a reducing hop of a compressed pass: it decodes the parts of
+// size values that meet there, in[j] from rank j for each j of from (in
+// that order), blames the sender of bytes that do not decode or decode to
+// NaN/±Inf, sums them with the Combiner (sparse ones merged exactly) and
+// encodes the sum into out for the next hop.
+func (a *attempt) sumAtHop(size int, from []int, in []*msg, out *msg) bool {
+	c := a.r.comp
+	c.comb.Reset(size)
+	for _, j := range from {
+		if !a.add(j, in[j].b, size) {
 			return false
 		}
 	}
+	out.b = c.comb.Encode(out.b)
+	out.w = packWords(out.w, out.b)
 	return true
 }
 
-// recvMsg receives a message from rank j for a part of size values: its
-// header, then its bytes into *wb and *bb (grown as needed, at most the
-// longest encoding of size values). It returns the header and the bytes.
-func (a *attempt) recvMsg(j int, s Step, p *cpass, size int, wb *[]float32, bb *[]byte, mult int, k kind) (cheader, []byte, bool) {
-	var hw [cheaderLen]float32
-	if !a.recv(j, s, p.chunk(0), hw[:], mult, k) {
-		return cheader{}, nil, false
-	}
-	h, err := decodeCHeader(hw[:])
-	switch {
-	case err != nil:
-		a.accuse(j, kindBadValue)
-		return h, nil, false
-	case h.cfg != a.cfg:
-		a.accuse(j, kindConfig)
-		return h, nil, false
-	case h.d != uint64(p.d):
-		a.accuse(j, kindBadLength)
-		return h, nil, false
-	case h.nbytes == 0 || h.nbytes > uint64(maxEncoded(size)):
-		a.accuse(j, kindBadValue)
-		return h, nil, false
-	}
-	nw := int(h.nbytes+3) / 4
-	*wb = grow(*wb, nw)
-	w := *wb
-	C := a.r.cfg.ChunkElems
-	chunk := func(i int) []float32 { lo, hi := chunkRange(0, nw, C, i); return w[lo:hi] }
-	if !a.recvLane(j, s, p.chunk(1), numChunks(nw, C), chunk, mult, k, false, nil) {
-		return h, nil, false
-	}
-	*bb = unpackWords(*bb, w, int(h.nbytes))
-	return h, *bb, true
-}
-
-// add decodes one contribution to a hop's sum, blaming rank j (its sender)
+// add adds one contribution to a hop's sum, blaming rank j (its sender)
 // for bytes that do not decode or decode to NaN/±Inf.
 func (a *attempt) add(j int, b []byte, size int) bool {
 	c := a.r.comp
@@ -605,8 +464,8 @@ func (a *attempt) add(j int, b []byte, size int) bool {
 
 // decodeInto decodes a hop's result from rank j (the owner or parent; j =
 // a.rank for our own) into out, blaming j for bad bytes or values.
-func (a *attempt) decodeInto(j int, dec *compression.Decoder, out []float32, b []byte) bool {
-	if err := dec.Decode(out, b); err != nil || rule.FirstNonFinite(out) >= 0 {
+func (a *attempt) decodeInto(j int, out []float32, b []byte) bool {
+	if err := a.r.comp.decs[j].Decode(out, b); err != nil || rule.FirstNonFinite(out) >= 0 {
 		if j == a.rank {
 			a.setFault(faultOverflow)
 		} else {
@@ -615,203 +474,4 @@ func (a *attempt) decodeInto(j int, dec *compression.Decoder, out []float32, b [
 		return false
 	}
 	return true
-}
-
-// cButterfly is the butterfly for one compressed pass: every peer sends its
-// encoded part of shard j to j's owner, the owner decodes and sums the n
-// parts and sends the encoded sum to every peer, and every peer decodes the
-// owners' bytes into the pass's output.
-func (a *attempt) cButterfly(p *cpass) {
-	c := a.r.comp
-	n, me := a.n, a.rank
-	for j := range n {
-		off, size := shardRange(p.d, n, j)
-		c.enc[j] = p.encode(c.enc[j], j, off, off+size)
-		if j != me {
-			c.encW[j] = packWords(c.encW[j], c.enc[j])
-		}
-	}
-	ownOff, ownSize := shardRange(p.d, n, me)
-	weights := make([]float64, n)
-	weights[me] = a.weight
-	arrived := make(chan struct{}, n)
-	ready := make(chan struct{})
-
-	var wg sync.WaitGroup
-	a.lanes.Store(int64(4*(n-1) + 1))
-	for j := range n {
-		if j == me {
-			continue
-		}
-		wg.Go(func() { // scatterTo
-			if a.sendMsg(j, StepScatter, p, a.weight, c.encW[j], len(c.enc[j]), 1) {
-				a.laneDone()
-			}
-		})
-		wg.Go(func() { // scatterFrom
-			h, b, ok := a.recvMsg(j, StepScatter, p, ownSize, &c.inW[j], &c.inB[j], 1, kindStall)
-			if !ok {
-				return
-			}
-			c.inB[j] = b
-			weights[j] = h.weight
-			arrived <- struct{}{}
-			a.laneDone()
-		})
-		wg.Go(func() { // gatherTo
-			if !a.wait(ready) {
-				return
-			}
-			if a.sendMsg(j, StepGather, p, a.total, c.outW, len(c.out), 2) {
-				a.laneDone()
-			}
-		})
-		wg.Go(func() { // gatherFrom
-			off, size := shardRange(p.d, n, j)
-			_, b, ok := a.recvMsg(j, StepGather, p, size, &c.gW[j], &c.gB[j], 2, kindTimeout)
-			if ok && a.decodeInto(j, &c.decs[j], p.out[off:off+size], b) {
-				a.laneDone()
-			}
-		})
-	}
-	wg.Go(func() { // reduce our shard
-		for range n - 1 {
-			if !a.wait(arrived) {
-				return
-			}
-		}
-		var total float64
-		for _, w := range weights {
-			total += w
-		}
-		a.total = total
-		if _, mean := a.r.cfg.Rule.(rule.Mean); mean && !(total > 0 && isFinite(total)) {
-			a.setFault(faultZeroWeight)
-			return
-		}
-		c.comb.Reset(ownSize)
-		for j := range n {
-			b := c.enc[me]
-			if j != me {
-				b = c.inB[j]
-			}
-			if !a.add(j, b, ownSize) {
-				return
-			}
-		}
-		c.out = c.comb.Encode(c.out)
-		if !a.decodeInto(me, &c.decs[me], p.out[ownOff:ownOff+ownSize], c.out) {
-			return
-		}
-		c.outW = packWords(c.outW, c.out)
-		close(ready)
-		a.laneDone()
-	})
-	wg.Wait()
-}
-
-// cTree is the tree for one compressed pass: each node sums its own
-// encoded contribution and its children's encoded partial sums and sends the
-// encoded sum up; the root's encoded sum flows down unchanged and every node
-// decodes it.
-func (a *attempt) cTree(p *cpass) {
-	c := a.r.comp
-	n, me := a.n, a.rank
-	var kids []int
-	for _, k := range []int{2*me + 1, 2*me + 2} {
-		if k < n {
-			kids = append(kids, k)
-		}
-	}
-	c.enc[me] = p.encode(c.enc[me], 0, 0, p.d)
-	kidW := make([]float64, len(kids))
-	arrived := make(chan struct{}, len(kids))
-	ready := make(chan struct{}) // closed once the result's bytes are in c.outW
-
-	var wg sync.WaitGroup
-	lanes := 2*len(kids) + 1
-	if me > 0 {
-		lanes++
-		wg.Go(func() { // downFrom
-			parent := (me - 1) / 2
-			h, b, ok := a.recvMsg(parent, StepDown, p, p.d, &c.fwdW, &c.fwdB, a.downMult(me), kindTimeout)
-			if !ok {
-				return
-			}
-			a.total = h.weight
-			if !a.decodeInto(parent, &c.decs[me], p.out, b) {
-				return
-			}
-			c.out, c.outW = b, c.fwdW[:(len(b)+3)/4] // forward the parent's bytes
-			close(ready)
-			a.laneDone()
-		})
-	}
-	a.lanes.Store(int64(lanes))
-	for i, k := range kids {
-		wg.Go(func() { // upFrom
-			h := treeHeight(k, n)
-			mult, why := 1+h, kindTimeout
-			if h == 0 {
-				why = kindStall
-			}
-			hd, b, ok := a.recvMsg(k, StepUp, p, p.d, &c.inW[k], &c.inB[k], mult, why)
-			if !ok {
-				return
-			}
-			c.inB[k] = b
-			kidW[i] = hd.weight
-			arrived <- struct{}{}
-			a.laneDone()
-		})
-		wg.Go(func() { // downTo
-			if !a.wait(ready) {
-				return
-			}
-			if a.sendMsg(k, StepDown, p, a.total, c.outW, len(c.out), a.maxMult()) {
-				a.laneDone()
-			}
-		})
-	}
-	wg.Go(func() { // combine
-		for range kids {
-			if !a.wait(arrived) {
-				return
-			}
-		}
-		sub := a.weight
-		for _, w := range kidW {
-			sub += w
-		}
-		c.comb.Reset(p.d)
-		if !a.add(me, c.enc[me], p.d) {
-			return
-		}
-		for _, k := range kids {
-			if !a.add(k, c.inB[k], p.d) {
-				return
-			}
-		}
-		if me != 0 {
-			c.enc[me] = c.comb.Encode(c.enc[me])
-			c.encW[me] = packWords(c.encW[me], c.enc[me])
-			if a.sendMsg((me-1)/2, StepUp, p, sub, c.encW[me], len(c.enc[me]), a.maxMult()) {
-				a.laneDone()
-			}
-			return
-		}
-		a.total = sub
-		if _, mean := a.r.cfg.Rule.(rule.Mean); mean && !(sub > 0 && isFinite(sub)) {
-			a.setFault(faultZeroWeight)
-			return
-		}
-		c.out = c.comb.Encode(c.out)
-		if !a.decodeInto(me, &c.decs[me], p.out, c.out) {
-			return
-		}
-		c.outW = packWords(c.outW, c.out)
-		close(ready)
-		a.laneDone()
-	})
-	wg.Wait()
 }

@@ -105,21 +105,16 @@
 // # Compression
 //
 // Config.Compress names a codec of package compression ("fp16", "int8",
-// "topk:0.01,ef", "powersgd:4,ef", …) and every contribution then travels
-// encoded over the same tree or butterfly, with the same watchdogs and
-// votes: a peer encodes w·x plus its error-feedback residual (per owner's
-// shard in a butterfly, whole in a tree); each reducing hop decodes the
-// contributions, blames senders of bytes that do not decode, and sums them
-// with a compression.Combiner (sparse codecs merged exactly, dense ones
-// re-encoded with compression.HopCodec); every peer decodes the owner's
-// (root's) bytes, so all end with the same bits. PowerSGD runs as two dense
-// passes (P, then Q) in one attempt. The residual and PowerSGD's warm start
-// change only when a round commits, so a re-run re-encodes from the same
-// state; Runner.Compression saves and loads them for checkpoints. Measured
-// on 4 peers (TestCompressedBytes, 64 K values): fp16/bf16 2.0×, int8
-// 3.9×, sign 6.9×, top-k 1 % 33×, random-k 1 % 89×, PowerSGD rank 4 (one
-// folded matrix) 30× fewer bytes per peer than float32 chunks. Sum and mean
-// only.
+// "topk:0.01,ef", "powersgd:4,ef", …); sum and mean only. Contributions then
+// travel encoded over the same tree or butterfly, with the same watchdogs,
+// blame and votes: a codec hook encodes each peer's w·x plus its
+// error-feedback residual, each reducing hop decodes, sums and re-encodes
+// (blaming the sender of bytes that do not decode), and every peer decodes
+// the owner's (root's) bytes, so all end with the same bits. The residual
+// and PowerSGD's warm start change only when a round commits;
+// Runner.Compression saves and loads them for checkpoints. The wire
+// format, the rule per codec at a reducing hop and the bytes each codec
+// saves are in docs/design.md ("All-reduce").
 //
 // # Algorithms
 //

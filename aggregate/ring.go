@@ -81,7 +81,7 @@ func ringPlan(d, n, me, c int) (send, recv []ringItem) {
 func (a *attempt) ring() {
 	n, me, d := a.n, a.rank, len(a.src)
 	if n == 1 {
-		a.butterfly() // a group of one: the butterfly's lone owner does it
+		a.butterfly(a.plainPass()) // a group of one: the butterfly's lone owner does it
 		return
 	}
 	left, right := (me+n-1)%n, (me+1)%n
@@ -117,7 +117,7 @@ func (a *attempt) ring() {
 
 	// hdrFrom receives and records rank j's header.
 	hdrFrom := func(j int) bool {
-		h, ok := a.recvHeader(j, StepScatter, 1, kindStall)
+		h, ok := a.recvHeader(j, StepScatter, a.plainPass(), 1, kindStall)
 		if ok {
 			weights[j] = h.weight
 			hdrs <- struct{}{}

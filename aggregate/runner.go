@@ -661,20 +661,21 @@ func (a *attempt) wait(ch <-chan struct{}) bool {
 	}
 }
 
-// recvHeader waits for the header that opens a lane from rank j (chunk 0
-// of step s, on a watchdog of mult stall timeouts blaming k) and validates
-// it. It returns false when the data phase is over for any reason.
-func (a *attempt) recvHeader(j int, s Step, mult int, k kind) (header, bool) {
-	var w [headerLen]float32
-	if !a.recv(j, s, 0, w[:], mult, k) {
+// recvHeader waits for the header that opens rank j's lane of step s in
+// pass p (on a watchdog of mult stall timeouts blaming k) and checks it
+// against p. It returns false when the data phase is over for any reason.
+func (a *attempt) recvHeader(j int, s Step, p *pass, mult int, k kind) (header, bool) {
+	var buf [encHeaderLen]float32
+	w := buf[:p.headerLen()]
+	if !a.recv(j, s, p.tag(s, -1), w, mult, k) {
 		return header{}, false
 	}
-	h, err := decodeHeader(w[:])
+	h, err := decodeHeader(w)
 	switch {
 	case err != nil:
 		a.accuse(j, kindBadValue)
 		return h, false
-	case h.d != uint64(len(a.src)):
+	case h.d != uint64(p.d):
 		a.accuse(j, kindBadLength)
 		return h, false
 	case h.cfg != a.cfg:
@@ -741,11 +742,11 @@ func (a *attempt) run(ctx context.Context) (outcome, error) {
 		case a.r.comp != nil:
 			a.compressed()
 		case a.algo == Tree:
-			a.tree()
+			a.tree(a.plainPass())
 		case a.algo == Ring:
 			a.ring()
 		default:
-			a.butterfly()
+			a.butterfly(a.plainPass())
 		}
 	}
 	ok := !a.bad.Load() && a.lanes.Load() == 0

@@ -30,7 +30,9 @@ func (t Tag) String() string {
 // Step is the protocol step a chunk belongs to. The values are wire values.
 type Step uint16
 
-// Steps of the all-reduce protocol.
+// Steps of the all-reduce protocol. In a compressed pass (see pass) every
+// data lane opens with a header, gathers too, and the pass number sits in
+// the top bits of the chunk index.
 const (
 	// StepScatter carries a contribution's shard to the shard's owner
 	// (butterfly): chunk 0 is a header, chunk c+1 is data chunk c. The

@@ -19,52 +19,112 @@ func treeHeight(r, n int) int {
 	return h
 }
 
-// tree runs the data phase of the tree all-reduce, chunked and pipelined:
-// each rank adds its children's partial sums of chunk k to its own weighted
-// chunk and sends the sum up as soon as it has it; the root turns chunk k
-// into the final result and sends it down, and every rank forwards what it
-// receives from its parent to its children.
+// tree runs pass p over the tree, chunked and pipelined: each rank adds its
+// children's partial sums of chunk k to its own weighted chunk and sends the
+// sum up as soon as it has it; the root turns chunk k into the final result
+// and sends it down, and every rank forwards what it receives from its
+// parent to its children. A compressed pass moves whole messages: a rank
+// decodes and sums its own and its children's, re-encodes the sum for its
+// parent, and forwards the root's bytes once it has decoded them.
 //
 // Goroutines: upFrom(c) per child receives the child's partial sums;
-// combine adds and sends up (or, at the root, finalises); downFrom receives
-// the result from the parent into dst; downTo(c) per child forwards it.
-func (a *attempt) tree() {
-	n, me, d := a.n, a.rank, len(a.src)
-	chunks := numChunks(d, a.chunk)
+// combine adds them (at the root, finalises); upTo sends the sums to the
+// parent; downFrom receives the result from the parent into dst; downTo(c)
+// per child forwards it.
+func (a *attempt) tree(p *pass) {
+	n, me := a.n, a.rank
 	var kids []int
 	for _, c := range []int{2*me + 1, 2*me + 2} {
 		if c < n {
 			kids = append(kids, c)
 		}
 	}
-	kidBufs := make([][]float32, len(kids))
+	in, sum, fwd := a.treeMsgs(p, kids)
 	kidW := make([]float64, len(kids))
+	chunks := p.maxChunks(p.d)
+	// arrived[i] gets a token for kid i's header, then one per chunk;
+	// ready[i] one once the result's header may go down to it, then one
+	// per chunk; up one once our sum's header may go up, then one per
+	// chunk.
 	arrived := make([]chan struct{}, len(kids))
 	ready := make([]chan struct{}, len(kids))
 	for i := range kids {
-		kidBufs[i] = a.r.buf([]string{"kid0", "kid1"}[i], d)
 		arrived[i] = make(chan struct{}, chunks+1)
 		ready[i] = make(chan struct{}, chunks+1)
 	}
-	publish := func() {
-		for _, ch := range ready {
-			ch <- struct{}{}
-		}
-	}
+	var up chan struct{}
+	var upW float64 // our subtree's weight, set before the first token on up
+	publish := func(k int) { signal(k, ready...) }
 
 	var wg sync.WaitGroup
 	lanes := 2*len(kids) + 1
+	down := sum // the result going down: ours at the root, else the parent's
 	if me > 0 {
-		lanes++
-		wg.Go(func() { a.downFrom((me-1)/2, chunks, publish) })
+		lanes += 2
+		parent := (me - 1) / 2
+		up = make(chan struct{}, chunks+1)
+		down = fwd
+		wg.Go(func() { // downFrom
+			hdr := func(h header) { a.total = h.weight; publish(1) }
+			if a.recvResult(parent, StepDown, p, 0, p.d, fwd, a.downMult(me), kindTimeout, hdr, func(int) { publish(1) }) {
+				a.laneDone()
+			}
+		})
+		wg.Go(func() { // upTo
+			if a.wait(up) && a.sendMsg(parent, StepUp, p, upW, *sum, up, a.maxMult()) {
+				a.laneDone()
+			}
+		})
 	}
 	a.lanes.Store(int64(lanes))
 	for i, c := range kids {
-		wg.Go(func() { a.upFrom(c, kidBufs[i], &kidW[i], arrived[i]) })
-		wg.Go(func() { a.downTo(c, chunks, ready[i]) })
+		wg.Go(func() { // upFrom
+			h := treeHeight(c, n)
+			mult, why := 1+h, kindTimeout
+			if h == 0 {
+				why = kindStall // a leaf's sums depend on no one
+			}
+			token := func(int) { arrived[i] <- struct{}{} }
+			hdr := func(h header) { kidW[i] = h.weight; token(0) }
+			if a.recvMsg(c, StepUp, p, p.d, in[c], mult, why, hdr, token) {
+				a.laneDone()
+			}
+		})
+		wg.Go(func() { // downTo
+			if a.wait(ready[i]) && a.sendMsg(c, StepDown, p, a.total, *down, ready[i], a.maxMult()) {
+				a.laneDone()
+			}
+		})
 	}
-	wg.Go(func() { a.combine(me, kidBufs, kidW, arrived, chunks, publish) })
+	wg.Go(func() { a.combine(p, kids, in, kidW, arrived, sum, up, &upW, publish) })
 	wg.Wait()
+}
+
+// treeMsgs returns the messages of a tree pass: buffers for the children's
+// sums by rank (in; in[me] is our own contribution), our sum (sum: what
+// goes up, or down from the root) and what the parent sends down (fwd).
+func (a *attempt) treeMsgs(p *pass, kids []int) (in []*msg, sum, fwd *msg) {
+	me := a.rank
+	in = make([]*msg, a.n)
+	if p.coded() {
+		c := a.r.comp
+		c.ranks(a.n)
+		a.encodePart(p, &c.parts[me], 0, 0, p.d, false)
+		for _, k := range kids {
+			in[k] = &c.in[k]
+		}
+		in[me] = &c.parts[me]
+		return in, &c.out, &c.res[(me-1)/2]
+	}
+	for i, c := range kids {
+		in[c] = &msg{w: a.r.buf([]string{"kid0", "kid1"}[i], p.d)}
+	}
+	in[me] = &msg{w: p.src}
+	sum = &msg{w: a.r.buf("acc", p.d)}
+	if me == 0 {
+		sum = &msg{w: p.dst}
+	}
+	return in, sum, &msg{}
 }
 
 // downMult is the timeout multiple for rank me's wait on its parent: the
@@ -83,26 +143,12 @@ func treeDepth(r int) int {
 	return d
 }
 
-func (a *attempt) upFrom(c int, buf []float32, w *float64, arrived chan<- struct{}) {
-	h := treeHeight(c, a.n)
-	mult, k := 1+h, kindTimeout
-	if h == 0 {
-		k = kindStall // a leaf's sums depend on no one
-	}
-	hd, ok := a.recvHeader(c, StepUp, mult, k)
-	if !ok {
-		return
-	}
-	*w = hd.weight
-	arrived <- struct{}{}
-	C := a.chunk
-	chunk := func(i int) []float32 { lo, hi := chunkRange(0, len(buf), C, i); return buf[lo:hi] }
-	if a.recvLane(c, StepUp, 1, numChunks(len(buf), C), chunk, mult, k, true, func(int) { arrived <- struct{}{} }) {
-		a.laneDone()
-	}
-}
-
-func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived []chan struct{}, chunks int, publish func()) {
+// combine sums our contribution and the children's (from in, as they
+// arrive) into sum and hands it on: at the root, where sum is dst, to the
+// downTo lanes (publish); elsewhere, with our subtree's weight in upW, to
+// upTo (tokens on up).
+func (a *attempt) combine(p *pass, kids []int, in []*msg, kidW []float64, arrived []chan struct{}, sum *msg, up chan struct{}, upW *float64, publish func(int)) {
+	me := a.rank
 	for _, ch := range arrived {
 		if !a.wait(ch) {
 			return
@@ -112,105 +158,72 @@ func (a *attempt) combine(me int, kidBufs [][]float32, kidW []float64, arrived [
 	for _, w := range kidW {
 		sub += w
 	}
+	*upW = sub
 	_, mean := a.r.cfg.Rule.(rule.Mean)
-	parent := (me - 1) / 2
 	if me == 0 {
 		a.total = sub
 		if mean && !(sub > 0 && isFinite(sub)) {
 			a.setFault(faultZeroWeight)
 			return
 		}
-		publish() // the down header can go
-	} else {
-		var hw [headerLen]float32
-		header{cfg: a.cfg, d: uint64(len(a.src)), weight: sub}.encode(hw[:])
-		if !a.send(parent, StepUp, 0, hw[:], a.maxMult()) {
-			return
+	}
+	// hand announces k more tokens' worth of sum to whoever sends it on.
+	hand := func(k int) {
+		if me == 0 {
+			publish(k)
+		} else {
+			signal(k, up)
 		}
 	}
+	if p.coded() {
+		for i, c := range kids {
+			if !a.waitWhole(p, in[c], arrived[i]) {
+				return
+			}
+		}
+		if !a.sumAtHop(p.d, append([]int{me}, kids...), in, sum) || (me == 0 && !a.decodeInto(me, p.dst, sum.b)) {
+			return
+		}
+		hand(1 + numChunks(len(sum.w), p.chunk))
+		a.laneDone()
+		return
+	}
+
 	coef := float32(1)
 	if mean {
 		coef = float32(a.weight)
 	}
-	acc := a.r.buf("acc", len(a.src))
-	C := a.chunk
 	be := a.r.be
-	for k := range chunks {
+	hand(1) // the header can go
+	for k := range numChunks(p.d, p.chunk) {
 		for _, ch := range arrived {
 			if !a.wait(ch) {
 				return
 			}
 		}
-		lo, hi := chunkRange(0, len(a.src), C, k)
-		if len(kidBufs) == 0 && me == 0 {
-			copy(a.dst[lo:hi], a.src[lo:hi]) // alone: the sum and the mean are src itself
+		lo, hi := chunkRange(0, p.d, p.chunk, k)
+		if len(kids) == 0 && me == 0 {
+			copy(p.dst[lo:hi], p.src[lo:hi]) // alone: the sum and the mean are src itself
 			continue
 		}
-		out := acc[lo:hi]
-		copy(out, a.src[lo:hi])
+		out := sum.w[lo:hi]
+		copy(out, p.src[lo:hi])
 		if coef != 1 {
 			be.Scale(coef, out)
 		}
-		for _, b := range kidBufs {
-			be.Axpy(1, b[lo:hi], out)
+		for _, c := range kids {
+			be.Axpy(1, in[c].w[lo:hi], out)
 		}
 		if rule.FirstNonFinite(out) >= 0 {
 			a.setFault(faultOverflow)
 			return
 		}
-		if me != 0 {
-			if !a.send(parent, StepUp, uint32(k+1), out, a.maxMult()) {
-				return
-			}
-			continue
-		}
-		final := a.dst[lo:hi]
-		if mean {
+		if me == 0 && mean {
 			for i, v := range out {
-				final[i] = float32(float64(v) / a.total)
+				out[i] = float32(float64(v) / a.total)
 			}
-		} else {
-			copy(final, out)
 		}
-		publish()
-	}
-	a.laneDone()
-}
-
-func (a *attempt) downFrom(parent, chunks int, publish func()) {
-	mult := a.downMult(a.rank)
-	h, ok := a.recvHeader(parent, StepDown, mult, kindTimeout)
-	if !ok {
-		return
-	}
-	a.total = h.weight
-	publish()
-	C := a.chunk
-	chunk := func(k int) []float32 { lo, hi := chunkRange(0, len(a.src), C, k); return a.dst[lo:hi] }
-	if a.recvLane(parent, StepDown, 1, chunks, chunk, mult, kindTimeout, true, func(int) { publish() }) {
-		a.laneDone()
-	}
-}
-
-func (a *attempt) downTo(c, chunks int, ready <-chan struct{}) {
-	mult := a.maxMult()
-	if !a.wait(ready) {
-		return
-	}
-	var hw [headerLen]float32
-	header{cfg: a.cfg, d: uint64(len(a.src)), weight: a.total}.encode(hw[:])
-	if !a.send(c, StepDown, 0, hw[:], mult) {
-		return
-	}
-	C := a.chunk
-	for k := range chunks {
-		if !a.wait(ready) {
-			return
-		}
-		lo, hi := chunkRange(0, len(a.src), C, k)
-		if !a.send(c, StepDown, uint32(k+1), a.dst[lo:hi], mult) {
-			return
-		}
+		hand(1)
 	}
 	a.laneDone()
 }

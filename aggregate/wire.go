@@ -13,10 +13,12 @@ import (
 // the decoders below check every field, since the bytes come from a peer.
 
 const (
-	headerMagic = 0x52444853 // "SHDR"
-	voteMagic   = 0x544f5653 // "SVOT"
-	headerLen   = 8
-	voteFixed   = 8
+	headerMagic    = 0x52444853 // "SHDR"
+	encHeaderMagic = 0x504d4353 // "SCMP": a compressed pass's header
+	voteMagic      = 0x544f5653 // "SVOT"
+	headerLen      = 8
+	encHeaderLen   = 10
+	voteFixed      = 8
 )
 
 func putU32(w []float32, v uint32) { w[0] = math.Float32frombits(v) }
@@ -31,32 +33,49 @@ func getU64(w []float32) uint64 {
 func putF64(w []float32, f float64) { putU64(w, math.Float64bits(f)) }
 func getF64(w []float32) float64    { return math.Float64frombits(getU64(w)) }
 
-// header opens every data lane (StepScatter, StepUp, StepDown; the ring
-// sends it to every member): the sender's
-// settings hash, its vector length and its weight (a contributor's sample
-// count, a subtree's total, or the group's total going down).
+// header opens every data lane that has one (see pass.framed; the ring
+// sends it to every member): the sender's settings hash, its vector length
+// and its weight (a contributor's sample count, a subtree's total, or the
+// group's total going down). A compressed pass's header (encHeaderLen
+// words, another magic) also gives the byte length of the encoding that
+// follows.
 type header struct {
 	cfg    uint64
 	d      uint64
 	weight float64
+	nbytes uint64 // compressed passes only
 }
 
+// encode writes h into w, of headerLen or encHeaderLen words.
 func (h header) encode(w []float32) {
 	putU32(w[0:], headerMagic)
+	if len(w) == encHeaderLen {
+		putU32(w[0:], encHeaderMagic)
+		putU64(w[7:], h.nbytes)
+	}
 	putU64(w[1:], h.cfg)
 	putU64(w[3:], h.d)
 	putF64(w[5:], h.weight)
-	putU32(w[7:], 0)
+	putU32(w[len(w)-1:], 0)
 }
 
+// decodeHeader reads a header of either length.
 func decodeHeader(w []float32) (header, error) {
-	if len(w) != headerLen {
+	magic := uint32(headerMagic)
+	switch len(w) {
+	case headerLen:
+	case encHeaderLen:
+		magic = encHeaderMagic
+	default:
 		return header{}, fmt.Errorf("%w: header of %d words", ErrBadValue, len(w))
 	}
-	if getU32(w[0:]) != headerMagic || getU32(w[7:]) != 0 {
+	if getU32(w[0:]) != magic || getU32(w[len(w)-1:]) != 0 {
 		return header{}, fmt.Errorf("%w: bad header magic or flags", ErrBadValue)
 	}
 	h := header{cfg: getU64(w[1:]), d: getU64(w[3:]), weight: getF64(w[5:])}
+	if len(w) == encHeaderLen {
+		h.nbytes = getU64(w[7:])
+	}
 	if !rule.ValidWeight(h.weight) {
 		return header{}, fmt.Errorf("%w: header weight %v", ErrBadValue, h.weight)
 	}

@@ -4,7 +4,8 @@ package compression
 // their header, so a value, once assigned, never changes meaning.
 type ID uint8
 
-// Codec ids. New codecs take the next free value.
+// Codec ids. New codecs take the next free value and an entry in the
+// descriptor table (registry.go).
 const (
 	IDFP32     ID = 0 // raw little-endian float32 (no compression)
 	IDFP16     ID = 1 // IEEE 754 half precision
@@ -21,7 +22,7 @@ const (
 )
 
 // Known reports whether id names a codec this build can decode.
-func Known(id ID) bool { return id&^IDEntropy <= IDPowerSGD }
+func Known(id ID) bool { return desc(id) != nil }
 
 // Codec turns a float32 vector into bytes and back. Implementations are
 // append-style and allocation-free on the hot path once dst has capacity.

@@ -25,6 +25,10 @@
 //
 // # Codecs
 //
+// Each codec is one entry of the descriptor table (Descs, Describe): its id,
+// name, parameters, and whether it is dense, lossy or sparse. Parse, New,
+// Known, MaxEncodedLen and Dense derive from it.
+//
 //	spec         bytes/value               error                                   id
 //	fp32         4                         none (bit-exact)                        0
 //	fp16         2                         ≤ 2⁻¹¹·|x| (≤ 2⁻²⁵ below 2⁻¹⁴); ±65504   1
@@ -61,34 +65,19 @@
 //
 // NewEntropy(c, EntropyZstd or EntropyS2) (spec "entropy=zstd|s2") wraps the
 // bytes and stores any message it cannot shrink by 1/32. "entropy=auto", the
-// default, enables zstd only where BenchmarkEntropy shows it pays; see
-// autoEntropy in registry.go for the table and the figures.
+// default, enables zstd only where BenchmarkEntropy shows it pays
+// (Desc.Entropy; the figures are in docs/design.md, "Compression").
 //
 // # All-reduce
 //
-// How each codec composes with the two all-reduce shapes of aggregate/ — a
-// tree (reduce to the root, broadcast back) and a butterfly (reduce-scatter
-// into per-peer chunks, then all-gather) — is decided per hop:
-//
-//	codec     at each reducing hop                          exact w.r.t. the leaves' decoded vectors?
-//	fp32      decode, sum, re-encode fp32                   yes (up to float32 summation order)
-//	fp16/bf16 decode, sum, re-encode with itself            no: each hop adds its rounding of the partial sum
-//	int8      decode, sum, re-encode int8 (same block)      no: each hop adds absmax(partial)/254
-//	sign      decode, sum, re-encode int8                   no: a sum of signs is no sign; int8 bound per hop
-//	topk      MergeSparse (union, exact) until the union    yes: sums are exact, densified to fp32
-//	          is no smaller than dense fp32, then densify
-//	randk     same seed and step on every peer: indices     yes, and stays k-sparse
-//	          coincide, values add in place (MergeSparse)
-//	powersgd  two dense all-reduces instead (below)         yes w.r.t. PowerSGD of the summed matrix
-//
-// Combiner implements the first six rows; Decoder.DecodeAdd and MergeSparse
-// are its parts. The broadcast / all-gather half forwards the root's (the
-// chunk owner's) bytes unchanged, so every peer decodes the same bytes and
-// ends with bit-identical vectors. The lossy rows accumulate one rounding per
-// reducing hop: depth log₂N in a tree, one hop in a butterfly whose chunk
-// owner sums all N contributions. In a butterfly a peer owns the same chunk
-// every round, so aggregate/ may keep an ErrorFeedback per owned chunk to
-// feed the hop's rounding back too.
+// An all-reduce of aggregate/ (a tree, or a butterfly's reduce-scatter and
+// all-gather) sums encoded vectors hop by hop: a reducing hop adds what
+// meets there with a Combiner (sparse encodings merged exactly by
+// MergeSparse, dense ones decoded, summed and re-encoded with HopCodec) and
+// the broadcast half forwards the root's (the chunk owner's) bytes
+// unchanged, so every peer decodes the same bytes and ends with
+// bit-identical vectors. The rule per codec and how exact it is are in
+// docs/design.md ("All-reduce").
 //
 // PowerSGD is linear in M for a fixed Q, so its all-reduce is two dense
 // all-reduces of small vectors (sum or mean, fp32 or fp16 on the wire):

@@ -228,33 +228,3 @@ func (e *Entropy) unwrap(src []byte, id ID, n int) ([]byte, error) {
 	}
 	return nil, fmt.Errorf("%w: entropy mode %d", ErrCorrupt, src[1])
 }
-
-// MaxEncodedLen returns the largest encoding of a vector of n values that a
-// decoder of id accepts, whatever the encoder's parameters. node/ can use it
-// to bound a frame before reading it; the entropy stage uses it to bound
-// decompression.
-func MaxEncodedLen(id ID, n int) int {
-	h := headerLen(n) + maxUvarintLen64
-	switch id &^ IDEntropy {
-	case IDFP32:
-		h += 4 * n
-	case IDFP16, IDBF16:
-		h += 2 * n
-	case IDInt8:
-		h += 4*n + n // block 1: one scale per value
-	case IDTopK:
-		h += 4*n + n*uvarintLen(uint64(n))
-	case IDRandK:
-		h += 8 + 4*n
-	case IDSign:
-		h += 4*n + (n+7)/8
-	case IDPowerSGD:
-		h += min(n, maxTensors)*3*maxUvarintLen64 + 4*n
-	default:
-		return 0
-	}
-	if id&IDEntropy != 0 {
-		h += 2
-	}
-	return h
-}

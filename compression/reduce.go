@@ -10,19 +10,6 @@ type adder interface {
 	decodeAdd(acc []float32, src []byte) error
 }
 
-// base codecs by id, for decoding by the id in the bytes. None of them uses
-// its receiver's state to decode.
-var decoders = [...]Codec{
-	IDFP32:     FP32{},
-	IDFP16:     FP16{},
-	IDBF16:     BF16{},
-	IDInt8:     Int8{},
-	IDTopK:     &TopK{},
-	IDRandK:    &RandK{},
-	IDSign:     Sign{},
-	IDPowerSGD: &PowerSGD{},
-}
-
 // PeekID returns the codec id that starts src, the IDEntropy flag included.
 func PeekID(src []byte) (ID, error) {
 	if len(src) == 0 {
@@ -79,8 +66,8 @@ func (d *Decoder) DecodeAdd(acc []float32, src []byte) error {
 // IsSparse reports whether id's encodings are sparse vectors (top-k or
 // random-k layout) that MergeSparse sums without densifying.
 func IsSparse(id ID) bool {
-	id &^= IDEntropy
-	return id == IDTopK || id == IDRandK
+	d := desc(id)
+	return d != nil && d.Sparse
 }
 
 // MergeSparse writes into dst (as Encode does) an encoding of a + b, where a
@@ -181,11 +168,9 @@ func mergeWalk(a, b *sparseIter, f func(i int, v float32)) error {
 }
 
 // HopCodec returns the codec with which a hop of an all-reduce re-encodes a
-// partial sum of vectors that leaf encoded (see the package documentation):
-// the dense codecs re-encode with themselves, Sign with Int8 (a sum of signs
-// is no longer a sign), and the sparse codecs and PowerSGD, whose partial sums
-// are dense once densified, with FP32. Error feedback is not carried over (a
-// hop has no residual of its own); the entropy stage is.
+// partial sum of vectors that leaf encoded: Desc.Hop of leaf's codec (the
+// dense codecs themselves, Sign Int8, the others FP32). Error feedback is
+// not carried over (a hop has no residual of its own); the entropy stage is.
 func HopCodec(leaf Codec) Codec {
 	var mode EntropyMode
 	if e, ok := leaf.(*Entropy); ok {
@@ -194,14 +179,9 @@ func HopCodec(leaf Codec) Codec {
 	if e, ok := leaf.(*ErrorFeedback); ok {
 		leaf = e.inner
 	}
-	var hop Codec
-	switch c := leaf.(type) {
-	case FP16, BF16, Int8:
-		hop = c
-	case Sign:
-		hop = Int8{}
-	default:
-		hop = FP32{}
+	hop := leaf
+	if d := desc(leaf.ID()); d != nil && d.Hop != d.ID {
+		hop = decoders[d.Hop]
 	}
 	if mode != EntropyStored {
 		hop, _ = NewEntropy(hop, mode)

@@ -8,6 +8,226 @@ import (
 	"github.com/starling-ml/starling/internal/spec"
 )
 
+// Desc describes one codec. The table of descriptors (Descs) is the only
+// place a codec is listed: Parse, New, Names, Known, MaxEncodedLen, Dense,
+// IsSparse, HopCodec and the decoders by id all derive from it, so a new
+// codec is one entry here (and TestDescs checks the entry against the
+// codec's behaviour).
+type Desc struct {
+	// ID is the wire id; once assigned it never changes meaning.
+	ID ID
+	// Name is the spec name ("topk"); Aliases are other names Parse takes.
+	Name    string
+	Aliases []string
+	// Doc says in a few words what the codec sends.
+	Doc string
+	// Params are the codec's spec parameters, the main one (if any) first.
+	Params []Param
+	// Dense: every value travels, each to within a bound set by its own
+	// magnitude or its block's (fp32, fp16, bf16, int8), so a decoded
+	// vector is a faithful copy that can carry a whole model. The others
+	// send an approximation meant for error feedback.
+	Dense bool
+	// Lossy: decoding does not give back the input bit for bit. Only a
+	// lossy codec takes the flag "ef".
+	Lossy bool
+	// Sparse: encodings are in the sparse layout (top-k, random-k) that
+	// MergeSparse sums exactly without densifying.
+	Sparse bool
+	// Hop is the codec a reducing hop of an all-reduce re-encodes a
+	// partial sum with (HopCodec): the leaf codec itself, parameters and
+	// all, when Hop == ID (stateless codecs only), else Hop's defaults.
+	Hop ID
+	// Entropy is the stage "entropy=auto" adds: EntropyZstd where it pays
+	// (docs/design.md, "compression"), else EntropyStored, meaning none.
+	Entropy EntropyMode
+	// MaxEncodedLen returns the longest encoding of n values the codec's
+	// decoder accepts, whatever the encoder's parameters, without the
+	// entropy stage's framing.
+	MaxEncodedLen func(n int) int
+
+	build func(v values) Codec
+}
+
+// Param is one parameter of a codec spec.
+type Param struct {
+	// Key is its name in a spec ("frac", "block", "rank", "seed").
+	Key string
+	// Main marks the codec's main parameter, which a spec may give as its
+	// first value without the key ("topk:0.01").
+	Main bool
+	Kind ParamKind
+	// Default is its value when a spec leaves it out.
+	Default float64
+	// Min and Max bound an IntParam to [Min, Max] and a FracParam to
+	// (Min, Max].
+	Min, Max float64
+	// All, when not 0, is the value the word "all" stands for (IntParam).
+	All int
+}
+
+// ParamKind is the type of a codec parameter.
+type ParamKind uint8
+
+// Parameter kinds.
+const (
+	IntParam  ParamKind = iota // an integer in [Min, Max]
+	FracParam                  // a number in (Min, Max], or a percentage ("1%")
+	UintParam                  // any unsigned 64-bit integer
+)
+
+// maxHeader bounds the common header and one more uvarint field.
+func maxHeader(n int) int { return headerLen(n) + maxUvarintLen64 }
+
+var (
+	fracParam = Param{Key: "frac", Main: true, Kind: FracParam, Default: DefaultFrac, Min: 0, Max: 1}
+	seedParam = Param{Key: "seed", Kind: UintParam}
+)
+
+// descs is the codec table, indexed by id.
+var descs = [...]Desc{
+	IDFP32: {
+		ID: IDFP32, Name: "fp32", Aliases: []string{"none"}, Doc: "raw little-endian float32 (no compression)",
+		Dense: true, Hop: IDFP32,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 4*n },
+		build:         func(values) Codec { return FP32{} },
+	},
+	IDFP16: {
+		ID: IDFP16, Name: "fp16", Doc: "IEEE 754 half precision, saturating at ±65504",
+		Dense: true, Lossy: true, Hop: IDFP16,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 2*n },
+		build:         func(values) Codec { return FP16{} },
+	},
+	IDBF16: {
+		ID: IDBF16, Name: "bf16", Doc: "bfloat16, round to nearest even",
+		Dense: true, Lossy: true, Hop: IDBF16,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 2*n },
+		build:         func(values) Codec { return BF16{} },
+	},
+	IDInt8: {
+		ID: IDInt8, Name: "int8", Doc: "int8 blockwise with a per-block absmax scale",
+		Params: []Param{{Key: "block", Main: true, Kind: IntParam, Default: DefaultInt8Block, Min: 1, Max: maxBlock}},
+		Dense:  true, Lossy: true, Hop: IDInt8,
+		// Block 1: one scale per value.
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 4*n + n },
+		build:         func(v values) Codec { return Int8{Block: v.get("block").i} },
+	},
+	IDTopK: {
+		ID: IDTopK, Name: "topk", Doc: "the k = round(frac·n) largest magnitudes, delta-coded indices",
+		Params: []Param{fracParam},
+		Lossy:  true, Sparse: true, Hop: IDFP32, Entropy: EntropyZstd,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 4*n + n*uvarintLen(uint64(n)) },
+		build:         func(v values) Codec { return &TopK{Frac: v.get("frac").f} },
+	},
+	IDRandK: {
+		ID: IDRandK, Name: "randk", Doc: "k stratified random values, sent with their seed",
+		Params: []Param{fracParam, seedParam},
+		Lossy:  true, Sparse: true, Hop: IDFP32,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 8 + 4*n },
+		build:         func(v values) Codec { return &RandK{Frac: v.get("frac").f, Seed: v.get("seed").u} },
+	},
+	IDSign: {
+		ID: IDSign, Name: "sign", Doc: "1 bit per value and the mean |x| per block (EF-SignSGD)",
+		Params: []Param{{Key: "block", Main: true, Kind: IntParam, Default: DefaultSignBlock, Min: 1, Max: maxBlock, All: -1}},
+		Lossy:  true, Hop: IDInt8, // a sum of signs is no sign
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 4*n + (n+7)/8 },
+		build:         func(v values) Codec { return Sign{Block: v.get("block").i} },
+	},
+	IDPowerSGD: {
+		ID: IDPowerSGD, Name: "powersgd", Doc: "rank-r P/Q factors of each matrix (SetLayout for the shapes)",
+		Params: []Param{{Key: "rank", Main: true, Kind: IntParam, Default: DefaultRank, Min: 1, Max: 1024}, seedParam},
+		Lossy:  true, Hop: IDFP32,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + min(n, maxTensors)*3*maxUvarintLen64 + 4*n },
+		build:         func(v values) Codec { return &PowerSGD{Rank: v.get("rank").i, Seed: v.get("seed").u} },
+	},
+}
+
+// decoders holds a codec of every id with its default parameters, for
+// decoding by the id in the bytes (no decoder depends on its parameters)
+// and for HopCodec.
+var decoders = func() (ds [len(descs)]Codec) {
+	for i, d := range descs {
+		if d.build != nil {
+			ds[i] = d.build(defaults(d.Params))
+		}
+	}
+	return ds
+}()
+
+// Describe returns the descriptor of codec id (IDEntropy may be set), and
+// false for an id no codec of this build has.
+func Describe(id ID) (Desc, bool) {
+	if d := desc(id); d != nil {
+		return *d, true
+	}
+	return Desc{}, false
+}
+
+// desc returns the table's entry for id (IDEntropy may be set), or nil.
+func desc(id ID) *Desc {
+	id &^= IDEntropy
+	if int(id) >= len(descs) || descs[id].build == nil {
+		return nil
+	}
+	return &descs[id]
+}
+
+// Descs returns the descriptors of every codec, in wire-id order. The
+// slice is the caller's.
+func Descs() []Desc {
+	var out []Desc
+	for _, d := range descs {
+		if d.build != nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Names lists the codec names Parse accepts, in wire-id order (aliases
+// aside).
+func Names() []string {
+	var out []string
+	for _, d := range Descs() {
+		out = append(out, d.Name)
+	}
+	return out
+}
+
+// MaxEncodedLen returns the largest encoding of a vector of n values that a
+// decoder of id (IDEntropy may be set) accepts, whatever the encoder's
+// parameters, or 0 for an unknown id. node/ can use it to bound a frame
+// before reading it; the entropy stage uses it to bound decompression.
+func MaxEncodedLen(id ID, n int) int {
+	d := desc(id)
+	if d == nil {
+		return 0
+	}
+	m := d.MaxEncodedLen(n)
+	if id&IDEntropy != 0 {
+		m += 2
+	}
+	return m
+}
+
+// MaxEncodedLenAny returns the largest encoding of n values that any
+// codec's decoder accepts: what a receiver that does not yet know the
+// codec may have to take.
+func MaxEncodedLenAny(n int) int {
+	m := 0
+	for id := range ID(len(descs)) {
+		m = max(m, MaxEncodedLen(id|IDEntropy, n))
+	}
+	return m
+}
+
+// Dense reports whether c's codec sends every value faithfully (see
+// Desc.Dense), whatever error feedback or entropy stage wraps it.
+func Dense(c Codec) bool {
+	d := desc(c.ID())
+	return d != nil && d.Dense
+}
+
 // A codec spec names a codec and its parameters, as the --compress flag
 // takes it:
 //
@@ -16,8 +236,8 @@ import (
 //
 // A bare value is allowed only as the first parameter and sets the codec's
 // main parameter (marked * below). Every codec also takes the flag "ef"
-// (wrap in ErrorFeedback; not allowed for fp32) and "entropy=" one of auto
-// (the default), none, s2 or zstd.
+// (wrap in ErrorFeedback; lossy codecs only) and "entropy=" one of auto
+// (the default: Desc.Entropy), none, s2 or zstd.
 //
 //	fp32 (alias none)                   raw float32
 //	fp16                                IEEE half, saturating at ±65504
@@ -30,28 +250,6 @@ import (
 //
 // Examples: "topk:0.01,ef", "int8:block=256", "sign:ef", "powersgd:rank=2,ef".
 
-// Names lists the codec names Parse accepts, in wire-id order.
-func Names() []string {
-	return []string{"fp32", "fp16", "bf16", "int8", "topk", "randk", "sign", "powersgd"}
-}
-
-// autoEntropy is the entropy mode "entropy=auto" picks per codec. The rule:
-// on where zstd saves at least 10 % and costs little next to the codec's own
-// encode. BenchmarkEntropy on 1 M gradient-like values (zstd SpeedFastest
-// with Huffman-coded literals; S2 saves nothing on any codec's bytes):
-//
-//	codec   zstd saving  zstd compress / decompress (of the codec's bytes)
-//	topk    11 %         ~0.6 / ~1 GB/s, on 1–2 % of the vector's size: ~0.1 ms per 1 M values → on
-//	bf16    14 %         ~0.65 / ~1.1 GB/s on half the vector's size: ~3 ms per 1 M values → off
-//	int8    13 %         ~0.75 / ~1.2 GB/s: ~1.4 ms + 0.9 ms per 1 M values, 5× int8 itself → off
-//	fp16    1 %, fp32, randk, sign, powersgd: 0 % (stored) → off
-//
-// For bf16 and int8 the stage pays only when the link is slower than about
-// saving × (zstd rate) ≈ 60 MB/s (≈ 500 Mbit/s): add "entropy=zstd" there.
-var autoEntropy = map[ID]EntropyMode{
-	IDTopK: EntropyZstd,
-}
-
 // Parse returns a new codec for spec. The codec is fresh: stateful codecs
 // start with zero state.
 func Parse(s string) (Codec, error) {
@@ -59,15 +257,12 @@ func Parse(s string) (Codec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w (have %s)", ErrBadSpec, err, strings.Join(Names(), ", "))
 	}
-	name := t.Name
-	if name == "none" {
-		name = "fp32"
+	for _, d := range Descs() {
+		if t.Name == d.Name || contains(d.Aliases, t.Name) {
+			return build(d, t)
+		}
 	}
-	id, ok := idByName(name)
-	if !ok {
-		return nil, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("unknown codec %q (have %s)", t.Name, strings.Join(Names(), ", ")))
-	}
-	return build(id, t)
+	return nil, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("unknown codec %q (have %s)", t.Name, strings.Join(Names(), ", ")))
 }
 
 // New returns a codec for the wire id (IDEntropy may be set) with params in
@@ -75,10 +270,10 @@ func Parse(s string) (Codec, error) {
 // parameters, New(id, "") decodes every encoding of id: it is what a receiver
 // that knows only the id from a frame header uses.
 func New(id ID, params string) (Codec, error) {
-	if !Known(id) {
+	d, ok := Describe(id)
+	if !ok {
 		return nil, fmt.Errorf("%w: %d", ErrUnknownCodec, id)
 	}
-	base := id &^ IDEntropy
 	// The id, not the params, says whether the bytes are entropy-wrapped;
 	// the wrapper decodes every mode, so zstd stands for any of them.
 	if strings.Contains(params, "entropy=") {
@@ -93,87 +288,34 @@ func New(id ID, params string) (Codec, error) {
 	} else {
 		params += "," + entropy
 	}
-	t, err := spec.One(Names()[base] + ":" + params)
+	t, err := spec.One(d.Name + ":" + params)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
-	return build(base, t)
+	return build(d, t)
 }
 
-func idByName(name string) (ID, bool) {
-	for i, n := range Names() {
-		if n == name {
-			return ID(i), true
-		}
-	}
-	return 0, false
-}
-
-// build makes the codec id from t's arguments: the flag ef first, then
-// the codec's main parameter (the only one that may be given without its
-// key), then the others by key.
-func build(id ID, t spec.Term) (Codec, error) {
+// build makes d's codec from t's arguments: the flag ef first, then the
+// parameters in d.Params' order (only the main one may be given without
+// its key), then the entropy stage.
+func build(d Desc, t spec.Term) (Codec, error) {
 	r := t.Reader()
 	ef := r.Flag("ef")
-	var c Codec
-	switch id {
-	case IDFP32:
-		r.Keyed()
-		c = FP32{}
-	case IDFP16:
-		r.Keyed()
-		c = FP16{}
-	case IDBF16:
-		r.Keyed()
-		c = BF16{}
-	case IDInt8:
-		block := r.Int("block", DefaultInt8Block, 1, maxBlock)
-		r.Keyed()
-		c = Int8{Block: block}
-	case IDTopK:
-		frac := r.Float("frac", DefaultFrac, spec.In(0, 1, false, true))
-		r.Keyed()
-		c = &TopK{Frac: frac}
-	case IDRandK:
-		frac := r.Float("frac", DefaultFrac, spec.In(0, 1, false, true))
-		r.Keyed()
-		c = &RandK{Frac: frac, Seed: r.Uint("seed", 0)}
-	case IDSign:
-		block := DefaultSignBlock
-		switch v := r.String("block", ""); v {
-		case "":
-		case "all":
-			block = -1
-		default:
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > maxBlock {
-				r.Failf("block=%q: want all or an integer in [1, %d]", v, maxBlock)
-			}
-			block = n
-		}
-		r.Keyed()
-		c = Sign{Block: block}
-	case IDPowerSGD:
-		rank := r.Int("rank", DefaultRank, 1, 1024)
-		r.Keyed()
-		c = &PowerSGD{Rank: rank, Seed: r.Uint("seed", 0)}
-	default:
-		return nil, fmt.Errorf("%w: %d", ErrUnknownCodec, id)
-	}
+	c := d.build(readParams(r, d.Params))
 	entropy := r.String("entropy", "auto", "auto", "none", "s2", "zstd")
 	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
 	if ef {
-		if id == IDFP32 {
-			return nil, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("ef needs a lossy codec; fp32 is exact"))
+		if !d.Lossy {
+			return nil, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("ef needs a lossy codec; %s is exact", d.Name))
 		}
 		c = NewErrorFeedback(c)
 	}
-	var mode EntropyMode
+	mode := d.Entropy
 	switch entropy {
-	case "auto":
-		mode = autoEntropy[id]
+	case "none":
+		mode = EntropyStored
 	case "s2":
 		mode = EntropyS2
 	case "zstd":
@@ -183,6 +325,81 @@ func build(id ID, t spec.Term) (Codec, error) {
 		return NewEntropy(c, mode)
 	}
 	return c, nil
+}
+
+// value is one parameter as read from a spec.
+type value struct {
+	key string
+	i   int
+	f   float64
+	u   uint64
+}
+
+// values are a spec's parameters, for Desc.build.
+type values []value
+
+func (v values) get(key string) value {
+	for _, x := range v {
+		if x.key == key {
+			return x
+		}
+	}
+	panic("compression: codec reads undeclared parameter " + key) // a bug in the table
+}
+
+// defaults returns ps' default values.
+func defaults(ps []Param) values { return readParams(nil, ps) }
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// readParams reads ps from r, in order, or takes their defaults when r is
+// nil. Problems are recorded in r (see spec.Reader.Done).
+func readParams(r *spec.Reader, ps []Param) values {
+	v := make(values, len(ps))
+	keyed := false
+	for i, p := range ps {
+		v[i] = value{key: p.Key, i: int(p.Default), f: p.Default, u: uint64(p.Default)}
+		if r == nil {
+			continue
+		}
+		if !p.Main && !keyed {
+			r.Keyed()
+			keyed = true
+		}
+		switch p.Kind {
+		case IntParam:
+			if p.All == 0 {
+				v[i].i = r.Int(p.Key, v[i].i, int(p.Min), int(p.Max))
+				break
+			}
+			switch s := r.String(p.Key, ""); s {
+			case "":
+			case "all":
+				v[i].i = p.All
+			default:
+				n, err := strconv.Atoi(s)
+				if err != nil || n < int(p.Min) || n > int(p.Max) {
+					r.Failf("%s=%q: want all or an integer in [%d, %d]", p.Key, s, int(p.Min), int(p.Max))
+				}
+				v[i].i = n
+			}
+		case FracParam:
+			v[i].f = r.Float(p.Key, p.Default, spec.In(p.Min, p.Max, false, true))
+		case UintParam:
+			v[i].u = r.Uint(p.Key, v[i].u)
+		}
+	}
+	if r != nil && !keyed {
+		r.Keyed()
+	}
+	return v
 }
 
 // specOf returns c's spec without the entropy stage.
@@ -198,7 +415,7 @@ func specOf(c Codec) string {
 // Parse(c.Name()) always rebuilds c.
 func nameOf(c Codec) string {
 	s := specOf(c)
-	if autoEntropy[c.ID()&^IDEntropy] != EntropyStored {
+	if d := desc(c.ID()); d != nil && d.Entropy != EntropyStored {
 		s = addParam(s, "entropy=none")
 	}
 	return s

@@ -182,7 +182,7 @@ func carriesModels(enc compression.Codec) bool {
 		enc = e.Inner()
 	}
 	_, ef := enc.(*compression.ErrorFeedback)
-	return !ef && enc.ID() <= compression.IDInt8
+	return !ef && compression.Dense(enc)
 }
 
 // DropReason says why an asynchronous contribution never reached the model.
