@@ -15,6 +15,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -356,7 +357,7 @@ func TestConfigValidate(t *testing.T) {
 		"nil rule":       func(c *aggregate.Config) { c.Rule = nil },
 		"tree median":    func(c *aggregate.Config) { c.Algorithm, c.Rule = aggregate.Tree, rule.Median{} },
 		"ring krum":      func(c *aggregate.Config) { c.Algorithm, c.Rule = aggregate.Ring, rule.Krum{F: 1, M: 1} },
-		"ring fp16":      func(c *aggregate.Config) { c.Algorithm, c.Compress = aggregate.Ring, "fp16" },
+		"ring fp16":      func(c *aggregate.Config) { c.Algorithm, c.Compress = aggregate.Ring, compression.MustSpec("fp16") },
 		"algo":           func(c *aggregate.Config) { c.Algorithm = 9 },
 		"chunk":          func(c *aggregate.Config) { c.ChunkElems = 0 },
 		"stall":          func(c *aggregate.Config) { c.StallTimeout = 0 },

@@ -85,11 +85,8 @@ type Compression struct {
 }
 
 // newCompression builds the state for spec.
-func newCompression(spec string) (*Compression, error) {
-	c0, err := compression.Parse(spec)
-	if err != nil {
-		return nil, err
-	}
+func newCompression(spec compression.Spec) (*Compression, error) {
+	c0 := spec.New()
 	c := &Compression{spec: c0.Name()}
 	var mode compression.EntropyMode
 	if e, ok := c0.(*compression.Entropy); ok {
@@ -106,6 +103,7 @@ func newCompression(spec string) (*Compression, error) {
 	}
 	c.leaf = c0
 	if mode != compression.EntropyStored {
+		var err error
 		if c.leaf, err = compression.NewEntropy(c0, mode); err != nil {
 			return nil, err
 		}

@@ -32,10 +32,10 @@ func FuzzCompressedWire(f *testing.F) {
 	hw := make([]float32, encHeaderLen)
 	header{cfg: 1, d: 2, weight: 3, nbytes: 4}.encode(hw)
 	f.Add(wordsToBytes(hw))
-	c, _ := newCompression("powersgd:2,ef")
+	c, _ := newCompression(compression.MustSpec("powersgd:2,ef"))
 	c.residual = []float32{1, 2, 3}
 	f.Add(c.AppendState(nil))
-	c, _ = newCompression("topk:0.1,ef")
+	c, _ = newCompression(compression.MustSpec("topk:0.1,ef"))
 	c.residual = []float32{1, 2, 3}
 	f.Add(c.AppendState(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -51,7 +51,7 @@ func FuzzCompressedWire(f *testing.F) {
 			t.Fatal("pack/unpack")
 		}
 		for _, spec := range []string{"topk:0.1,ef", "powersgd:2,ef", "fp16"} {
-			c, _ := newCompression(spec)
+			c, _ := newCompression(compression.MustSpec(spec))
 			err := c.LoadState(b)
 			if err != nil {
 				if !errors.Is(err, compression.ErrState) {

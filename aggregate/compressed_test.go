@@ -22,7 +22,7 @@ var compressedSpecs = []string{"fp32", "fp16", "bf16", "int8:64", "topk:0.05", "
 
 func compressedSwarm(t testing.TB, n int, algo aggregate.Algorithm, rl rule.Rule, spec string, netCfg aggtest.Config) *swarm {
 	cfg := aggregate.DefaultConfig()
-	cfg.Rule, cfg.Algorithm, cfg.ChunkElems, cfg.Compress = rl, algo, 64, spec
+	cfg.Rule, cfg.Algorithm, cfg.ChunkElems, cfg.Compress = rl, algo, 64, compression.MustSpec(spec)
 	return newSwarm(t, n, netCfg, cfg)
 }
 
@@ -184,7 +184,7 @@ func TestCompressedBytes(t *testing.T) {
 	srcs, w := randVecs(rand.New(rand.NewPCG(3, 4)), n, d)
 	sent := func(spec string) float64 {
 		cfg := aggregate.DefaultConfig()
-		cfg.Algorithm, cfg.Compress = aggregate.Butterfly, spec
+		cfg.Algorithm, cfg.Compress = aggregate.Butterfly, compression.MustSpec(spec)
 		s := newSwarm(t, n, aggtest.Config{}, cfg)
 		outs := aggtest.RunRound(t.Context(), s.runners, s.group(t, 1), srcs, w)
 		var tot int64
@@ -360,7 +360,7 @@ func TestCompressedFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctestRun(t, func(t *testing.T) {
 				cfg := aggregate.DefaultConfig()
-				cfg.Algorithm, cfg.ChunkElems, cfg.StallTimeout, cfg.Compress = tc.algo, 64, stall, tc.spec
+				cfg.Algorithm, cfg.ChunkElems, cfg.StallTimeout, cfg.Compress = tc.algo, 64, stall, compression.MustSpec(tc.spec)
 				s := newSwarm(t, tc.n, aggtest.Config{Latency: time.Millisecond, Bandwidth: 1e9}, cfg)
 				g := s.group(t, 42)
 				v := slices.Index(s.ids, g.Member(tc.victim))
@@ -421,9 +421,9 @@ func TestCompressedConfigMismatch(t *testing.T) {
 		t.Run("odd="+odd, func(t *testing.T) {
 			synctestRun(t, func(t *testing.T) {
 				cfg := aggregate.DefaultConfig()
-				cfg.Algorithm, cfg.StallTimeout, cfg.Compress = aggregate.Butterfly, stall, "int8"
+				cfg.Algorithm, cfg.StallTimeout, cfg.Compress = aggregate.Butterfly, stall, compression.MustSpec("int8")
 				s := newSwarm(t, 5, aggtest.Config{Latency: time.Millisecond}, cfg)
-				cfg.Compress = odd
+				cfg.Compress = compression.MustSpec(odd)
 				var err error
 				if s.runners[2], err = aggregate.NewRunner(s.ids[2], s.net.Join(s.ids[2]), cfg); err != nil {
 					t.Fatal(err)
@@ -441,15 +441,14 @@ func TestCompressedConfigMismatch(t *testing.T) {
 
 func TestCompressedConfigValidate(t *testing.T) {
 	cfg := aggregate.DefaultConfig()
-	cfg.Compress = "zip"
-	if err := cfg.Validate(); !errors.Is(err, aggregate.ErrInvalidConfig) || !errors.Is(err, compression.ErrBadSpec) {
+	if err := cfg.Compress.UnmarshalText([]byte("zip")); !errors.Is(err, compression.ErrBadSpec) {
 		t.Fatalf("bad codec: %v", err)
 	}
-	cfg.Compress, cfg.Rule = "fp16", rule.Median{}
+	cfg.Compress, cfg.Rule = compression.MustSpec("fp16"), rule.Median{}
 	if err := cfg.Validate(); !errors.Is(err, aggregate.ErrUnsupported) {
 		t.Fatalf("median with fp16: %v", err)
 	}
-	cfg.Compress = "powersgd:4,ef"
+	cfg.Compress = compression.MustSpec("powersgd:4,ef")
 	cfg.Rule = rule.Sum{}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -482,7 +481,7 @@ func BenchmarkCompressedAllReduce(b *testing.B) {
 			}
 			b.Run(link.name+"/"+name, func(b *testing.B) {
 				cfg := aggregate.DefaultConfig()
-				cfg.Algorithm, cfg.Compress = aggregate.Butterfly, spec
+				cfg.Algorithm, cfg.Compress = aggregate.Butterfly, compression.MustSpec(spec)
 				s := newSwarm(b, n, aggtest.Config{Bandwidth: link.bw}, cfg)
 				b.SetBytes(4 * d)
 				b.ReportAllocs()

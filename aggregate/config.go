@@ -110,12 +110,12 @@ type Config struct {
 	// round; 0 lets any survivors continue.
 	Quorum float64
 
-	// Compress is the codec contributions travel in, as compression.Parse
-	// reads it ("fp16", "int8:256", "topk:0.01,ef", "powersgd:4,ef"), or ""
-	// for plain float32 chunks. With a codec the round runs the compressed
-	// data phase (see compressed.go and Runner.Compression); sum and mean
-	// only. Default "".
-	Compress string
+	// Compress is the codec contributions travel in ("fp16", "int8:256",
+	// "topk:0.01,ef", "powersgd:4,ef"), or the zero Spec for plain float32
+	// chunks. With a codec the round runs the compressed data phase (see
+	// compressed.go and Runner.Compression); sum and mean only. Default:
+	// the zero Spec.
+	Compress compression.Spec
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -144,7 +144,7 @@ func (c Config) Validate() error {
 		return bad("unknown Algorithm %d", c.Algorithm)
 	case (c.Algorithm == Tree || c.Algorithm == Ring) && !c.Rule.Linear():
 		return fmt.Errorf("%w: %w: the %s runs sum and mean, not %s", ErrInvalidConfig, ErrUnsupported, c.Algorithm, c.Rule)
-	case c.Algorithm == Ring && c.Compress != "":
+	case c.Algorithm == Ring && !c.Compress.IsZero():
 		return fmt.Errorf("%w: %w: the ring runs uncompressed (compressed rounds run on the tree or the butterfly)", ErrInvalidConfig, ErrUnsupported)
 	case c.TreeMaxBytes < 0:
 		return bad("TreeMaxBytes %d < 0", c.TreeMaxBytes)
@@ -157,10 +157,7 @@ func (c Config) Validate() error {
 	case !(c.Quorum >= 0 && c.Quorum < 1):
 		return bad("Quorum %v not in [0, 1)", c.Quorum)
 	}
-	if c.Compress != "" {
-		if _, err := compression.Parse(c.Compress); err != nil {
-			return fmt.Errorf("%w: Compress: %w", ErrInvalidConfig, err)
-		}
+	if !c.Compress.IsZero() {
 		if !c.Rule.Linear() {
 			return fmt.Errorf("%w: %w: compressed all-reduce runs sum and mean, not %s", ErrInvalidConfig, ErrUnsupported, c.Rule)
 		}
@@ -219,7 +216,7 @@ func (c Config) resolve(d, n int) Algorithm {
 		return Butterfly
 	case 4*d <= c.treeMax(n):
 		return Tree
-	case c.Compress != "":
+	case !c.Compress.IsZero():
 		return Butterfly
 	}
 	return Ring

@@ -83,7 +83,7 @@ func NewRunner(self peerid.ID, t Transport, cfg Config, opts ...Option) (*Runner
 		return nil, err
 	}
 	r := &Runner{self: self, t: t, cfg: cfg, be: device.Default(), bufs: map[string][]float32{}, log: discardLogger()}
-	if cfg.Compress != "" {
+	if !cfg.Compress.IsZero() {
 		var err error
 		if r.comp, err = newCompression(cfg.Compress); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -253,16 +253,105 @@ func Dense(c Codec) bool {
 // Parse returns a new codec for spec. The codec is fresh: stateful codecs
 // start with zero state.
 func Parse(s string) (Codec, error) {
+	sp, err := ParseSpec(s)
+	if err != nil {
+		return nil, err
+	}
+	if sp.IsZero() {
+		return nil, fmt.Errorf("%w: empty spec (have %s)", ErrBadSpec, strings.Join(Names(), ", "))
+	}
+	return sp.New(), nil
+}
+
+// Spec is a codec spec parsed and checked once (ParseSpec, or a flag or a
+// JSON field through UnmarshalText): New makes fresh codecs from it
+// without reading text again. The zero Spec names no codec: vectors travel
+// as raw float32 outside any codec.
+type Spec struct {
+	d       *Desc
+	v       values
+	ef      bool
+	entropy EntropyMode
+	text    string
+}
+
+// ParseSpec parses s; "" gives the zero Spec.
+func ParseSpec(s string) (Spec, error) {
+	if strings.TrimSpace(s) == "" {
+		return Spec{}, nil
+	}
 	t, err := spec.One(s)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w (have %s)", ErrBadSpec, err, strings.Join(Names(), ", "))
+		return Spec{}, fmt.Errorf("%w: %w (have %s)", ErrBadSpec, err, strings.Join(Names(), ", "))
 	}
-	for _, d := range Descs() {
-		if t.Name == d.Name || contains(d.Aliases, t.Name) {
-			return build(d, t)
+	for i := range descs {
+		d := &descs[i]
+		if d.build != nil && (t.Name == d.Name || contains(d.Aliases, t.Name)) {
+			return parseTerm(d, t, s)
 		}
 	}
-	return nil, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("unknown codec %q (have %s)", t.Name, strings.Join(Names(), ", ")))
+	return Spec{}, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("unknown codec %q (have %s)", t.Name, strings.Join(Names(), ", ")))
+}
+
+// MustSpec is ParseSpec for specs known to be good (tests, literals); it
+// panics on a bad one.
+func MustSpec(s string) Spec {
+	sp, err := ParseSpec(s)
+	if err != nil {
+		panic(err)
+	}
+	return sp
+}
+
+// IsZero reports whether s names no codec.
+func (s Spec) IsZero() bool { return s.d == nil }
+
+// Desc returns the descriptor of s's codec (the zero Desc for the zero
+// Spec).
+func (s Spec) Desc() Desc {
+	if s.d == nil {
+		return Desc{}
+	}
+	return *s.d
+}
+
+// ErrorFeedback reports whether s wraps its codec in error feedback.
+func (s Spec) ErrorFeedback() bool { return s.ef }
+
+// New returns a fresh codec for s (nil for the zero Spec).
+func (s Spec) New() Codec {
+	if s.d == nil {
+		return nil
+	}
+	c := s.d.build(s.v)
+	if s.ef {
+		c = NewErrorFeedback(c)
+	}
+	if s.entropy != EntropyStored {
+		e, err := NewEntropy(c, s.entropy)
+		if err != nil {
+			panic(err) // every mode ParseSpec accepts has a stage
+		}
+		return e
+	}
+	return c
+}
+
+// String returns the spec as it was given ("" for the zero Spec).
+func (s Spec) String() string { return s.text }
+
+// MarshalText implements encoding.TextMarshaler.
+func (s Spec) MarshalText() ([]byte, error) { return []byte(s.text), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler: flag.TextVar and
+// encoding/json parse a spec through it.
+func (s *Spec) UnmarshalText(b []byte) error {
+	sp, err := ParseSpec(string(b))
+	if err != nil {
+		return err
+	}
+	*s = sp
+	return nil
 }
 
 // New returns a codec for the wire id (IDEntropy may be set) with params in
@@ -292,39 +381,36 @@ func New(id ID, params string) (Codec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
-	return build(d, t)
+	sp, err := parseTerm(desc(id), t, t.String())
+	if err != nil {
+		return nil, err
+	}
+	return sp.New(), nil
 }
 
-// build makes d's codec from t's arguments: the flag ef first, then the
-// parameters in d.Params' order (only the main one may be given without
-// its key), then the entropy stage.
-func build(d Desc, t spec.Term) (Codec, error) {
+// parseTerm reads d's spec from t's arguments: the flag ef first, then
+// the parameters in d.Params' order (only the main one may be given
+// without its key), then the entropy stage. text is the spec as given.
+func parseTerm(d *Desc, t spec.Term, text string) (Spec, error) {
 	r := t.Reader()
-	ef := r.Flag("ef")
-	c := d.build(readParams(r, d.Params))
+	sp := Spec{d: d, ef: r.Flag("ef"), entropy: d.Entropy, text: strings.TrimSpace(text)}
+	sp.v = readParams(r, d.Params)
 	entropy := r.String("entropy", "auto", "auto", "none", "s2", "zstd")
 	if err := r.Done(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadSpec, err)
+		return Spec{}, fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
-	if ef {
-		if !d.Lossy {
-			return nil, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("ef needs a lossy codec; %s is exact", d.Name))
-		}
-		c = NewErrorFeedback(c)
+	if sp.ef && !d.Lossy {
+		return Spec{}, fmt.Errorf("%w: %w", ErrBadSpec, t.Errorf("ef needs a lossy codec; %s is exact", d.Name))
 	}
-	mode := d.Entropy
 	switch entropy {
 	case "none":
-		mode = EntropyStored
+		sp.entropy = EntropyStored
 	case "s2":
-		mode = EntropyS2
+		sp.entropy = EntropyS2
 	case "zstd":
-		mode = EntropyZstd
+		sp.entropy = EntropyZstd
 	}
-	if mode != EntropyStored {
-		return NewEntropy(c, mode)
-	}
-	return c, nil
+	return sp, nil
 }
 
 // value is one parameter as read from a spec.

@@ -124,3 +124,34 @@ func TestNewDecodesAnyParameters(t *testing.T) {
 		t.Fatalf("New(IDInt8, block=64) = %v, %v", c, err)
 	}
 }
+
+// TestSpec: a Spec is parsed once and makes fresh codecs of the same
+// name; it round-trips through text (flags, JSON), and "" is the zero
+// Spec, which names no codec.
+func TestSpec(t *testing.T) {
+	for _, s := range []string{"fp16", "topk:0.01,ef", "int8:block=64,entropy=zstd", "powersgd:2,ef", "none"} {
+		sp, err := ParseSpec(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := sp.New(), sp.New()
+		want, _ := Parse(s)
+		if a.Name() != want.Name() || b.Name() != want.Name() {
+			t.Errorf("%q: New gives %q and %q, Parse %q", s, a.Name(), b.Name(), want.Name())
+		}
+		if _, ok := a.(*ErrorFeedback); ok && a == b {
+			t.Errorf("%q: New returned the same stateful codec twice", s)
+		}
+		var back Spec
+		if txt, _ := sp.MarshalText(); back.UnmarshalText(txt) != nil || back.String() != s || back.New().Name() != want.Name() {
+			t.Errorf("%q: text round trip gives %q", s, back.String())
+		}
+	}
+	if sp, err := ParseSpec(" "); err != nil || !sp.IsZero() || sp.New() != nil {
+		t.Errorf("blank spec: %+v, %v", sp, err)
+	}
+	var sp Spec
+	if err := sp.UnmarshalText([]byte("gzip")); !errors.Is(err, ErrBadSpec) || !sp.IsZero() {
+		t.Errorf("bad spec: %v, %+v", err, sp)
+	}
+}

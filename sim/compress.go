@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/train"
 )
@@ -46,7 +47,7 @@ type CompressConfig struct {
 	Algorithm aggregate.Algorithm
 	// Codecs are the --compress specs to compare; "fp32" is the baseline
 	// run of plain float32 chunks (aggregate's uncompressed path).
-	Codecs []string
+	Codecs []compression.Spec
 	// Seed drives the shards, the batch order and the initial model.
 	Seed uint64
 	// StallTimeout bounds every wait on a peer (aggregate.Config).
@@ -54,8 +55,12 @@ type CompressConfig struct {
 }
 
 // DefaultCodecs are the rows of issue 5's table.
-func DefaultCodecs() []string {
-	return []string{"fp32", "fp16", "bf16", "int8", "topk:0.01,ef", "topk:0.01", "sign:ef", "randk:0.01,ef", "powersgd:4,ef"}
+func DefaultCodecs() []compression.Spec {
+	var out []compression.Spec
+	for _, s := range []string{"fp32", "fp16", "bf16", "int8", "topk:0.01,ef", "topk:0.01", "sign:ef", "randk:0.01,ef", "powersgd:4,ef"} {
+		out = append(out, compression.MustSpec(s))
+	}
+	return out
 }
 
 // DefaultCompressConfig returns the settings documented on CompressConfig.
@@ -85,11 +90,11 @@ func (c CompressConfig) Validate() error {
 }
 
 // network is the simulated network of a run of spec.
-func (c CompressConfig) network(spec string) Config {
+func (c CompressConfig) network(spec compression.Spec) Config {
 	nc := DefaultConfig()
 	nc.Peers, nc.Seed, nc.Worker, nc.Bandwidth, nc.Latency = c.Peers, c.Seed, c.Worker, 0, 0
 	nc.SyncAlgorithm, nc.StallTimeout = c.Algorithm.String(), c.StallTimeout
-	if spec != "fp32" {
+	if spec.Desc().ID != compression.IDFP32 {
 		nc.Compress = spec
 	}
 	return nc
@@ -172,7 +177,7 @@ func CompareCodecs(rows []CompressRow) {
 }
 
 // CompressionOne trains with one codec and returns its row.
-func CompressionOne(ctx context.Context, cfg CompressConfig, spec string, trainSet, testSet *data.Set, progress func(string)) (*CompressRow, error) {
+func CompressionOne(ctx context.Context, cfg CompressConfig, spec compression.Spec, trainSet, testSet *data.Set, progress func(string)) (*CompressRow, error) {
 	nc := cfg.network(spec)
 	parts, err := data.IID(trainSet.Len(), cfg.Peers, cfg.Seed)
 	if err != nil {
@@ -200,7 +205,7 @@ func CompressionOne(ctx context.Context, cfg CompressConfig, spec string, trainS
 			}
 		}
 	}
-	row := &CompressRow{Codec: spec, Steps: cfg.Epochs * spe}
+	row := &CompressRow{Codec: spec.String(), Steps: cfg.Epochs * spe}
 	if c := netw.peers[0].Swarm.Runner.Compression(); c != nil {
 		row.ErrorFeedback = c.ErrorFeedback()
 	}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 )
 
@@ -28,7 +29,7 @@ func TestCompressionSmall(t *testing.T) {
 	cfg := DefaultCompressConfig()
 	cfg.Peers, cfg.Epochs = 3, 1
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR = "logreg", 32, 0.1
-	cfg.Codecs = []string{"fp32", "int8", "topk:0.05,ef"}
+	cfg.Codecs = specs("fp32", "int8", "topk:0.05,ef")
 	var lines []string
 	rows, err := Compression(t.Context(), cfg, tr, te, func(s string) { lines = append(lines, s) })
 	if err != nil {
@@ -72,7 +73,6 @@ func TestCompressConfigValidate(t *testing.T) {
 		func(c *CompressConfig) { c.Peers = 0 },
 		func(c *CompressConfig) { c.Epochs = 0 },
 		func(c *CompressConfig) { c.Codecs = nil },
-		func(c *CompressConfig) { c.Codecs = []string{"zip"} },
 		func(c *CompressConfig) { c.Worker.Batch = 0 },
 	} {
 		c := DefaultCompressConfig()
@@ -93,7 +93,7 @@ func TestCompressionDiverged(t *testing.T) {
 	cfg := DefaultCompressConfig()
 	cfg.Peers, cfg.Epochs = 2, 1
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR = "mlp:784-32-32-10", 32, 1e30
-	cfg.Codecs = []string{"fp32", "fp16"}
+	cfg.Codecs = specs("fp32", "fp16")
 	rows, err := Compression(t.Context(), cfg, tr, te, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -106,4 +106,12 @@ func TestCompressionDiverged(t *testing.T) {
 	if !strings.Contains(CompressTable(rows), "diverged at step") {
 		t.Fatalf("table:\n%s", CompressTable(rows))
 	}
+}
+
+func specs(ss ...string) []compression.Spec {
+	var out []compression.Spec
+	for _, s := range ss {
+		out = append(out, compression.MustSpec(s))
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -23,9 +24,6 @@ type Config struct {
 	Peers int `json:"peers"`
 	// Strategy names a registered strategy (Strategies lists them).
 	Strategy string `json:"strategy"`
-	// Policy is the staleness policy of the fedasync and fedbuff
-	// strategies (staleness.Parse); "" keeps Async.Policy.
-	Policy string `json:"policy,omitempty"`
 	// Slow maps a peer index to its slowdown factor (Worker.Slowdown): 4
 	// makes peer 0 four times slower with {0: 4}.
 	Slow map[int]float64 `json:"slow,omitempty"`
@@ -72,10 +70,10 @@ type Config struct {
 	// steps with 4 peers and the default MLP); on a switched LAN, where
 	// each host's one link is the limit, the ring is as fast from 1 MB up.
 	SyncAlgorithm string `json:"sync_algorithm"`
-	// Compress is the codec of what peers send (compression.Parse): the
-	// sync strategy's all-reduce and the vectors fedasync and fedbuff
-	// publish; "" keeps Async.Codec and float32 all-reduces.
-	Compress string `json:"compress,omitempty"`
+	// Compress is the codec of what peers send: the sync strategy's
+	// all-reduce and the vectors fedasync and fedbuff publish; the zero
+	// Spec keeps Async.Codec and float32 all-reduces.
+	Compress compression.Spec `json:"compress,omitzero"`
 	// Worker, Async and Gossip configure the peers and the strategies.
 	Worker train.WorkerConfig `json:"worker"`
 	Async  train.AsyncConfig  `json:"async"`
@@ -138,10 +136,7 @@ func (c Config) Validate() error {
 		return err
 	}
 	a := c.Async
-	if c.Policy != "" {
-		a.Policy = c.Policy
-	}
-	if c.Compress != "" {
+	if !c.Compress.IsZero() {
 		a.Codec = c.Compress
 	}
 	if err := a.Validate(); err != nil {
@@ -201,11 +196,7 @@ func ParseKill(s string) (map[int]time.Duration, error) {
 // Label names the run: its strategy, and its policy when it has one.
 func (c Config) Label() string {
 	if c.Strategy == "fedasync" || c.Strategy == "fedbuff" {
-		p := c.Policy
-		if p == "" {
-			p = c.Async.Policy
-		}
-		return c.Strategy + " " + p
+		return c.Strategy + " " + c.Async.Policy.String()
 	}
 	return c.Strategy
 }

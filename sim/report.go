@@ -74,7 +74,7 @@ func (r *Result) summarise(wall time.Duration, perPeer []any) {
 	s := Summary{Label: c.Label(), Strategy: c.Strategy, Peers: c.Peers, Seed: c.Seed, WallS: wall.Seconds(),
 		Target: c.Target, TimeToTarget: -1, UpdatesToTarget: -1, Snapshots: len(r.Points), PerPeer: perPeer, Config: c}
 	if c.Strategy == "fedasync" || c.Strategy == "fedbuff" {
-		s.Policy = c.Policy
+		s.Policy = c.Async.Policy.String()
 	}
 	r.Mean = meanCurve(r.Points, c.Peers)
 	last := map[string]train.Point{}

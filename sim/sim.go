@@ -110,13 +110,9 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if cfg.Policy != "" {
-		cfg.Async.Policy = cfg.Policy
-	}
-	if cfg.Compress != "" {
+	if !cfg.Compress.IsZero() {
 		cfg.Async.Codec = cfg.Compress
 	}
-	cfg.Policy = cfg.Async.Policy
 	trainSet, testSet = trainSet.Head(cfg.TrainLimit), testSet.Head(cfg.TestLimit)
 	probe, err := nn.New(cfg.Worker.Model, 0)
 	if err != nil {

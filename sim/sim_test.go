@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/train"
@@ -160,7 +161,7 @@ func TestConfigValidate(t *testing.T) {
 	for name, mut := range map[string]func(*Config){
 		"peers":    func(c *Config) { c.Peers = 0 },
 		"strategy": func(c *Config) { c.Strategy = "nope" },
-		"policy":   func(c *Config) { c.Policy = "poly:x" },
+		"rule":     func(c *Config) { c.Strategy, c.Async.BufferRule = "fedbuff", rule.Krum{F: 1, M: 1} },
 		"slow":     func(c *Config) { c.Slow = map[int]float64{9: 2} },
 		"slow<1":   func(c *Config) { c.Slow = map[int]float64{0: 0.5} },
 		"kill":     func(c *Config) { c.Kill = map[int]time.Duration{-1: 0} },

@@ -253,3 +253,17 @@ func Parse(s string) (Policy, error) {
 	}
 	return p.WithBound(bound), nil
 }
+
+// MarshalText implements encoding.TextMarshaler: the canonical spec.
+func (p Policy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler: flag.TextVar and
+// encoding/json parse a policy through it (Parse).
+func (p *Policy) UnmarshalText(b []byte) error {
+	q, err := Parse(string(b))
+	if err != nil {
+		return err
+	}
+	*p = q
+	return nil
+}

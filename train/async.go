@@ -46,10 +46,10 @@ type AsyncConfig struct {
 	// halfway, which on a few peers keeps them close without freezing the
 	// local progress.
 	Alpha float64
-	// Policy is the staleness policy spec (staleness.Parse): "poly:0.5"
-	// (FedAsync's default), "hinge:10,4", "const", "sqrt" (FedBuff's), with
-	// an optional SSP bound: "poly:0.5+ssp:16".
-	Policy string
+	// Policy weighs a contribution by its staleness, with an optional SSP
+	// bound: "poly:0.5" (FedAsync's default), "hinge:10,4", "const", "sqrt"
+	// (FedBuff's), "poly:0.5+ssp:16" (staleness.Parse).
+	Policy staleness.Policy
 	// BufferK is FedBuff's K: contributions per server step (at least
 	// that many with a robust BufferRule). 8, about two per peer of a
 	// small swarm; FedBuff's experiments use 10 on large ones. The mean
@@ -58,9 +58,8 @@ type AsyncConfig struct {
 	// ServerLR is FedBuff's server learning rate η. 1 applies the mean
 	// weighted delta as is.
 	ServerLR float64
-	// Codec is the compression spec of published vectors ("fp32", "fp16",
-	// "int8", …).
-	Codec string
+	// Codec encodes published vectors ("fp32", "fp16", "int8", …).
+	Codec compression.Spec
 	// FetchTimeout bounds one fetch of an announced vector. 10 s pulls a
 	// 100 MB model at 80 Mbit/s; a slower or dead holder is skipped.
 	FetchTimeout time.Duration
@@ -93,42 +92,33 @@ type AsyncConfig struct {
 	// that one flooding its models gets no more pulls than the others.
 	// 0 turns both off. 1.
 	ClipFactor float64
-	// BufferRule is how FedBuff combines the buffered contributions
-	// (rule.Parse; a rule of one pass): "median" (the default) or
-	// "trimmed:β", robust to a minority of liars, or "mean", FedBuff as
-	// published, which one lying peer can poison. With a rule other than
-	// the mean, peers publish their models rather than deltas, so the codec
-	// must be dense (fp32, fp16, bf16 or int8, without error feedback);
-	// each peer's latest model is a standing vote (staleness.BufferConfig's
-	// Rule and Models), and a step needs K new models from a strict
-	// majority of the live peers, this one included (bufferQuorum). A peer
-	// that left counts as live until PeerTTL passes. docs/design.md gives
-	// the reasons.
-	BufferRule string
+	// BufferRule is how FedBuff combines the buffered contributions: a
+	// coordinate-wise rule (rule.Median, the default, or rule.Trimmed),
+	// robust to a minority of liars, or rule.Mean (or nil), FedBuff as
+	// published, which one lying peer can poison. With a robust rule peers
+	// publish their models rather than deltas, so the codec must be dense;
+	// each peer's latest model is a standing vote, and a step needs K new
+	// models from a strict majority of the live peers (bufferQuorum;
+	// docs/design.md).
+	BufferRule rule.Rule
 }
 
-// bufferRule parses BufferRule: nil for the mean (FedBuff's running sum).
-func (c AsyncConfig) bufferRule() (rule.Rule, error) {
-	r, err := rule.Parse(c.BufferRule)
-	if err != nil {
-		return nil, err
+// robustRule returns BufferRule, or nil for the mean (FedBuff's running
+// sum).
+func (c AsyncConfig) robustRule() rule.Rule {
+	if _, mean := c.BufferRule.(rule.Mean); mean {
+		return nil
 	}
-	if _, ok := r.(rule.Mean); ok {
-		return nil, nil
-	}
-	if !r.Local() {
-		return nil, fmt.Errorf("%v is not coordinate-wise: want median, trimmed:β or mean", r)
-	}
-	return r, (staleness.BufferConfig{K: 1, ServerLR: 1, Rule: r}).Validate()
+	return c.BufferRule
 }
 
 // DefaultAsyncConfig returns FedAsync with the documented defaults.
 func DefaultAsyncConfig() AsyncConfig {
 	return AsyncConfig{
-		Mode: ModeFedAsync, Model: "default", LocalSteps: 10, Alpha: 0.5, Policy: "poly:0.5",
-		BufferK: 8, ServerLR: 1, Codec: "fp32", FetchTimeout: 10 * time.Second, Fetchers: 4,
+		Mode: ModeFedAsync, Model: "default", LocalSteps: 10, Alpha: 0.5, Policy: staleness.Polynomial(staleness.DefaultPolyA),
+		BufferK: 8, ServerLR: 1, Codec: compression.MustSpec("fp32"), FetchTimeout: 10 * time.Second, Fetchers: 4,
 		Inbox: 64, MaxAhead: 1024, PeerTTL: 10 * time.Second, SnapshotEvery: 250 * time.Millisecond,
-		ClipFactor: 1, BufferRule: "median",
+		ClipFactor: 1, BufferRule: rule.Median{},
 	}
 }
 
@@ -157,32 +147,29 @@ func (c AsyncConfig) Validate() error {
 	case !(c.ClipFactor >= 0) || math.IsInf(c.ClipFactor, 0):
 		return bad("clip factor %v must be ≥ 0 (0: off)", c.ClipFactor)
 	}
-	rule, err := c.bufferRule()
-	if err != nil {
-		return bad("buffer rule: %v", err)
+	if c.Codec.IsZero() {
+		return bad("no codec (want fp32 for raw float32)")
 	}
-	if _, err := staleness.Parse(c.Policy); err != nil {
-		return fmt.Errorf("%w: async: %w", ErrStrategy, err)
+	r := c.robustRule()
+	if r != nil {
+		if !r.Local() {
+			return bad("buffer rule %v is not coordinate-wise: want median, trimmed:β or mean", r)
+		}
+		if err := (staleness.BufferConfig{K: 1, ServerLR: 1, Rule: r}).Validate(); err != nil {
+			return bad("buffer rule: %v", err)
+		}
 	}
-	enc, err := compression.Parse(c.Codec)
-	if err != nil {
-		return fmt.Errorf("%w: async: %w", ErrStrategy, err)
-	}
-	if c.Mode == ModeFedBuff && rule != nil && !carriesModels(enc) {
-		return bad("buffer rule %s sends models, which codec %q cannot carry: want fp32, fp16, bf16 or int8, without error feedback", c.BufferRule, c.Codec)
+	if c.Mode == ModeFedBuff && r != nil && !carriesModels(c.Codec) {
+		return bad("buffer rule %s sends models, which codec %q cannot carry: want fp32, fp16, bf16 or int8, without error feedback", r, c.Codec)
 	}
 	return nil
 }
 
-// carriesModels reports whether enc sends whole models faithfully: a
-// dense codec (an entropy stage on top is fine), without error feedback,
-// whose residual is meant for deltas.
-func carriesModels(enc compression.Codec) bool {
-	if e, ok := enc.(*compression.Entropy); ok {
-		enc = e.Inner()
-	}
-	_, ef := enc.(*compression.ErrorFeedback)
-	return !ef && compression.Dense(enc)
+// carriesModels reports whether s sends whole models faithfully: a dense
+// codec (an entropy stage on top is fine), without error feedback, whose
+// residual is meant for deltas.
+func carriesModels(s compression.Spec) bool {
+	return !s.ErrorFeedback() && s.Desc().Dense
 }
 
 // DropReason says why an asynchronous contribution never reached the model.
@@ -345,7 +332,7 @@ func newAsyncPeer(w *Worker, self peerid.ID, cfg AsyncConfig, rec Recorder, opts
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	pol, _ := staleness.Parse(cfg.Policy)
+	pol := cfg.Policy
 	p := &asyncPeer{cfg: cfg, pol: pol, self: self, w: w, rec: rec, opts: opts, start: time.Now(),
 		vc: staleness.NewVersionClock(0, cfg.PeerTTL), seen: make(map[peerid.ID]*seqWindow)}
 	p.vc.SetStall(3 * cfg.PeerTTL)
@@ -358,7 +345,7 @@ func newAsyncPeer(w *Worker, self peerid.ID, cfg AsyncConfig, rec Recorder, opts
 		p.mixer, err = staleness.NewMixer(staleness.MixerConfig{Alpha: cfg.Alpha, Policy: pol}, p.vc)
 	} else {
 		p.server = append([]float32(nil), w.Model.Params...)
-		rule, _ := cfg.bufferRule()
+		rule := cfg.robustRule()
 		p.robust = rule != nil
 		p.buffer, err = staleness.NewBuffer(len(p.server), staleness.BufferConfig{K: cfg.BufferK, ServerLR: cfg.ServerLR, Policy: pol, Rule: rule, Models: p.robust}, p.vc)
 	}
@@ -515,7 +502,7 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 	if err != nil {
 		return nil, err
 	}
-	enc, _ := compression.Parse(cfg.Codec)
+	enc := cfg.Codec.New()
 	inbox := make(chan *contribution, cfg.Inbox)
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup

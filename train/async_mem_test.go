@@ -11,10 +11,12 @@ import (
 	"testing/synctest"
 	"time"
 
+	aggrule "github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/staleness"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/train/traintest"
 )
@@ -110,10 +112,10 @@ func TestAsyncLearns(t *testing.T) {
 			cfg.Mode = mode
 			cfg.LocalSteps = 5
 			if mode == train.ModeFedBuff {
-				cfg.Policy = "sqrt"
+				cfg.Policy = staleness.InvSqrt()
 				cfg.BufferK = 3
-				if rule != "" {
-					cfg.BufferRule = rule
+				if rule == "mean" {
+					cfg.BufferRule = aggrule.Mean{}
 				}
 			}
 			ws, sums := runAsyncPeers(t, 3, 150, cfg, map[int]float64{2: 3}, nil)
@@ -248,10 +250,10 @@ func TestAsyncByzantineModel(t *testing.T) {
 func TestFedBuffByzantine(t *testing.T) {
 	_, te := train.MNIST(t)
 	cfg := train.DefaultAsyncConfig()
-	cfg.Mode, cfg.Policy, cfg.BufferK, cfg.LocalSteps = train.ModeFedBuff, "sqrt", 3, 5
+	cfg.Mode, cfg.Policy, cfg.BufferK, cfg.LocalSteps = train.ModeFedBuff, staleness.InvSqrt(), 3, 5
 	dim := len(train.NewTestWorker(t, te.Head(10), 1).Model.Params)
 	for _, rule := range []string{"median", "mean"} {
-		cfg.BufferRule = rule
+		cfg.BufferRule, _ = aggrule.Parse(rule)
 		kind := wire.KindModel // the robust rules' votes are models
 		if rule == "mean" {
 			kind = wire.KindDelta
@@ -277,7 +279,7 @@ func TestFedBuffByzantine(t *testing.T) {
 func sspConfig() train.AsyncConfig {
 	cfg := train.DefaultAsyncConfig()
 	cfg.LocalSteps = 2
-	cfg.Policy = "poly:0.5+ssp:3"
+	cfg.Policy, _ = staleness.Parse("poly:0.5+ssp:3")
 	cfg.PeerTTL = 200 * time.Millisecond
 	cfg.SnapshotEvery = time.Hour
 	return cfg
@@ -348,7 +350,7 @@ func TestFedBuffQuorumAfterPeersLeave(t *testing.T) {
 		bus := traintest.NewMemBus()
 		cfg := train.DefaultAsyncConfig()
 		cfg.Mode, cfg.LocalSteps, cfg.PeerTTL, cfg.SnapshotEvery = train.ModeFedBuff, 2, 100*time.Millisecond, time.Hour
-		cfg.BufferRule, cfg.BufferK = "median", 8
+		cfg.BufferRule, cfg.BufferK = aggrule.Median{}, 8
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
 		var wg sync.WaitGroup

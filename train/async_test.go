@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/staleness"
 )
 
 const testArch = "mlp:784-32-10"
@@ -54,10 +56,10 @@ func TestAsyncConfigValidate(t *testing.T) {
 		"steps":    func(c *AsyncConfig) { c.LocalSteps = 0 },
 		"alpha":    func(c *AsyncConfig) { c.Alpha = 1.5 },
 		"alpha0":   func(c *AsyncConfig) { c.Alpha = 0 },
-		"policy":   func(c *AsyncConfig) { c.Policy = "poly:-1" },
+		"rule":     func(c *AsyncConfig) { c.Mode, c.BufferRule = ModeFedBuff, rule.Krum{F: 1, M: 1} },
 		"k":        func(c *AsyncConfig) { c.BufferK = 0 },
 		"lr":       func(c *AsyncConfig) { c.ServerLR = math.Inf(1) },
-		"codec":    func(c *AsyncConfig) { c.Codec = "gzip" },
+		"codec":    func(c *AsyncConfig) { c.Codec = compression.Spec{} },
 		"timeout":  func(c *AsyncConfig) { c.FetchTimeout = 0 },
 		"fetchers": func(c *AsyncConfig) { c.Fetchers = 0 },
 		"inbox":    func(c *AsyncConfig) { c.Inbox = 0 },
@@ -111,7 +113,7 @@ func TestAsyncDropsBadInput(t *testing.T) {
 			w := testWorker(t, sh[0], 1)
 			cfg := DefaultAsyncConfig()
 			cfg.Mode = mode
-			cfg.Policy = "poly:0.5+ssp:4"
+			cfg.Policy = mustPolicy(t, "poly:0.5+ssp:4")
 			net := &injectNet{self: "me"}
 			p, err := newAsyncPeer(w, "me", cfg, nil, asyncOptions{})
 			if err != nil {
@@ -288,7 +290,7 @@ func TestFedBuffVotes(t *testing.T) {
 	_, te := mnist(t)
 	w := testWorker(t, te.Head(100), 1)
 	cfg := DefaultAsyncConfig()
-	cfg.Mode, cfg.BufferK, cfg.BufferRule = ModeFedBuff, 3, "median"
+	cfg.Mode, cfg.BufferK, cfg.BufferRule = ModeFedBuff, 3, rule.Median{}
 	p, err := newAsyncPeer(w, "self", cfg, nil, asyncOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -339,13 +341,22 @@ func TestRobustFedBuffCodecs(t *testing.T) {
 		"fp16:ef": false, "int8:block=256,ef": false, "topk:0.01": false, "topk:0.01,ef": false, "sign": false, "powersgd:4": false,
 	} {
 		cfg := DefaultAsyncConfig()
-		cfg.Mode, cfg.Codec = ModeFedBuff, spec
+		cfg.Mode, cfg.Codec = ModeFedBuff, compression.MustSpec(spec)
 		if err := cfg.Validate(); (err == nil) != ok {
 			t.Errorf("%s: %v, want ok %v", spec, err, ok)
 		}
-		cfg.BufferRule = "mean" // deltas: any codec
+		cfg.BufferRule = rule.Mean{} // deltas: any codec
 		if err := cfg.Validate(); err != nil {
 			t.Errorf("%s with the mean: %v", spec, err)
 		}
 	}
+}
+
+func mustPolicy(t testing.TB, s string) staleness.Policy {
+	t.Helper()
+	p, err := staleness.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

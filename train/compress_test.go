@@ -67,7 +67,7 @@ func TestCompressionCheckpoint(t *testing.T) {
 			runners := func() []*aggregate.Runner {
 				net := aggtest.NewNetwork(aggtest.Config{})
 				cfg := aggregate.DefaultConfig()
-				cfg.Compress = spec
+				cfg.Compress = compression.MustSpec(spec)
 				var rs []*aggregate.Runner
 				for _, id := range ids {
 					r, err := aggregate.NewRunner(id, net.Join(id), cfg)
@@ -119,7 +119,7 @@ func TestCompressionCheckpoint(t *testing.T) {
 
 			net := aggtest.NewNetwork(aggtest.Config{})
 			cfg := aggregate.DefaultConfig()
-			cfg.Compress = "fp16"
+			cfg.Compress = compression.MustSpec("fp16")
 			other, _ := aggregate.NewRunner("c", net.Join("c"), cfg)
 			if err := LoadCompression(back, other.Compression()); !errors.Is(err, ErrCheckpoint) || !errors.Is(err, compression.ErrState) {
 				t.Fatalf("state of %s into fp16: %v", spec, err)

@@ -37,7 +37,7 @@ func TestCompressedOnMocknet(t *testing.T) {
 		for _, spec := range []string{"topk:0.05,ef", "int8:ef", "powersgd:2,ef"} {
 			t.Run(fmt.Sprintf("%v/%s", algo, spec), func(t *testing.T) {
 				cfg := aggregate.DefaultConfig()
-				cfg.Algorithm, cfg.StallTimeout, cfg.Compress, cfg.ChunkElems = algo, 5*time.Second, spec, 1024
+				cfg.Algorithm, cfg.StallTimeout, cfg.Compress, cfg.ChunkElems = algo, 5*time.Second, compression.MustSpec(spec), 1024
 				ps := newPeers(t, nodes, cfg, nil)
 				mem := aggtest.NewNetwork(aggtest.Config{})
 				var ref []*aggregate.Runner

@@ -57,4 +57,34 @@ func Parse(s string) (Rule, error) {
 	return out, nil
 }
 
+// MarshalText implements encoding.TextMarshaler for every rule: a rule in
+// a JSON document reads as its spec.
+func (r Sum) MarshalText() ([]byte, error)     { return []byte(r.String()), nil }
+func (r Mean) MarshalText() ([]byte, error)    { return []byte(r.String()), nil }
+func (r Median) MarshalText() ([]byte, error)  { return []byte(r.String()), nil }
+func (r Trimmed) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+func (r Krum) MarshalText() ([]byte, error)    { return []byte(r.String()), nil }
+func (r CClip) MarshalText() ([]byte, error)   { return []byte(r.String()), nil }
+
+// Flag is a flag.Value that parses a rule spec into *Rule.
+type Flag struct{ Rule *Rule }
+
+// String implements flag.Value.
+func (f Flag) String() string {
+	if f.Rule == nil || *f.Rule == nil {
+		return ""
+	}
+	return (*f.Rule).String()
+}
+
+// Set implements flag.Value (Parse).
+func (f Flag) Set(s string) error {
+	r, err := Parse(s)
+	if err != nil {
+		return err
+	}
+	*f.Rule = r
+	return nil
+}
+
 func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

@@ -13,8 +13,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/sim"
+	"github.com/starling-ml/starling/staleness"
 )
 
 func init() {
@@ -66,7 +69,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	peers := fs.Int("peers", def.Peers, "number of simulated peers")
 	strategy := fs.String("strategy", def.Strategy, "comma-separated strategies to run, one after the other: "+strings.Join(sim.Strategies(), ", "))
 	var policies specList
-	fs.Var(&policies, "policy", "staleness policy for fedasync/fedbuff (repeat or separate with ';' to compare): const, poly:0.5, hinge:10,4, inv, sqrt, …+ssp:S (default "+def.Async.Policy+")")
+	fs.Var(&policies, "policy", "staleness policy for fedasync/fedbuff (repeat or separate with ';' to compare): const, poly:0.5, hinge:10,4, inv, sqrt, …+ssp:S (default "+def.Async.Policy.String()+")")
 	slow := fs.String("slow", "", "slow peers as INDEX:FACTOR,… e.g. 0:4 makes peer 0 four times slower")
 	delay := fs.Duration("delay", 0, "delay every message by a uniform random time in [0, DELAY]")
 	bandwidth := fs.String("bandwidth", "1Gbit", "link bandwidth: 1Gbit, 100Mbit, 50MB, bytes/s; 0 is unlimited")
@@ -94,11 +97,13 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	alpha := fs.Float64("alpha", def.Async.Alpha, "fedasync: mixing rate α")
 	bufK := fs.Int("buffer-k", def.Async.BufferK, "fedbuff: contributions per server step K")
 	serverLR := fs.Float64("server-lr", def.Async.ServerLR, "fedbuff: server learning rate η")
-	bufRule := fs.String("buffer-rule", def.Async.BufferRule, bufferRuleUsage)
+	bufRule := def.Async.BufferRule
+	fs.Var(rule.Flag{Rule: &bufRule}, "buffer-rule", bufferRuleUsage+" (default "+bufRule.String()+")")
 	syncAlgo := fs.String("sync-algo", def.SyncAlgorithm, "sync: all-reduce algorithm (auto, tree, butterfly, ring); butterfly suits the simulated network, where every pair of peers has a link of its own")
 	clipPeers := fs.Float64("clip-peers", def.Async.ClipFactor, "fedasync, adpsgd, sgp: "+clipPeersUsage)
-	codec := fs.String("compress", def.Compress, "sync: codec of the gradient all-reduce; fedasync/fedbuff: codec of published vectors (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
-	fs.StringVar(codec, "codec", def.Compress, "the older name of --compress")
+	var codec compression.Spec
+	fs.TextVar(&codec, "compress", def.Compress, "sync: codec of the gradient all-reduce; fedasync/fedbuff: codec of published vectors (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
+	fs.TextVar(&codec, "codec", def.Compress, "the older name of --compress")
 	stall := fs.Duration("stall-timeout", def.StallTimeout, "all-reduce (sync): how long a silent peer is waited for before it is dropped, as peer run --stall-timeout")
 	every := fs.Int("gossip-every", def.Gossip.Every, "adpsgd/sgp: local steps between exchanges")
 	period := fs.Duration("gossip-period", def.Gossip.Period, "adpsgd/sgp: least time between exchanges a peer starts")
@@ -128,15 +133,23 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	cfg.Worker.Model, cfg.Worker.Batch, cfg.Worker.LR, cfg.Worker.Optimizer = *model, *batch, float32(*lr), *opt
 	cfg.Async.RoundTime = *roundTime
-	cfg.Async.LocalSteps, cfg.Async.Alpha, cfg.Async.BufferK, cfg.Async.ServerLR, cfg.Compress = *localSteps, *alpha, *bufK, *serverLR, *codec
+	cfg.Async.LocalSteps, cfg.Async.Alpha, cfg.Async.BufferK, cfg.Async.ServerLR, cfg.Compress = *localSteps, *alpha, *bufK, *serverLR, codec
 	cfg.StallTimeout = *stall
 	cfg.Gossip.Every, cfg.Gossip.Period = *every, *period
-	cfg.Async.BufferRule, cfg.Async.ClipFactor, cfg.Gossip.ClipFactor = *bufRule, *clipPeers, *clipPeers
+	cfg.Async.BufferRule, cfg.Async.ClipFactor, cfg.Gossip.ClipFactor = bufRule, *clipPeers, *clipPeers
 	cfg.SyncAlgorithm = *syncAlgo
 
 	// Every run's configuration, checked before anything starts.
-	if len(policies) == 0 {
-		policies = specList{""}
+	pols := []staleness.Policy{cfg.Async.Policy}
+	if len(policies) > 0 {
+		pols = pols[:0]
+		for _, s := range policies {
+			p, err := staleness.Parse(s)
+			if err != nil {
+				return fmt.Errorf("experiment: --policy: %w", err)
+			}
+			pols = append(pols, p)
+		}
 	}
 	// Repeats outermost, so that a change in the machine's load during the
 	// experiment falls on every configuration alike.
@@ -144,13 +157,13 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	for r := range *repeat {
 		for _, st := range strings.Split(*strategy, ",") {
 			st = strings.TrimSpace(st)
-			ps := specList{""}
+			ps := pols[:1]
 			if st == "fedasync" || st == "fedbuff" {
-				ps = policies
+				ps = pols
 			}
 			for _, pol := range ps {
 				c := cfg
-				c.Strategy, c.Policy, c.Seed = st, pol, *seed+uint64(r)
+				c.Strategy, c.Async.Policy, c.Seed = st, pol, *seed+uint64(r)
 				if err := c.Validate(); err != nil {
 					return fmt.Errorf("experiment: %s: %w", c.Label(), err)
 				}

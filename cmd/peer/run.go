@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/swarm"
@@ -47,7 +48,8 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	minPeers := fs.Int("min-peers", 2, "wait for this many live peers, this one included, before training")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for --min-peers")
 	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped")
-	ruleSpec := fs.String("aggregate", "mean", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L")
+	aggRule := sw.Aggregate.Rule
+	fs.Var(rule.Flag{Rule: &aggRule}, "aggregate", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L (default "+aggRule.String()+")")
 	// Data.
 	dataDir := fs.String("data", "", "folder with the MNIST IDX files (default: the GoMNIST module in the Go module cache)")
 	partition := fs.String("partition", "iid", "how the data is split between peers: iid, shards (2 label shards each) or dirichlet:α")
@@ -77,7 +79,8 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	linger := fs.Duration("linger", 3*time.Second, "stay up this long after training to serve state to slower peers (federated: longer, up to --round-timeout, while a live peer has yet to finish the last round or is fetching state)")
 	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
-	compress := fs.String("compress", "", "sync: codec of the gradient all-reduce; async: codec of published models (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
+	var compress compression.Spec
+	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
 	d := peerrun.DefaultSyncOptions()
 	jobSteps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip: local steps of this peer (0: until --duration)")
 	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip: evaluate, report and checkpoint every N steps")
@@ -87,7 +90,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
 			Partition: *partition, DataSeed: *dataSeed, Limit: *limit, Checkpoint: *ckpt, Resume: *resume,
-			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: *compress}
+			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: compress}
 		log, err := textLogger(*logLevel, stderr)
 		if err != nil {
 			return o, err
@@ -114,11 +117,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		o.Swarm.Gossip.Namespace = *swarmName
 		o.Swarm.Gossip.Model = *model
 		o.Swarm.Aggregate.StallTimeout = *stall
-		r, err := rule.Parse(*ruleSpec)
-		if err != nil {
-			return o, err
-		}
-		o.Swarm.Aggregate.Rule = r
+		o.Swarm.Aggregate.Rule = aggRule
 		o.Worker = train.WorkerConfig{Model: *model, Batch: *batch, LR: float32(*lr), Optimizer: *opt, Schedule: "constant",
 			WeightDecay: float32(*wd), ClipNorm: *clip, ModelSeed: *seed, DataSeed: *seed*7919 + uint64(o.Shard) + 1, Slowdown: *slow}
 		o.Fed = fed
@@ -190,7 +189,8 @@ func syncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.SyncOptio
 func asyncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.AsyncOptions {
 	d := peerrun.DefaultAsyncOptions()
 	strategy := fs.String("async", d.Async.Mode, "async: fedasync (mix each fresh model in) or fedbuff (apply after K buffered deltas)")
-	policy := fs.String("policy", d.Async.Policy, "async: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S")
+	policy := d.Async.Policy
+	fs.TextVar(&policy, "policy", d.Async.Policy, "async: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S")
 	alpha := fs.Float64("alpha", d.Async.Alpha, "async: fedasync mixing rate α")
 	bufferK := fs.Int("buffer-k", d.Async.BufferK, "async: fedbuff contributions per server step K")
 	serverLR := fs.Float64("server-lr", d.Async.ServerLR, "async: fedbuff server learning rate η")
@@ -201,14 +201,15 @@ func asyncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.AsyncOpt
 	period := fs.Duration("gossip-period", 0, "gossip: least time between two exchanges this peer starts (0: none)")
 	duration := fs.Duration("duration", 0, "async, gossip: stop training after this long (0: only --steps)")
 	clipPeers := fs.Float64("clip-peers", d.Async.ClipFactor, "async (fedasync), gossip (adpsgd, sgp): "+clipPeersUsage)
-	bufRule := fs.String("buffer-rule", d.Async.BufferRule, "async: "+bufferRuleUsage)
+	bufRule := d.Async.BufferRule
+	fs.Var(rule.Flag{Rule: &bufRule}, "buffer-rule", "async: "+bufferRuleUsage+" (default "+bufRule.String()+")")
 	return func() peerrun.AsyncOptions {
 		o := d
-		o.Async.Mode, o.Async.Policy, o.Async.Alpha, o.Async.BufferK = *strategy, *policy, *alpha, *bufferK
+		o.Async.Mode, o.Async.Policy, o.Async.Alpha, o.Async.BufferK = *strategy, policy, *alpha, *bufferK
 		o.Async.ServerLR, o.Async.LocalSteps, o.Async.RoundTime = *serverLR, *publish, *roundTime
 		o.Gossip.Algorithm, o.Gossip.Every, o.Gossip.Period = *algo, *every, *period
 		o.Steps, o.EvalEvery, o.Duration = *steps, *evalEvery, *duration
-		o.Async.ClipFactor, o.Gossip.ClipFactor, o.Async.BufferRule = *clipPeers, *clipPeers, *bufRule
+		o.Async.ClipFactor, o.Gossip.ClipFactor, o.Async.BufferRule = *clipPeers, *clipPeers, bufRule
 		switch *algo {
 		case "pairwise":
 			o.Gossip.Algorithm = train.GossipPairwise

@@ -86,7 +86,7 @@ func TestRunFlagsOneDestination(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Compress != "fp16" || o.Swarm.Aggregate.Compress != "" || o.Async.Async.Codec != train.DefaultAsyncConfig().Codec {
+	if o.Compress.String() != "fp16" || !o.Swarm.Aggregate.Compress.IsZero() || o.Async.Async.Codec.String() != train.DefaultAsyncConfig().Codec.String() {
 		t.Errorf("--compress: Options.Compress %q, aggregate %q, async %q", o.Compress, o.Swarm.Aggregate.Compress, o.Async.Async.Codec)
 	}
 	if o.Sync.Sync.Steps != 7 || o.Async.Steps != 7 || o.Sync.EvalEvery != 3 || o.Async.EvalEvery != 3 {

@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/sim"
 )
@@ -44,7 +45,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	opt := fs.String("optimizer", def.Worker.Optimizer, "sgd, momentum, nesterov, adam, adamw")
 	sched := fs.String("schedule", def.Worker.Schedule, "learning-rate schedule over the whole run: constant, cosine, step, warmup:N+…")
 	model := fs.String("model", "2nn", "model: 2nn (784-200-200-10), cnn, logreg, mlp:784-…-10")
-	codecs := fs.String("codecs", strings.Join(def.Codecs, ";"), "';'-separated --compress specs to compare (fp32 is the uncompressed baseline)")
+	var names []string
+	for _, c := range def.Codecs {
+		names = append(names, c.String())
+	}
+	codecs := fs.String("codecs", strings.Join(names, ";"), "';'-separated --compress specs to compare (fp32 is the uncompressed baseline)")
 	algo := fs.String("algo", "auto", "all-reduce algorithm: auto, tree or butterfly")
 	seed := fs.Uint64("seed", def.Seed, "seed of the shards, batch order and initial model")
 	repeat := fs.Int("repeat", 1, "run every codec with seeds seed, seed+1, … and report means")
@@ -66,7 +71,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg.Codecs = nil
 	for _, s := range strings.Split(*codecs, ";") {
 		if s = strings.TrimSpace(s); s != "" {
-			cfg.Codecs = append(cfg.Codecs, s)
+			c, err := compression.ParseSpec(s)
+			if err != nil {
+				return err
+			}
+			cfg.Codecs = append(cfg.Codecs, c)
 		}
 	}
 	if *repeat < 1 {

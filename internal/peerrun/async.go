@@ -1,7 +1,6 @@
 package peerrun
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -9,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
@@ -59,7 +59,7 @@ func (o *Options) validateAsync() error {
 	switch o.Mode {
 	case "async":
 		cfg := o.Async.Async
-		cfg.Model, cfg.Codec = o.Swarm.Gossip.Model, cmp.Or(o.Compress, cfg.Codec)
+		cfg.Model, cfg.Codec = o.Swarm.Gossip.Model, compressOr(o.Compress, cfg.Codec)
 		err = cfg.Validate()
 	case "gossip":
 		err = o.Async.Gossip.Validate()
@@ -76,7 +76,7 @@ func (o *Options) validateAsync() error {
 // by its staleness) or FedBuff (apply after K buffered deltas).
 func runAsync(ctx context.Context, env *Env) error {
 	cfg := env.Opts.Async.Async
-	cfg.Model, cfg.MaxSteps, cfg.Codec = env.Opts.Swarm.Gossip.Model, env.Opts.Async.Steps, cmp.Or(env.Opts.Compress, cfg.Codec)
+	cfg.Model, cfg.MaxSteps, cfg.Codec = env.Opts.Swarm.Gossip.Model, env.Opts.Async.Steps, compressOr(env.Opts.Compress, cfg.Codec)
 	return runStreaming(ctx, env, cfg.Mode, func(ctx context.Context, net *swarm.StreamNet, ev *evaluator) (string, error) {
 		sum, err := train.RunAsync(ctx, env.Worker, net, cfg, ev)
 		if err != nil {
@@ -231,4 +231,12 @@ func (e *evaluator) finish(note string) error {
 	e.last, e.lastStep = append(e.last[:0], e.env.Worker.Model.Params...), e.env.Worker.Steps
 	e.report(note)
 	return e.err
+}
+
+// compressOr returns s, or def when s is zero.
+func compressOr(s, def compression.Spec) compression.Spec {
+	if s.IsZero() {
+		return def
+	}
+	return s
 }

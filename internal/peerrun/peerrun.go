@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/swarm"
@@ -47,10 +48,9 @@ type Options struct {
 	Sync SyncOptions
 	// Async holds the settings of --mode async and --mode gossip.
 	Async AsyncOptions
-	// Compress is the codec spec of what this peer sends (compression.
-	// Parse): sync's gradient all-reduce, async's published models. ""
-	// sends float32.
-	Compress string
+	// Compress is the codec of what this peer sends: sync's gradient
+	// all-reduce, async's published models. The zero Spec sends float32.
+	Compress compression.Spec
 
 	Checkpoint string // path of this peer's checkpoint file ("" for none)
 	Resume     bool   // continue from Checkpoint
@@ -192,7 +192,7 @@ func (o *Options) Validate() error {
 			return err
 		}
 	}
-	if o.Compress != "" && o.Mode != "sync" && o.Mode != "async" {
+	if !o.Compress.IsZero() && o.Mode != "sync" && o.Mode != "async" {
 		return fmt.Errorf("%w: --compress applies to --mode sync and async, not %s", ErrUsage, o.Mode)
 	}
 	if o.Mode == "federated" {
@@ -284,7 +284,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	case "federated":
 		sum.Strategy = opts.Fed.Strategy
 	case "async":
-		sum.Strategy = opts.Async.Async.Mode + " " + opts.Async.Async.Policy
+		sum.Strategy = opts.Async.Async.Mode + " " + opts.Async.Async.Policy.String()
 	case "gossip":
 		sum.Strategy = opts.Async.Gossip.Algorithm
 	}
