@@ -29,7 +29,7 @@ const (
 )
 
 // Set is a labelled dataset held in memory: X is N×Dim row-major float32,
-// Y holds N labels in [0, Classes).
+// Y holds N labels in [0, Classes). It implements Labeled.
 type Set struct {
 	X       []float32
 	Y       []int32
@@ -37,6 +37,9 @@ type Set struct {
 	Classes int
 	// Shape is the per-sample shape (H, W, C) for image data.
 	Shape [3]int
+	// Dims is the per-sample shape when Shape cannot hold it (rank above
+	// three); nil otherwise. See InputShape.
+	Dims []int
 }
 
 // Len returns the number of samples.
@@ -47,7 +50,7 @@ func (s *Set) Sample(i int) []float32 { return s.X[i*s.Dim : (i+1)*s.Dim] }
 
 // Subset returns a new Set holding copies of the samples at idx, in order.
 func (s *Set) Subset(idx []int) *Set {
-	out := &Set{X: make([]float32, len(idx)*s.Dim), Y: make([]int32, len(idx)), Dim: s.Dim, Classes: s.Classes, Shape: s.Shape}
+	out := &Set{X: make([]float32, len(idx)*s.Dim), Y: make([]int32, len(idx)), Dim: s.Dim, Classes: s.Classes, Shape: s.Shape, Dims: s.Dims}
 	for k, i := range idx {
 		copy(out.X[k*s.Dim:], s.Sample(i))
 		out.Y[k] = s.Y[i]
