@@ -188,13 +188,13 @@ func LoadMNIST(dir string) (train, test *Set, err error) {
 	return train, test, nil
 }
 
-func readIDXFile(path string) (*IDX, error) {
+func readIDXFile(path string, anyType bool) (*IDX, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrNoDataset, err)
 	}
 	defer f.Close()
-	idx, err := ReadIDX(f)
+	idx, err := readIDX(f, anyType)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -202,11 +202,11 @@ func readIDXFile(path string) (*IDX, error) {
 }
 
 func readMNISTPair(imgPath, lblPath string) (*Set, error) {
-	img, err := readIDXFile(imgPath)
+	img, err := readIDXFile(imgPath, false)
 	if err != nil {
 		return nil, err
 	}
-	lbl, err := readIDXFile(lblPath)
+	lbl, err := readIDXFile(lblPath, false)
 	if err != nil {
 		return nil, err
 	}
@@ -216,6 +216,9 @@ func readMNISTPair(imgPath, lblPath string) (*Set, error) {
 // MNISTFromIDX builds a Set from decoded image and label IDX files,
 // checking that their shapes agree and every label is a digit.
 func MNISTFromIDX(img, lbl *IDX) (*Set, error) {
+	if img.elemType() != IDXUint8 || lbl.elemType() != IDXUint8 {
+		return nil, fmt.Errorf("%w: MNIST images and labels are uint8, not %v and %v", ErrUnsupportedType, img.elemType(), lbl.elemType())
+	}
 	if len(img.Dims) != 3 {
 		return nil, fmt.Errorf("%w: images have %d dimensions, want 3 (N, rows, cols)", ErrBadIDX, len(img.Dims))
 	}
