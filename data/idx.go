@@ -11,7 +11,7 @@ import (
 	"math"
 )
 
-// Errors returned by the IDX reader and loaders.
+// Errors returned by the IDX reader and the dataset loaders.
 var (
 	// ErrBadIDX reports a file that is not a well-formed IDX file, or an
 	// IDX pair that does not make a dataset.
@@ -21,9 +21,8 @@ var (
 	// ErrUnsupportedType reports an element type the reader or the loader
 	// cannot use; it also matches ErrBadIDX.
 	ErrUnsupportedType = fmt.Errorf("%w: unsupported element type", ErrBadIDX)
-	// ErrLabelRange reports a label outside [0, classes); it also matches
-	// ErrBadIDX.
-	ErrLabelRange = fmt.Errorf("%w: label out of range", ErrBadIDX)
+	// ErrLabelRange reports a label or token outside [0, classes).
+	ErrLabelRange = errors.New("data: label out of range")
 )
 
 // MaxIDXBytes bounds the payload an IDX header may claim, so a corrupt or
