@@ -98,63 +98,53 @@ func (x *IDX) Len() int { return len(x.Data) / x.elemType().Size() }
 // Float32s appends every element, converted to float32, to dst and returns
 // the extended slice. Integers above 2²⁴ in magnitude and float64 values
 // round to the nearest float32.
-func (x *IDX) Float32s(dst []float32) []float32 {
+func (x *IDX) Float32s(dst []float32) []float32 { return appendIDX(dst, x) }
+
+// ints returns every element of an integer-typed file, or an error
+// wrapping ErrUnsupportedType for a float-typed one.
+func (x *IDX) ints() ([]int64, error) {
+	if t := x.elemType(); t == IDXFloat32 || t == IDXFloat64 {
+		return nil, fmt.Errorf("%w: labels are %v, want an integer type", ErrUnsupportedType, t)
+	}
+	// Every integer type IDX defines is exact in float64.
+	vals := appendIDX(make([]float64, 0, x.Len()), x)
+	out := make([]int64, len(vals))
+	for i, v := range vals {
+		out[i] = int64(v)
+	}
+	return out, nil
+}
+
+// appendIDX appends x's elements, converted to T, to dst.
+func appendIDX[T float32 | float64](dst []T, x *IDX) []T {
 	b := x.Data
 	switch x.elemType() {
 	case IDXUint8:
 		for _, v := range b {
-			dst = append(dst, float32(v))
+			dst = append(dst, T(v))
 		}
 	case IDXInt8:
 		for _, v := range b {
-			dst = append(dst, float32(int8(v)))
+			dst = append(dst, T(int8(v)))
 		}
 	case IDXInt16:
 		for i := 0; i+2 <= len(b); i += 2 {
-			dst = append(dst, float32(int16(binary.BigEndian.Uint16(b[i:]))))
+			dst = append(dst, T(int16(binary.BigEndian.Uint16(b[i:]))))
 		}
 	case IDXInt32:
 		for i := 0; i+4 <= len(b); i += 4 {
-			dst = append(dst, float32(int32(binary.BigEndian.Uint32(b[i:]))))
+			dst = append(dst, T(int32(binary.BigEndian.Uint32(b[i:]))))
 		}
 	case IDXFloat32:
 		for i := 0; i+4 <= len(b); i += 4 {
-			dst = append(dst, math.Float32frombits(binary.BigEndian.Uint32(b[i:])))
+			dst = append(dst, T(math.Float32frombits(binary.BigEndian.Uint32(b[i:]))))
 		}
 	case IDXFloat64:
 		for i := 0; i+8 <= len(b); i += 8 {
-			dst = append(dst, float32(math.Float64frombits(binary.BigEndian.Uint64(b[i:]))))
+			dst = append(dst, T(math.Float64frombits(binary.BigEndian.Uint64(b[i:]))))
 		}
 	}
 	return dst
-}
-
-// ints returns every element of an integer-typed file as int64, or an
-// error wrapping ErrUnsupportedType for a float-typed one.
-func (x *IDX) ints() ([]int64, error) {
-	b, t := x.Data, x.elemType()
-	out := make([]int64, 0, x.Len())
-	switch t {
-	case IDXUint8:
-		for _, v := range b {
-			out = append(out, int64(v))
-		}
-	case IDXInt8:
-		for _, v := range b {
-			out = append(out, int64(int8(v)))
-		}
-	case IDXInt16:
-		for i := 0; i+2 <= len(b); i += 2 {
-			out = append(out, int64(int16(binary.BigEndian.Uint16(b[i:]))))
-		}
-	case IDXInt32:
-		for i := 0; i+4 <= len(b); i += 4 {
-			out = append(out, int64(int32(binary.BigEndian.Uint32(b[i:]))))
-		}
-	default:
-		return nil, fmt.Errorf("%w: labels are %v, want an integer type", ErrUnsupportedType, t)
-	}
-	return out, nil
 }
 
 // ReadIDX reads an IDX file of unsigned bytes from r; any other element

@@ -66,34 +66,3 @@ func TestReadIDXAnyTypes(t *testing.T) {
 		t.Fatalf("rank 7: %v %+v", err, x)
 	}
 }
-
-func FuzzReadIDXAny(f *testing.F) {
-	f.Add(idxTyped(IDXFloat32, []uint32{2, 2}, []float64{1, -2, 3.5, 4}))
-	f.Add(gz(idxTyped(IDXInt16, []uint32{3}, []float64{1, -2, 3})))
-	f.Add(idxTyped(IDXFloat64, []uint32{1, 1, 1, 1, 1, 2}, []float64{1, 2}))
-	f.Add([]byte{0, 0, 0x0c, 2, 0, 0, 0, 1, 0, 0, 0, 28})
-	f.Fuzz(func(t *testing.T, in []byte) {
-		x, err := ReadIDXAny(bytes.NewReader(in))
-		if err != nil {
-			return
-		}
-		n := 1
-		for _, d := range x.Dims {
-			n *= d
-		}
-		if len(x.Data) != n*x.Type.Size() || x.Len() != n || len(x.Float32s(nil)) != n {
-			t.Fatalf("dims %v of %v but %d bytes", x.Dims, x.Type, len(x.Data))
-		}
-		// What was read writes back to a file that reads the same.
-		var b bytes.Buffer
-		b.Write([]byte{0, 0, byte(x.Type), byte(len(x.Dims))})
-		for _, d := range x.Dims {
-			binary.Write(&b, binary.BigEndian, uint32(d))
-		}
-		b.Write(x.Data)
-		y, err := ReadIDXAny(&b)
-		if err != nil || !reflect.DeepEqual(x, y) {
-			t.Fatalf("re-read: %v", err)
-		}
-	})
-}

@@ -127,11 +127,7 @@ type idxSplit struct {
 // classes or normalisation. When want is not nil the samples must have
 // that shape (the training split's).
 func readIDXSplit(imgPath, lblPath string, want []int) (*idxSplit, error) {
-	img, err := readIDXFile(imgPath, true)
-	if err != nil {
-		return nil, err
-	}
-	lbl, err := readIDXFile(lblPath, true)
+	img, lbl, err := readIDXPair(imgPath, lblPath, true)
 	if err != nil {
 		return nil, err
 	}

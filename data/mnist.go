@@ -201,12 +201,20 @@ func readIDXFile(path string, anyType bool) (*IDX, error) {
 	return idx, nil
 }
 
-func readMNISTPair(imgPath, lblPath string) (*Set, error) {
-	img, err := readIDXFile(imgPath, false)
-	if err != nil {
-		return nil, err
+// readIDXPair reads an inputs file and a labels file, of unsigned bytes
+// unless anyType.
+func readIDXPair(imgPath, lblPath string, anyType bool) (img, lbl *IDX, err error) {
+	if img, err = readIDXFile(imgPath, anyType); err != nil {
+		return nil, nil, err
 	}
-	lbl, err := readIDXFile(lblPath, false)
+	if lbl, err = readIDXFile(lblPath, anyType); err != nil {
+		return nil, nil, err
+	}
+	return img, lbl, nil
+}
+
+func readMNISTPair(imgPath, lblPath string) (*Set, error) {
+	img, lbl, err := readIDXPair(imgPath, lblPath, false)
 	if err != nil {
 		return nil, err
 	}
