@@ -67,9 +67,9 @@ type CorpusConfig struct {
 	SkipDirs []string
 }
 
-// ReadCorpus reads a text file, or every file of a folder and its
-// subfolders that cfg selects, skipping entries whose names start with a
-// dot. A file holding a NUL byte or more than 1% of bytes that are not
+// ReadCorpus reads a text file (whatever its name), or every file of a
+// folder and its subfolders that cfg selects, skipping entries whose names
+// start with a dot. A file holding a NUL byte or more than 1% of bytes that are not
 // valid UTF-8 is binary: it is skipped and named in Skipped, and an error
 // wrapping ErrBinary is returned when nothing else is left. Empty files
 // are dropped. Errors name the path and wrap ErrNoDataset (nothing to

@@ -5,9 +5,14 @@ import (
 	"fmt"
 )
 
-// ErrUnlabeled reports a label-based operation (label shards, Dirichlet)
-// asked of a Dataset that does not implement Labeled.
-var ErrUnlabeled = errors.New("data: dataset has no class labels")
+// Errors about datasets in general.
+var (
+	// ErrUnlabeled reports a label-based operation (label shards,
+	// Dirichlet) asked of a Dataset that does not implement Labeled.
+	ErrUnlabeled = errors.New("data: dataset has no class labels")
+	// ErrConfig reports parameters a loader or constructor cannot follow.
+	ErrConfig = errors.New("data: invalid parameters")
+)
 
 // Dataset is what the training loop iterates: Len samples, each an input of
 // InputShape and Targets integer targets. Implementations are read-only

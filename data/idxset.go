@@ -50,10 +50,10 @@ func DefaultIDXConfig() IDXConfig { return IDXConfig{} }
 // Validate reports a configuration LoadIDX cannot follow.
 func (c IDXConfig) Validate() error {
 	if c.Classes < 0 {
-		return fmt.Errorf("data: IDX config: %d classes", c.Classes)
+		return fmt.Errorf("%w: IDX config: %d classes", ErrConfig, c.Classes)
 	}
 	if c.Norm > NormNone {
-		return fmt.Errorf("data: IDX config: unknown normalisation %v", c.Norm)
+		return fmt.Errorf("%w: IDX config: unknown normalisation %v", ErrConfig, c.Norm)
 	}
 	return nil
 }
@@ -68,7 +68,7 @@ func LoadIDX(trainImages, trainLabels, testImages, testLabels string, cfg IDXCon
 		return nil, nil, err
 	}
 	if (testImages == "") != (testLabels == "") {
-		return nil, nil, fmt.Errorf("data: LoadIDX needs both test files or neither, got %q and %q", testImages, testLabels)
+		return nil, nil, fmt.Errorf("%w: LoadIDX needs both test files or neither, got %q and %q", ErrConfig, testImages, testLabels)
 	}
 	tr, err := readIDXSplit(trainImages, trainLabels, nil)
 	if err != nil {

@@ -145,7 +145,7 @@ func TestLoadIDXBad(t *testing.T) {
 		{"empty samples", idxTyped(IDXUint8, []uint32{4, 0}, nil), y4, x4, y4, IDXConfig{}, ErrBadIDX, "train-x"},
 		{"NaN", nan, y4, x4, y4, IDXConfig{}, ErrBadIDX, "train-x"},
 		{"missing file", x4, y4, nil, y4, IDXConfig{}, ErrNoDataset, "test-x"},
-		{"bad config", x4, y4, x4, y4, IDXConfig{Classes: -1}, nil, ""},
+		{"bad config", x4, y4, x4, y4, IDXConfig{Classes: -1}, ErrConfig, ""},
 	}
 	for _, c := range cases {
 		files := map[string][]byte{"train-x": c.x, "train-y": c.y, "test-x": c.tx, "test-y": c.ty}
@@ -158,13 +158,13 @@ func TestLoadIDXBad(t *testing.T) {
 		switch {
 		case err == nil:
 			t.Errorf("%s: no error", c.name)
-		case c.want != nil && !errors.Is(err, c.want):
+		case !errors.Is(err, c.want):
 			t.Errorf("%s: err = %v, want %v", c.name, err, c.want)
 		case !strings.Contains(err.Error(), c.file) || strings.Contains(err.Error(), "\n"):
 			t.Errorf("%s: %q is not one line naming %s", c.name, err, c.file)
 		}
 	}
-	if _, _, err := LoadIDX("a", "b", "c", "", IDXConfig{}); err == nil {
+	if _, _, err := LoadIDX("a", "b", "c", "", IDXConfig{}); !errors.Is(err, ErrConfig) {
 		t.Error("one test file: no error")
 	}
 }

@@ -59,7 +59,7 @@ type Vocab struct {
 // level. An empty corpus is an error wrapping ErrEmptyCorpus.
 func NewVocab(train *Corpus, level Level) (*Vocab, error) {
 	if level != ByteLevel && level != RuneLevel {
-		return nil, fmt.Errorf("data: vocabulary level %v is neither byte nor rune", level)
+		return nil, fmt.Errorf("%w: vocabulary level %v is neither byte nor rune", ErrConfig, level)
 	}
 	if train.Bytes() == 0 {
 		return nil, fmt.Errorf("%s: %w: no text to build a vocabulary from", train.Root, ErrEmptyCorpus)

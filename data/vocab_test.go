@@ -61,7 +61,7 @@ func TestVocab(t *testing.T) {
 	if _, err := NewVocab(corpusOf(), RuneLevel); !errors.Is(err, ErrEmptyCorpus) {
 		t.Fatalf("empty corpus: %v", err)
 	}
-	if _, err := NewVocab(train, 0); err == nil {
+	if _, err := NewVocab(train, 0); !errors.Is(err, ErrConfig) {
 		t.Fatal("level 0: no error")
 	}
 }

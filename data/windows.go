@@ -30,7 +30,7 @@ var _ Dataset = (*Windows)(nil)
 // NewWindows returns the windows of seqLen+1 tokens every stride tokens
 // (stride 0: seqLen) over tokens, each of which must lie in
 // [0, vocabSize). Windows keeps its own copy of the tokens. Errors wrap
-// ErrTooShort or ErrLabelRange.
+// ErrTooShort, ErrLabelRange or ErrConfig.
 func NewWindows(tokens []int32, vocabSize, seqLen, stride int) (*Windows, error) {
 	w, err := newWindows(vocabSize, seqLen, stride, len(tokens))
 	if err != nil {
@@ -70,7 +70,7 @@ func newWindows(vocabSize, seqLen, stride, capacity int) (*Windows, error) {
 		stride = seqLen
 	}
 	if vocabSize <= 0 || vocabSize > 1<<24 || seqLen <= 0 || stride <= 0 {
-		return nil, fmt.Errorf("data: windows of %d tokens every %d over a vocabulary of %d", seqLen, stride, vocabSize)
+		return nil, fmt.Errorf("%w: windows of %d tokens every %d over a vocabulary of %d", ErrConfig, seqLen, stride, vocabSize)
 	}
 	w := &Windows{seq: seqLen, stride: stride, classes: vocabSize}
 	if vocabSize <= math.MaxUint16+1 {
