@@ -67,21 +67,42 @@ func TestReadIDXBad(t *testing.T) {
 	}
 }
 
+// FuzzReadIDX: whatever either reader accepts has the size its header
+// claims and writes back to a file that reads the same; what ReadIDX
+// accepts ReadIDXAny reads alike.
 func FuzzReadIDX(f *testing.F) {
 	f.Add(idxBytes([]uint32{2, 2}, []byte{1, 2, 3, 4}))
 	f.Add(gz(idxBytes([]uint32{3}, []byte{1, 2, 3})))
 	f.Add([]byte{0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 28, 0, 0, 0, 28})
+	f.Add(idxTyped(IDXFloat32, []uint32{2, 2}, []float64{1, -2, 3.5, 4}))
+	f.Add(gz(idxTyped(IDXInt16, []uint32{3}, []float64{1, -2, 3})))
+	f.Add(idxTyped(IDXFloat64, []uint32{1, 1, 1, 1, 1, 2}, []float64{1, 2}))
+	f.Add([]byte{0, 0, 0x0c, 2, 0, 0, 0, 1, 0, 0, 0, 28})
 	f.Fuzz(func(t *testing.T, in []byte) {
-		idx, err := ReadIDX(bytes.NewReader(in))
+		bytesOnly, errBytes := ReadIDX(bytes.NewReader(in))
+		x, err := ReadIDXAny(bytes.NewReader(in))
+		if errBytes == nil && (err != nil || !reflect.DeepEqual(bytesOnly, x)) {
+			t.Fatalf("ReadIDX reads %+v, ReadIDXAny %+v, %v", bytesOnly, x, err)
+		}
 		if err != nil {
 			return
 		}
 		n := 1
-		for _, d := range idx.Dims {
+		for _, d := range x.Dims {
 			n *= d
 		}
-		if len(idx.Data) != n {
-			t.Fatalf("dims %v but %d bytes", idx.Dims, len(idx.Data))
+		if len(x.Data) != n*x.Type.Size() || x.Len() != n || len(x.Float32s(nil)) != n {
+			t.Fatalf("dims %v of %v but %d bytes", x.Dims, x.Type, len(x.Data))
+		}
+		var b bytes.Buffer
+		b.Write([]byte{0, 0, byte(x.Type), byte(len(x.Dims))})
+		for _, d := range x.Dims {
+			binary.Write(&b, binary.BigEndian, uint32(d))
+		}
+		b.Write(x.Data)
+		y, err := ReadIDXAny(&b)
+		if err != nil || !reflect.DeepEqual(x, y) {
+			t.Fatalf("re-read: %v", err)
 		}
 	})
 }

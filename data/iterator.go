@@ -1,35 +1,39 @@
 package data
 
-// Iterator walks a Set in shuffled mini-batches, reshuffling every epoch.
-// The order depends only on the seed and the epoch number. The slices
-// returned by Batch are owned by the iterator and valid until the next call
-// to Next.
+// Iterator walks a Dataset in shuffled mini-batches, reshuffling every
+// epoch. The order depends only on the seed, the epoch number and Len. The
+// slices returned by Batch are owned by the iterator and valid until the
+// next call to Next.
 type Iterator struct {
-	set   *Set
-	batch int
-	seed  uint64
-	epoch int
-	perm  []int
-	pos   int
-	x     []float32
-	y     []int32
-	n     int
+	ds      Dataset
+	batch   int
+	dim     int // float32 values per sample
+	targets int // targets per sample
+	seed    uint64
+	epoch   int
+	perm    []int
+	pos     int
+	x       []float32
+	y       []int32
+	n       int
 	// DropLast skips the final batch of an epoch when it is short.
 	DropLast bool
 }
 
-// NewIterator returns an iterator over s with the given batch size.
-func NewIterator(s *Set, batch int, seed uint64) *Iterator {
+// NewIterator returns an iterator over ds with the given batch size.
+func NewIterator(ds Dataset, batch int, seed uint64) *Iterator {
 	if batch <= 0 {
 		batch = 1
 	}
-	it := &Iterator{set: s, batch: batch, seed: seed, x: make([]float32, batch*s.Dim), y: make([]int32, batch)}
+	dim, targets := InputSize(ds), ds.Targets()
+	it := &Iterator{ds: ds, batch: batch, dim: dim, targets: targets, seed: seed,
+		x: make([]float32, batch*dim), y: make([]int32, batch*targets)}
 	it.shuffle()
 	return it
 }
 
 func (it *Iterator) shuffle() {
-	it.perm = newRand(it.seed ^ uint64(it.epoch)*0x9e3779b97f4a7c15).Perm(it.set.Len())
+	it.perm = newRand(it.seed ^ uint64(it.epoch)*0x9e3779b97f4a7c15).Perm(it.ds.Len())
 	it.pos = 0
 }
 
@@ -46,24 +50,20 @@ func (it *Iterator) Next() bool {
 		return false
 	}
 	it.n = min(it.batch, rest)
-	d := it.set.Dim
-	for k := 0; k < it.n; k++ {
-		i := it.perm[it.pos+k]
-		copy(it.x[k*d:(k+1)*d], it.set.Sample(i))
-		it.y[k] = it.set.Y[i]
-	}
+	it.ds.Batch(it.perm[it.pos:it.pos+it.n], it.x[:it.n*it.dim], it.y[:it.n*it.targets])
 	it.pos += it.n
 	return true
 }
 
-// Batch returns the current batch: n×Dim features and n labels.
+// Batch returns the current batch: n samples of InputSize values each and
+// their n·Targets targets.
 func (it *Iterator) Batch() (x []float32, y []int32) {
-	return it.x[:it.n*it.set.Dim], it.y[:it.n]
+	return it.x[:it.n*it.dim], it.y[:it.n*it.targets]
 }
 
 // BatchesPerEpoch returns the number of batches Next yields per epoch.
 func (it *Iterator) BatchesPerEpoch() int {
-	n := it.set.Len()
+	n := it.ds.Len()
 	if it.DropLast {
 		return n / it.batch
 	}

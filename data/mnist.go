@@ -29,7 +29,7 @@ const (
 )
 
 // Set is a labelled dataset held in memory: X is N×Dim row-major float32,
-// Y holds N labels in [0, Classes).
+// Y holds N labels in [0, Classes). It implements Labeled.
 type Set struct {
 	X       []float32
 	Y       []int32
@@ -37,6 +37,9 @@ type Set struct {
 	Classes int
 	// Shape is the per-sample shape (H, W, C) for image data.
 	Shape [3]int
+	// Dims is the per-sample shape when Shape cannot hold it (rank above
+	// three); nil otherwise. See InputShape.
+	Dims []int
 }
 
 // Len returns the number of samples.
@@ -47,7 +50,7 @@ func (s *Set) Sample(i int) []float32 { return s.X[i*s.Dim : (i+1)*s.Dim] }
 
 // Subset returns a new Set holding copies of the samples at idx, in order.
 func (s *Set) Subset(idx []int) *Set {
-	out := &Set{X: make([]float32, len(idx)*s.Dim), Y: make([]int32, len(idx)), Dim: s.Dim, Classes: s.Classes, Shape: s.Shape}
+	out := &Set{X: make([]float32, len(idx)*s.Dim), Y: make([]int32, len(idx)), Dim: s.Dim, Classes: s.Classes, Shape: s.Shape, Dims: s.Dims}
 	for k, i := range idx {
 		copy(out.X[k*s.Dim:], s.Sample(i))
 		out.Y[k] = s.Y[i]
@@ -185,25 +188,33 @@ func LoadMNIST(dir string) (train, test *Set, err error) {
 	return train, test, nil
 }
 
-func readIDXFile(path string) (*IDX, error) {
+func readIDXFile(path string, anyType bool) (*IDX, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrNoDataset, err)
 	}
 	defer f.Close()
-	idx, err := ReadIDX(f)
+	idx, err := readIDX(f, anyType)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return idx, nil
 }
 
-func readMNISTPair(imgPath, lblPath string) (*Set, error) {
-	img, err := readIDXFile(imgPath)
-	if err != nil {
-		return nil, err
+// readIDXPair reads an inputs file and a labels file, of unsigned bytes
+// unless anyType.
+func readIDXPair(imgPath, lblPath string, anyType bool) (img, lbl *IDX, err error) {
+	if img, err = readIDXFile(imgPath, anyType); err != nil {
+		return nil, nil, err
 	}
-	lbl, err := readIDXFile(lblPath)
+	if lbl, err = readIDXFile(lblPath, anyType); err != nil {
+		return nil, nil, err
+	}
+	return img, lbl, nil
+}
+
+func readMNISTPair(imgPath, lblPath string) (*Set, error) {
+	img, lbl, err := readIDXPair(imgPath, lblPath, false)
 	if err != nil {
 		return nil, err
 	}
@@ -213,6 +224,9 @@ func readMNISTPair(imgPath, lblPath string) (*Set, error) {
 // MNISTFromIDX builds a Set from decoded image and label IDX files,
 // checking that their shapes agree and every label is a digit.
 func MNISTFromIDX(img, lbl *IDX) (*Set, error) {
+	if img.elemType() != IDXUint8 || lbl.elemType() != IDXUint8 {
+		return nil, fmt.Errorf("%w: MNIST images and labels are uint8, not %v and %v", ErrUnsupportedType, img.elemType(), lbl.elemType())
+	}
 	if len(img.Dims) != 3 {
 		return nil, fmt.Errorf("%w: images have %d dimensions, want 3 (N, rows, cols)", ErrBadIDX, len(img.Dims))
 	}

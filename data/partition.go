@@ -157,21 +157,27 @@ func LabelCounts(labels []int32, idx []int, classes int) []int {
 	return c
 }
 
-// Partition splits set between parts peers as spec says: "iid", "shards"
+// Partition splits ds between parts peers as spec says: "iid", "shards"
 // (McMahan et al.'s pathological non-IID split, two label shards each) or
 // "dirichlet:α" (label proportions drawn from Dir(α), at least 10 samples
-// a part).
-func Partition(set *Set, parts int, spec string, seed uint64) ([][]int, error) {
-	switch {
-	case spec == "iid":
-		return IID(set.Len(), parts, seed)
-	case spec == "shards":
-		return Shards(set.Y, parts, 2, seed)
-	default:
-		var alpha float64
-		if _, err := fmt.Sscanf(spec, "dirichlet:%g", &alpha); err != nil {
-			return nil, fmt.Errorf("data: unknown partition %q (want iid, shards or dirichlet:α)", spec)
-		}
-		return Dirichlet(set.Y, parts, alpha, 10, seed)
+// a part). The label-based specs need a Labeled dataset and fail with
+// ErrUnlabeled otherwise.
+func Partition(ds Dataset, parts int, spec string, seed uint64) ([][]int, error) {
+	if spec == "iid" {
+		return IID(ds.Len(), parts, seed)
 	}
+	var alpha float64
+	if spec != "shards" {
+		if _, err := fmt.Sscanf(spec, "dirichlet:%g", &alpha); err != nil {
+			return nil, fmt.Errorf("%w: unknown partition %q (want iid, shards or dirichlet:α)", ErrPartition, spec)
+		}
+	}
+	l, ok := ds.(Labeled)
+	if !ok {
+		return nil, fmt.Errorf("%w: partition %q needs labels and %T has none; use iid", ErrUnlabeled, spec, ds)
+	}
+	if spec == "shards" {
+		return Shards(l.Labels(), parts, 2, seed)
+	}
+	return Dirichlet(l.Labels(), parts, alpha, 10, seed)
 }
