@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -133,8 +135,9 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 		if err != nil {
 			return nil, fmt.Errorf("client %d: %w", i, err)
 		}
+		net := fixedMembers{Net: p.Swarm.Net(wc.Batch), group: p.Group}
 		wg.Go(func() {
-			errs[i] = train.Federated(ctx, w, p.Swarm.Net(wc.Batch), cfg.Fed, nil, onRound)
+			errs[i] = train.Federated(ctx, w, net, cfg.Fed, nil, onRound)
 		})
 	}
 	wg.Wait()
@@ -147,3 +150,14 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 	}
 	return res, nil
 }
+
+// fixedMembers is a train.Net whose members are the whole federation, as
+// in McMahan et al.'s simulation, where every client is always available:
+// a simulated peer whose heartbeats a loaded CPU delays must not drop out
+// of the others' views, where it would change their samples.
+type fixedMembers struct {
+	train.Net
+	group []peerid.ID
+}
+
+func (n fixedMembers) Members() []peerid.ID { return slices.Clone(n.group) }

@@ -220,13 +220,22 @@ func swarmConfig(cfg *Config, model string, log *slog.Logger) swarm.Config {
 	sc.Node.IOTimeout = 10 * time.Second
 	sc.Node.RecvTimeout = 30 * time.Second
 	sc.Gossip.Namespace, sc.Gossip.Model = "sim", model
-	sc.Gossip.HeartbeatInterval, sc.Gossip.PeerTTL = 250*time.Millisecond, 2*time.Second
+	beat := heartbeat(cfg.Peers)
+	sc.Gossip.HeartbeatInterval, sc.Gossip.PeerTTL = beat, 8*beat
 	sc.Gossip.AnnounceQueue = 1024
 	sc.Aggregate.StallTimeout = cfg.StallTimeout
 	sc.Aggregate.Algorithm, _ = aggregate.ParseAlgorithm(cfg.SyncAlgorithm) // checked by Validate
 	sc.Aggregate.Compress = cfg.Compress
 	sc.Log = log
 	return sc
+}
+
+// heartbeat is the simulated peers' heartbeat interval: 250 ms, longer
+// beyond 25 peers, so that the swarm's heartbeats (each one verified by
+// every other peer: n² signature checks an interval) keep to about 10 000
+// a second whatever n.
+func heartbeat(n int) time.Duration {
+	return max(250*time.Millisecond, time.Duration(n*n)*100*time.Microsecond)
 }
 
 func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger) (*network, error) {
@@ -282,7 +291,9 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger) (*network, e
 		group[i] = p.ID
 	}
 	slices.Sort(group)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// Time for every peer to hear from every other: a few heartbeats, and
+	// the handshakes of n² connections.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second+10*heartbeat(len(sw.peers))+time.Duration(len(sw.peers)*len(sw.peers))*5*time.Millisecond)
 	defer cancel()
 	for i, p := range sw.peers {
 		p.Group = group
