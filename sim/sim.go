@@ -231,11 +231,12 @@ func swarmConfig(cfg *Config, model string, log *slog.Logger) swarm.Config {
 }
 
 // heartbeat is the simulated peers' heartbeat interval: 250 ms, longer
-// beyond 25 peers, so that the swarm's heartbeats (each one verified by
-// every other peer: n² signature checks an interval) keep to about 10 000
-// a second whatever n.
+// beyond 16 peers, so that the swarm's heartbeats (each one verified by
+// every other peer: n² signature checks an interval) keep to about 1 000
+// a second whatever n. At 100 peers and 1 s the validation queues of
+// GossipSub overflowed on 2 cores and peers never saw each other.
 func heartbeat(n int) time.Duration {
-	return max(250*time.Millisecond, time.Duration(n*n)*100*time.Microsecond)
+	return max(250*time.Millisecond, time.Duration(n*n)*time.Millisecond)
 }
 
 func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger) (*network, error) {
@@ -283,7 +284,7 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger) (*network, e
 	if err := sw.mn.LinkAll(); err != nil {
 		return nil, err
 	}
-	if err := sw.mn.ConnectAllButSelf(); err != nil {
+	if err := sw.connect(cfg.Seed); err != nil {
 		return nil, err
 	}
 	group := make([]peerid.ID, len(sw.peers))
@@ -303,6 +304,42 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger) (*network, e
 	}
 	ok = true
 	return sw, nil
+}
+
+// fullMesh is the largest swarm whose peers all connect to each other at
+// the start; a larger one connects each peer to about fullMesh others
+// (GossipSub spreads the control messages over them, and a stream to any
+// other peer dials it when first needed), as a real swarm would: with
+// every pair connected, GossipSub sends each message to every peer it is
+// connected to and its validation queues overflowed at 100 peers.
+const fullMesh = 16
+
+// connect opens the swarm's first connections: every pair up to fullMesh
+// peers; beyond, a ring plus random links, seeded.
+func (sw *network) connect(seed uint64) error {
+	n := len(sw.peers)
+	if n <= fullMesh {
+		return sw.mn.ConnectAllButSelf()
+	}
+	r := rand.New(rand.NewPCG(seed, 0xc0ffee))
+	dial := func(i, j int) error {
+		if i == j {
+			return nil
+		}
+		_, err := sw.mn.ConnectPeers(sw.peers[i].Host.ID(), sw.peers[j].Host.ID())
+		return err
+	}
+	for i := range n {
+		if err := dial(i, (i+1)%n); err != nil {
+			return err
+		}
+		for range fullMesh/2 - 1 {
+			if err := dial(i, r.IntN(n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // kill stops peer i's network: its control plane and node close and its
