@@ -210,6 +210,128 @@ func (*CPU) SoftmaxXent(grad, logits []float32, labels []int32, rows, cols int) 
 	return loss / float64(rows), correct
 }
 
+// SoftmaxRows implements Backend.
+func (*CPU) SoftmaxRows(y, x []float32, rows, cols int, causal bool) {
+	checkRows("SoftmaxRows x", x, rows, cols)
+	checkRows("SoftmaxRows y", y, rows, cols)
+	if cols == 0 {
+		return
+	}
+	for r := 0; r < rows; r++ {
+		z, out := x[r*cols:r*cols+cols], y[r*cols:r*cols+cols]
+		valid := cols
+		if causal {
+			valid = r%cols + 1
+		}
+		mx := z[0]
+		for _, v := range z[1:valid] {
+			mx = max(mx, v)
+		}
+		var sum float64
+		for _, v := range z[:valid] {
+			sum += math.Exp(float64(v - mx))
+		}
+		is := 1 / sum
+		for j, v := range z[:valid] {
+			out[j] = float32(math.Exp(float64(v-mx)) * is)
+		}
+		clear(out[valid:])
+	}
+}
+
+// SoftmaxRowsBackward implements Backend.
+func (*CPU) SoftmaxRowsBackward(dx, dy, y []float32, rows, cols int) {
+	checkRows("SoftmaxRowsBackward dy", dy, rows, cols)
+	checkRows("SoftmaxRowsBackward y", y, rows, cols)
+	checkRows("SoftmaxRowsBackward dx", dx, rows, cols)
+	for r := 0; r < rows; r++ {
+		g, p, d := dy[r*cols:r*cols+cols], y[r*cols:r*cols+cols], dx[r*cols:r*cols+cols]
+		var s float64
+		for j, v := range g {
+			s += float64(v) * float64(p[j])
+		}
+		for j, v := range g {
+			d[j] = float32(float64(p[j]) * (float64(v) - s))
+		}
+	}
+}
+
+// LayerNorm implements Backend.
+func (*CPU) LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
+	checkRows("LayerNorm x", x, rows, cols)
+	checkRows("LayerNorm y", y, rows, cols)
+	mean, rstd, w, b = mean[:rows], rstd[:rows], w[:cols], b[:cols]
+	for r := 0; r < rows; r++ {
+		z, out := x[r*cols:r*cols+cols], y[r*cols:r*cols+cols]
+		var s float64
+		for _, v := range z {
+			s += float64(v)
+		}
+		mu := s / float64(cols)
+		var ss float64
+		for _, v := range z {
+			d := float64(v) - mu
+			ss += d * d
+		}
+		is := 1 / math.Sqrt(ss/float64(cols)+float64(eps))
+		mean[r], rstd[r] = float32(mu), float32(is)
+		for j, v := range z {
+			out[j] = float32((float64(v)-mu)*is)*w[j] + b[j]
+		}
+	}
+}
+
+// LayerNormBackward implements Backend.
+func (*CPU) LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, cols int) {
+	checkRows("LayerNormBackward x", x, rows, cols)
+	checkRows("LayerNormBackward dy", dy, rows, cols)
+	checkRows("LayerNormBackward dx", dx, rows, cols)
+	mean, rstd, w, dw, db = mean[:rows], rstd[:rows], w[:cols], dw[:cols], db[:cols]
+	for r := 0; r < rows; r++ {
+		z, g, d := x[r*cols:r*cols+cols], dy[r*cols:r*cols+cols], dx[r*cols:r*cols+cols]
+		mu, is := float64(mean[r]), float64(rstd[r])
+		var sg, sgx float64 // Σ dy·w and Σ dy·w·x̂
+		for j, v := range z {
+			xh := (float64(v) - mu) * is
+			gj := float64(g[j])
+			dw[j] += float32(gj * xh)
+			db[j] += g[j]
+			gw := gj * float64(w[j])
+			sg += gw
+			sgx += gw * xh
+		}
+		sg /= float64(cols)
+		sgx /= float64(cols)
+		for j, v := range z {
+			xh := (float64(v) - mu) * is
+			d[j] = float32(is * (float64(g[j])*float64(w[j]) - sg - xh*sgx))
+		}
+	}
+}
+
+// geluC is √(2/π), geluA the cubic coefficient of GELU's tanh approximation.
+const geluC, geluA = 0.7978845608028654, 0.044715
+
+// GELU implements Backend.
+func (*CPU) GELU(y, x []float32) {
+	y = y[:len(x)]
+	for i, v := range x {
+		z := float64(v)
+		y[i] = float32(0.5 * z * (1 + math.Tanh(geluC*(z+geluA*z*z*z))))
+	}
+}
+
+// GELUBackward implements Backend.
+func (*CPU) GELUBackward(dx, dy, x []float32) {
+	dx, x = dx[:len(dy)], x[:len(dy)]
+	for i, g := range dy {
+		z := float64(x[i])
+		t := math.Tanh(geluC * (z + geluA*z*z*z))
+		d := 0.5*(1+t) + 0.5*z*(1-t*t)*geluC*(1+3*geluA*z*z)
+		dx[i] = float32(float64(g) * d)
+	}
+}
+
 // Im2Col implements Backend.
 func (*CPU) Im2Col(col, x []float32, g ConvGeom) {
 	oh, ow := g.OutH(), g.OutW()

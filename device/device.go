@@ -42,6 +42,29 @@ type Backend interface {
 	// mean loss (float64) and the number of rows whose argmax equals the label.
 	SoftmaxXent(grad, logits []float32, labels []int32, rows, cols int) (loss float64, correct int)
 
+	// SoftmaxRows sets each row of the rows×cols matrix y to the softmax of
+	// the same row of x. With causal, row r covers only its first r%cols+1
+	// entries and the rest of y's row is zero: the rows are stacked
+	// cols×cols blocks of causal attention scores. y may alias x.
+	SoftmaxRows(y, x []float32, rows, cols int, causal bool)
+	// SoftmaxRowsBackward sets each row of dx to y⊙(dy − Σ_j dy_j·y_j), the
+	// gradient through SoftmaxRows given its output y. dx may alias dy.
+	SoftmaxRowsBackward(dx, dy, y []float32, rows, cols int)
+	// LayerNorm normalises each row of the rows×cols matrix x as
+	// torch.nn.LayerNorm does (biased variance, eps inside the square root)
+	// and sets y = (x − mean)·rstd·w + b; it stores each row's mean and
+	// rstd = 1/√(var + eps) for LayerNormBackward.
+	LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32)
+	// LayerNormBackward sets dx to the gradient through LayerNorm and
+	// accumulates dw += Σ_rows dy⊙x̂ and db += Σ_rows dy (x̂ the normalised x).
+	// dx may alias dy.
+	LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, cols int)
+	// GELU sets y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the tanh
+	// approximation (torch's approximate='tanh'). y may alias x.
+	GELU(y, x []float32)
+	// GELUBackward sets dx = dy·GELU'(x). dx may alias dy.
+	GELUBackward(dx, dy, x []float32)
+
 	// Im2Col fills col ((N·OH·OW) × (C·KH·KW)) from the NHWC image batch x.
 	Im2Col(col, x []float32, g ConvGeom)
 	// Col2Im accumulates col back into dx (NHWC); dx must be zeroed by the

@@ -37,9 +37,9 @@
 // GOMAXPROCS goroutines (by rows, columns, or along k for weight gradients
 // over a large batch) on parked workers, so no call allocates. The hot
 // elementwise kernels (bias+ReLU, ReLU and its gradient, softmax
-// cross-entropy, axpy, scale, dot, sum of squares, weighted sums, SGD, Adam,
-// row sums, im2col/col2im, max pooling) have AVX-512 versions (vec_amd64.s,
-// conv_amd64.s). With -tags purego, or on other CPUs, Fast runs portable Go
+// cross-entropy and row softmax, axpy, scale, dot, sum of squares, weighted
+// sums, SGD, Adam, row sums, im2col/col2im, max pooling) have AVX-512
+// versions (vec_amd64.s, conv_amd64.s); LayerNorm and GELU run Go loops. With -tags purego, or on other CPUs, Fast runs portable Go
 // kernels ("cpu/go"), and Default picks NewCPU, whose gonum Sgemm is faster
 // than the portable micro-kernel.
 //

@@ -286,6 +286,56 @@ func (f *Fast) SoftmaxXent(grad, logits []float32, labels []int32, rows, cols in
 	return loss / float64(rows), correct
 }
 
+// SoftmaxRows implements Backend. With AVX-512 each row is the softmax
+// pass of SoftmaxXent (a float32 polynomial exp, about 1 ulp).
+func (f *Fast) SoftmaxRows(y, x []float32, rows, cols int, causal bool) {
+	if !f.vec || cols == 0 {
+		f.cpu.SoftmaxRows(y, x, rows, cols, causal)
+		return
+	}
+	checkRows("SoftmaxRows x", x, rows, cols)
+	checkRows("SoftmaxRows y", y, rows, cols)
+	for r := 0; r < rows; r++ {
+		valid := cols
+		if causal {
+			valid = r%cols + 1
+		}
+		softmaxRowAVX512(&y[r*cols], &x[r*cols], valid, 1)
+		clear(y[r*cols+valid : r*cols+cols])
+	}
+}
+
+// SoftmaxRowsBackward implements Backend: a vector dot product per row and
+// a Go loop for the elementwise part.
+func (f *Fast) SoftmaxRowsBackward(dx, dy, y []float32, rows, cols int) {
+	checkRows("SoftmaxRowsBackward dy", dy, rows, cols)
+	checkRows("SoftmaxRowsBackward y", y, rows, cols)
+	checkRows("SoftmaxRowsBackward dx", dx, rows, cols)
+	for r := 0; r < rows; r++ {
+		g, p, d := dy[r*cols:r*cols+cols], y[r*cols:r*cols+cols], dx[r*cols:r*cols+cols]
+		s := float32(f.Dot(g, p))
+		for j, v := range g {
+			d[j] = p[j] * (v - s)
+		}
+	}
+}
+
+// LayerNorm implements Backend (the portable loop).
+func (f *Fast) LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
+	f.cpu.LayerNorm(y, mean, rstd, x, w, b, rows, cols, eps)
+}
+
+// LayerNormBackward implements Backend (the portable loop).
+func (f *Fast) LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, cols int) {
+	f.cpu.LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w, rows, cols)
+}
+
+// GELU implements Backend (the portable loop).
+func (f *Fast) GELU(y, x []float32) { f.cpu.GELU(y, x) }
+
+// GELUBackward implements Backend (the portable loop).
+func (f *Fast) GELUBackward(dx, dy, x []float32) { f.cpu.GELUBackward(dx, dy, x) }
+
 // MaxPoolBackward implements Backend (a scatter: the portable loop).
 func (f *Fast) MaxPoolBackward(dx, dy []float32, arg []int32) { f.cpu.MaxPoolBackward(dx, dy, arg) }
 
