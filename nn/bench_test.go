@@ -42,10 +42,7 @@ func benchStep(b *testing.B, arch string, batch int) {
 	b.StopTimer()
 	perStep := b.Elapsed().Seconds() / float64(b.N)
 	// Forward GEMMs once, backward twice, less the first layer's dx GEMM.
-	first := 2 * float64(m.Input.Size()) * float64(m.views[0].Shape[0])
-	if c, ok := m.layers[0].(*Conv2D); ok {
-		first = 2 * float64(c.geom.OutH()*c.geom.OutW()*c.geom.ColCols()*c.Out)
-	}
+	first := m.Layers()[0].(flopser).flops()
 	flops := (3*m.FLOPsPerSample() - first) * float64(batch)
 	b.ReportMetric(perStep*1e3, "ms/step")
 	b.ReportMetric(flops/perStep/1e9, "GFLOP/s")

@@ -1,0 +1,416 @@
+package nn
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/starling-ml/starling/device"
+)
+
+// maxExactID is the largest integer every smaller one of which a float32
+// holds exactly: token ids travel in the float32 input batch.
+const maxExactID = 1 << 24
+
+// Embedding maps integer token ids to rows of a [Num, Dim] table
+// (torch.nn.Embedding: weight [num_embeddings, embedding_dim], initialised
+// N(0, 1)). Ids arrive as float32 values, exact up to 2^24; an input of
+// shape S becomes [S..., Dim]. Forward panics on an id that is not an
+// integer in [0, Num). The ids have no gradient: with needDx, Backward
+// returns zeros.
+type Embedding struct {
+	Num, Dim int
+
+	pos       int
+	w, dw     []float32
+	ids       []int32
+	y, dzeros []float32
+}
+
+// Kind implements Layer.
+func (l *Embedding) Kind() string { return "Embedding" }
+
+// Setup implements Layer.
+func (l *Embedding) Setup(in Shape) (Shape, error) {
+	if l.Num <= 0 || l.Num > maxExactID || l.Dim <= 0 {
+		return nil, fmt.Errorf("%w: Embedding(%d, %d): want 0 < num ≤ 2^24 and dim > 0", ErrShape, l.Num, l.Dim)
+	}
+	l.pos = in.Size()
+	return append(append(Shape(nil), in...), l.Dim), nil
+}
+
+// Params implements Layer.
+func (l *Embedding) Params() []ParamSpec {
+	return []ParamSpec{{Suffix: "weight", Shape: []int{l.Num, l.Dim}, FanIn: l.Dim, Init: InitNormal(1)}}
+}
+
+// Bind implements Layer.
+func (l *Embedding) Bind(p, g [][]float32) { l.w, l.dw = p[0], g[0] }
+
+// Forward implements Layer.
+func (l *Embedding) Forward(be device.Backend, x []float32, n int) []float32 {
+	rows, d := n*l.pos, l.Dim
+	if cap(l.ids) < rows {
+		l.ids = make([]int32, rows)
+	}
+	l.ids = l.ids[:rows]
+	l.y = grow(l.y, rows*d)
+	for i, v := range x[:rows] {
+		id := int32(v)
+		if float32(id) != v || id < 0 || int(id) >= l.Num {
+			panic(fmt.Sprintf("nn: Embedding(%d, %d): input %v at position %d is not a token id in [0, %d)", l.Num, d, v, i, l.Num))
+		}
+		l.ids[i] = id
+		copy(l.y[i*d:(i+1)*d], l.w[int(id)*d:(int(id)+1)*d])
+	}
+	return l.y
+}
+
+// Backward implements Layer: the rows of dy are added to the rows of the
+// table gradient their ids selected.
+func (l *Embedding) Backward(be device.Backend, dy []float32, n int, needDx bool) []float32 {
+	d := l.Dim
+	clear(l.dw)
+	for i, id := range l.ids[:n*l.pos] {
+		be.Axpy(1, dy[i*d:(i+1)*d], l.dw[int(id)*d:(int(id)+1)*d])
+	}
+	if !needDx {
+		return nil
+	}
+	l.dzeros = grow(l.dzeros, n*l.pos)
+	clear(l.dzeros)
+	return l.dzeros
+}
+
+// PositionEmbedding adds a learned [T, Dim] table to a sequence of t ≤ T
+// positions of Dim values (the first t rows of the table), as minGPT's wpe
+// (an nn.Embedding(block_size, n_embd) indexed by position) does.
+type PositionEmbedding struct {
+	T, Dim int
+
+	t     int
+	w, dw []float32
+	y     []float32
+}
+
+// Kind implements Layer.
+func (l *PositionEmbedding) Kind() string { return "PositionEmbedding" }
+
+// Setup implements Layer.
+func (l *PositionEmbedding) Setup(in Shape) (Shape, error) {
+	if len(in) != 2 || in[0] > l.T || in[1] != l.Dim {
+		return nil, fmt.Errorf("%w: PositionEmbedding(%d, %d) needs [t ≤ %d, %d] input, got %v", ErrShape, l.T, l.Dim, l.T, l.Dim, in)
+	}
+	l.t = in[0]
+	return in, nil
+}
+
+// Params implements Layer.
+func (l *PositionEmbedding) Params() []ParamSpec {
+	return []ParamSpec{{Suffix: "weight", Shape: []int{l.T, l.Dim}, FanIn: l.Dim, Init: InitNormal(1)}}
+}
+
+// Bind implements Layer.
+func (l *PositionEmbedding) Bind(p, g [][]float32) { l.w, l.dw = p[0], g[0] }
+
+// Forward implements Layer.
+func (l *PositionEmbedding) Forward(be device.Backend, x []float32, n int) []float32 {
+	size := l.t * l.Dim
+	l.y = grow(l.y, n*size)
+	copy(l.y, x[:n*size])
+	be.AddRowVector(l.y, l.w[:size], n, size)
+	return l.y
+}
+
+// Backward implements Layer: dL/dx is dy itself.
+func (l *PositionEmbedding) Backward(be device.Backend, dy []float32, n int, needDx bool) []float32 {
+	size := l.t * l.Dim
+	clear(l.dw)
+	be.SumRows(l.dw[:size], dy, n, size)
+	if !needDx {
+		return nil
+	}
+	return dy[:n*size]
+}
+
+// LayerNorm normalises the last axis (Dim values) of its input and applies
+// a learned scale and shift (torch.nn.LayerNorm(Dim): weight initialised
+// to ones, bias to zeros, eps 1e-5 when Eps is zero).
+type LayerNorm struct {
+	Dim int
+	Eps float32
+
+	pos              int
+	w, b, dw, db     []float32
+	x, y, mean, rstd []float32
+}
+
+// Kind implements Layer.
+func (l *LayerNorm) Kind() string { return "LayerNorm" }
+
+// Setup implements Layer.
+func (l *LayerNorm) Setup(in Shape) (Shape, error) {
+	pos, err := lastAxis(fmt.Sprintf("LayerNorm(%d)", l.Dim), l.Dim, in)
+	if err != nil {
+		return nil, err
+	}
+	if l.Eps == 0 {
+		l.Eps = 1e-5
+	}
+	l.pos = pos
+	return in, nil
+}
+
+// Params implements Layer.
+func (l *LayerNorm) Params() []ParamSpec {
+	return []ParamSpec{
+		{Suffix: "weight", Shape: []int{l.Dim}, FanIn: l.Dim, Init: InitConst(1)},
+		{Suffix: "bias", Shape: []int{l.Dim}, FanIn: l.Dim, Init: InitConst(0)},
+	}
+}
+
+// Bind implements Layer.
+func (l *LayerNorm) Bind(p, g [][]float32) { l.w, l.b, l.dw, l.db = p[0], p[1], g[0], g[1] }
+
+// Forward implements Layer.
+func (l *LayerNorm) Forward(be device.Backend, x []float32, n int) []float32 {
+	rows := n * l.pos
+	l.x = x
+	l.y = grow(l.y, rows*l.Dim)
+	l.mean, l.rstd = grow(l.mean, rows), grow(l.rstd, rows)
+	be.LayerNorm(l.y, l.mean, l.rstd, x, l.w, l.b, rows, l.Dim, l.Eps)
+	return l.y
+}
+
+// Backward implements Layer; dL/dx overwrites dy.
+func (l *LayerNorm) Backward(be device.Backend, dy []float32, n int, needDx bool) []float32 {
+	rows := n * l.pos
+	clear(l.dw)
+	clear(l.db)
+	dy = dy[:rows*l.Dim]
+	be.LayerNormBackward(dy, l.dw, l.db, dy, l.x, l.mean, l.rstd, l.w, rows, l.Dim)
+	if !needDx {
+		return nil
+	}
+	return dy
+}
+
+// GELU is the Gaussian error linear unit in its tanh approximation,
+// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): torch's
+// nn.GELU(approximate='tanh'), minGPT's NewGELU.
+type GELU struct {
+	size int
+	x, y []float32
+}
+
+// Kind implements Layer.
+func (l *GELU) Kind() string { return "GELU" }
+
+// Setup implements Layer.
+func (l *GELU) Setup(in Shape) (Shape, error) { l.size = in.Size(); return in, nil }
+
+// Params implements Layer.
+func (l *GELU) Params() []ParamSpec { return nil }
+
+// Bind implements Layer.
+func (l *GELU) Bind(p, g [][]float32) {}
+
+// Forward implements Layer.
+func (l *GELU) Forward(be device.Backend, x []float32, n int) []float32 {
+	l.x = x[:n*l.size]
+	l.y = grow(l.y, n*l.size)
+	be.GELU(l.y, l.x)
+	return l.y
+}
+
+// Backward implements Layer; dL/dx overwrites dy.
+func (l *GELU) Backward(be device.Backend, dy []float32, n int, needDx bool) []float32 {
+	if !needDx {
+		return nil
+	}
+	dy = dy[:n*l.size]
+	be.GELUBackward(dy, dy, l.x)
+	return dy
+}
+
+// Dropout zeroes each value with probability P while training and scales
+// the others by 1/(1−P) (torch.nn.Dropout); at evaluation it is the
+// identity. Which values a training step drops depends only on the seed
+// the model passes to SetTraining (its own seed, the layer's position and
+// the step), never on the backend or the batch split.
+type Dropout struct {
+	P float32
+
+	size     int
+	training bool
+	seed     uint64
+	mask, y  []float32
+}
+
+var _ Stochastic = (*Dropout)(nil)
+
+// Kind implements Layer.
+func (l *Dropout) Kind() string { return "Dropout" }
+
+// Setup implements Layer.
+func (l *Dropout) Setup(in Shape) (Shape, error) {
+	if !(l.P >= 0 && l.P < 1) {
+		return nil, fmt.Errorf("%w: Dropout(p=%v): want 0 ≤ p < 1", ErrShape, l.P)
+	}
+	l.size = in.Size()
+	return in, nil
+}
+
+// Params implements Layer.
+func (l *Dropout) Params() []ParamSpec { return nil }
+
+// Bind implements Layer.
+func (l *Dropout) Bind(p, g [][]float32) {}
+
+// SetTraining implements Stochastic.
+func (l *Dropout) SetTraining(training bool, seed uint64) { l.training, l.seed = training, seed }
+
+func (l *Dropout) active() bool { return l.training && l.P > 0 }
+
+// Forward implements Layer.
+func (l *Dropout) Forward(be device.Backend, x []float32, n int) []float32 {
+	x = x[:n*l.size]
+	if !l.active() {
+		return x
+	}
+	l.mask, l.y = grow(l.mask, len(x)), grow(l.y, len(x))
+	keep := float32(1 / (1 - float64(l.P)))
+	for i, v := range x {
+		m := keep
+		if device.UniformAt(l.seed, uint64(i)) < float64(l.P) {
+			m = 0
+		}
+		l.mask[i], l.y[i] = m, v*m
+	}
+	return l.y
+}
+
+// Backward implements Layer; dL/dx overwrites dy.
+func (l *Dropout) Backward(be device.Backend, dy []float32, n int, needDx bool) []float32 {
+	if !needDx {
+		return nil
+	}
+	dy = dy[:n*l.size]
+	if l.active() {
+		for i, m := range l.mask[:len(dy)] {
+			dy[i] *= m
+		}
+	}
+	return dy
+}
+
+// CausalSelfAttention is multi-head self-attention over a sequence [T, Dim]
+// in which position i attends to positions ≤ i. Its parameters follow
+// minGPT's CausalSelfAttention: "c_attn" is the fused QKV projection,
+// Linear(Dim, 3·Dim), whose output rows are q, then k, then v, each split
+// into Heads heads of Dim/Heads consecutive values; "c_proj" is the output
+// projection Linear(Dim, Dim). That is also torch.nn.MultiheadAttention's
+// layout: its in_proj_weight, in_proj_bias, out_proj.weight and
+// out_proj.bias are c_attn.weight, c_attn.bias, c_proj.weight and
+// c_proj.bias under other names. Scores are scaled by 1/√(Dim/Heads); the
+// attention probabilities are not dropped out.
+type CausalSelfAttention struct {
+	Dim, Heads int
+
+	qkv, proj Dense
+	t         int
+	children  []Child
+	o, att    []float32 // head outputs [n, T, Dim]; probabilities [n, Heads, T, T]
+	dqkv, dp  []float32
+}
+
+var _ Container = (*CausalSelfAttention)(nil)
+
+// Kind implements Layer.
+func (l *CausalSelfAttention) Kind() string { return "CausalSelfAttention" }
+
+// Children implements Container.
+func (l *CausalSelfAttention) Children() []Child {
+	if l.children == nil {
+		l.children = []Child{{"c_attn", &l.qkv}, {"c_proj", &l.proj}}
+	}
+	return l.children
+}
+
+// Setup implements Layer.
+func (l *CausalSelfAttention) Setup(in Shape) (Shape, error) {
+	if l.Heads <= 0 || l.Dim <= 0 || l.Dim%l.Heads != 0 {
+		return nil, fmt.Errorf("%w: CausalSelfAttention(dim %d, heads %d): heads must divide dim", ErrShape, l.Dim, l.Heads)
+	}
+	if len(in) != 2 || in[1] != l.Dim {
+		return nil, fmt.Errorf("%w: CausalSelfAttention(dim %d) needs [T, %d] input, got %v", ErrShape, l.Dim, l.Dim, in)
+	}
+	l.t = in[0]
+	l.qkv = Dense{In: l.Dim, Out: 3 * l.Dim}
+	l.proj = Dense{In: l.Dim, Out: l.Dim}
+	if _, err := l.qkv.Setup(in); err != nil {
+		return nil, err
+	}
+	return l.proj.Setup(in)
+}
+
+// Params implements Layer: the projections are children.
+func (l *CausalSelfAttention) Params() []ParamSpec { return nil }
+
+// Bind implements Layer.
+func (l *CausalSelfAttention) Bind(p, g [][]float32) {}
+
+// flops counts the score and weighted-sum products (the full T×T blocks
+// the GEMMs compute, masked half included); the projections count as
+// children.
+func (l *CausalSelfAttention) flops() float64 { return 4 * float64(l.t*l.t) * float64(l.Dim) }
+
+// heads calls f for every (sample, head) with the offsets of its q in the
+// [n·T, 3·Dim] projection, of its output in the [n·T, Dim] head outputs and
+// of its T×T block of scores.
+func (l *CausalSelfAttention) heads(n int, f func(q, o, s int)) {
+	d, t, hs := l.Dim, l.t, l.Dim/l.Heads
+	for b := 0; b < n; b++ {
+		for h := 0; h < l.Heads; h++ {
+			f(b*t*3*d+h*hs, b*t*d+h*hs, (b*l.Heads+h)*t*t)
+		}
+	}
+}
+
+// Forward implements Layer.
+func (l *CausalSelfAttention) Forward(be device.Backend, x []float32, n int) []float32 {
+	d, t, hs := l.Dim, l.t, l.Dim/l.Heads
+	scale := float32(1 / math.Sqrt(float64(hs)))
+	qkv := l.qkv.Forward(be, x, n)
+	l.att = grow(l.att, n*l.Heads*t*t)
+	l.o = grow(l.o, n*t*d)
+	l.heads(n, func(q, _, s int) {
+		be.Gemm(false, true, t, t, hs, scale, qkv[q:], 3*d, qkv[q+d:], 3*d, 0, l.att[s:], t)
+	})
+	be.SoftmaxRows(l.att, l.att, n*l.Heads*t, t, true)
+	l.heads(n, func(q, o, s int) {
+		be.Gemm(false, false, t, hs, t, 1, l.att[s:], t, qkv[q+2*d:], 3*d, 0, l.o[o:], d)
+	})
+	return l.proj.Forward(be, l.o, n)
+}
+
+// Backward implements Layer.
+func (l *CausalSelfAttention) Backward(be device.Backend, dy []float32, n int, needDx bool) []float32 {
+	d, t, hs := l.Dim, l.t, l.Dim/l.Heads
+	scale := float32(1 / math.Sqrt(float64(hs)))
+	qkv := l.qkv.y
+	do := l.proj.Backward(be, dy, n, true)
+	l.dqkv = grow(l.dqkv, n*t*3*d)
+	l.dp = grow(l.dp, len(l.att))
+	l.heads(n, func(q, o, s int) {
+		// dP = dO·Vᵀ; dV = Pᵀ·dO.
+		be.Gemm(false, true, t, t, hs, 1, do[o:], d, qkv[q+2*d:], 3*d, 0, l.dp[s:], t)
+		be.Gemm(true, false, t, hs, t, 1, l.att[s:], t, do[o:], d, 0, l.dqkv[q+2*d:], 3*d)
+	})
+	be.SoftmaxRowsBackward(l.dp, l.dp, l.att, n*l.Heads*t, t)
+	l.heads(n, func(q, _, s int) {
+		// dQ = dS·K·scale; dK = dSᵀ·Q·scale.
+		be.Gemm(false, false, t, hs, t, scale, l.dp[s:], t, qkv[q+d:], 3*d, 0, l.dqkv[q:], 3*d)
+		be.Gemm(true, false, t, hs, t, scale, l.dp[s:], t, qkv[q:], 3*d, 0, l.dqkv[q+d:], 3*d)
+	})
+	return l.qkv.Backward(be, l.dqkv, n, needDx)
+}
