@@ -313,22 +313,26 @@ func (*CPU) LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, 
 const geluC, geluA = 0.7978845608028654, 0.044715
 
 // GELU implements Backend.
-func (*CPU) GELU(y, x []float32) {
+func (*CPU) GELU(y, d, x []float32) {
 	y = y[:len(x)]
+	if d != nil {
+		d = d[:len(x)]
+	}
 	for i, v := range x {
 		z := float64(v)
-		y[i] = float32(0.5 * z * (1 + math.Tanh(geluC*(z+geluA*z*z*z))))
+		t := math.Tanh(geluC * (z + geluA*z*z*z))
+		if d != nil {
+			d[i] = float32(0.5*(1+t) + 0.5*z*(1-t*t)*geluC*(1+3*geluA*z*z))
+		}
+		y[i] = float32(0.5 * z * (1 + t))
 	}
 }
 
-// GELUBackward implements Backend.
-func (*CPU) GELUBackward(dx, dy, x []float32) {
-	dx, x = dx[:len(dy)], x[:len(dy)]
-	for i, g := range dy {
-		z := float64(x[i])
-		t := math.Tanh(geluC * (z + geluA*z*z*z))
-		d := 0.5*(1+t) + 0.5*z*(1-t*t)*geluC*(1+3*geluA*z*z)
-		dx[i] = float32(float64(g) * d)
+// Mul implements Backend.
+func (*CPU) Mul(dst, x, y []float32) {
+	dst, y = dst[:len(x)], y[:len(x)]
+	for i, v := range x {
+		dst[i] = v * y[i]
 	}
 }
 

@@ -60,10 +60,13 @@ type Backend interface {
 	// dx may alias dy.
 	LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, cols int)
 	// GELU sets y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the tanh
-	// approximation (torch's approximate='tanh'). y may alias x.
-	GELU(y, x []float32)
-	// GELUBackward sets dx = dy·GELU'(x). dx may alias dy.
-	GELUBackward(dx, dy, x []float32)
+	// approximation (torch's approximate='tanh'), and, unless d is nil,
+	// d = GELU'(x): the backward pass is then dx = dy⊙d (Mul), at the cost
+	// of d's memory rather than of a second tanh per value. y may alias x;
+	// d may not.
+	GELU(y, d, x []float32)
+	// Mul sets dst = x⊙y elementwise. dst may alias x or y.
+	Mul(dst, x, y []float32)
 
 	// Im2Col fills col ((N·OH·OW) × (C·KH·KW)) from the NHWC image batch x.
 	Im2Col(col, x []float32, g ConvGeom)

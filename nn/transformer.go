@@ -196,10 +196,11 @@ func (l *LayerNorm) Backward(be device.Backend, dy []float32, n int, needDx bool
 
 // GELU is the Gaussian error linear unit in its tanh approximation,
 // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): torch's
-// nn.GELU(approximate='tanh'), minGPT's NewGELU.
+// nn.GELU(approximate='tanh'), minGPT's NewGELU. Forward also stores the
+// derivative, so Backward is one multiplication.
 type GELU struct {
-	size int
-	x, y []float32
+	size    int
+	y, grad []float32 // output and GELU'(x)
 }
 
 // Kind implements Layer.
@@ -216,9 +217,8 @@ func (l *GELU) Bind(p, g [][]float32) {}
 
 // Forward implements Layer.
 func (l *GELU) Forward(be device.Backend, x []float32, n int) []float32 {
-	l.x = x[:n*l.size]
-	l.y = grow(l.y, n*l.size)
-	be.GELU(l.y, l.x)
+	l.y, l.grad = grow(l.y, n*l.size), grow(l.grad, n*l.size)
+	be.GELU(l.y, l.grad, x[:n*l.size])
 	return l.y
 }
 
@@ -228,7 +228,7 @@ func (l *GELU) Backward(be device.Backend, dy []float32, n int, needDx bool) []f
 		return nil
 	}
 	dy = dy[:n*l.size]
-	be.GELUBackward(dy, dy, l.x)
+	be.Mul(dy, dy, l.grad)
 	return dy
 }
 
@@ -296,9 +296,7 @@ func (l *Dropout) Backward(be device.Backend, dy []float32, n int, needDx bool) 
 	}
 	dy = dy[:n*l.size]
 	if l.active() {
-		for i, m := range l.mask[:len(dy)] {
-			dy[i] *= m
-		}
+		be.Mul(dy, dy, l.mask)
 	}
 	return dy
 }

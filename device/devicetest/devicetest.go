@@ -420,24 +420,25 @@ func testLayerNorm(t *testing.T, be device.Backend) {
 	}
 }
 
-// testGELU checks GELU and its gradient (into separate slices and in place)
-// against float64 references to 2e-6·(1+|value|).
+// testGELU checks GELU with and without its derivative (into separate
+// slices and in place) and Mul against float64 references to
+// 2e-6·(1+|value|).
 func testGELU(t *testing.T, be device.Backend) {
 	r := rand.New(rand.NewPCG(19, 20))
-	for _, n := range []int{0, 1, 15, 16, 17, 1000} {
+	for _, n := range []int{0, 1, 15, 16, 17, 1000, 140001} { // the last large enough to split
 		x := RandSlice(r, n)
 		for i := range x {
 			x[i] *= 8 // the tails, where tanh saturates
 		}
-		y := make([]float32, n)
-		be.GELU(y, x)
+		y, d := make([]float32, n), make([]float32, n)
+		be.GELU(y, d, x)
 		inPlace := append([]float32(nil), x...)
-		be.GELU(inPlace, inPlace)
+		be.GELU(inPlace, nil, inPlace)
 		dy := RandSlice(r, n)
 		dx := make([]float32, n)
-		be.GELUBackward(dx, dy, x)
+		be.Mul(dx, dy, d)
 		alias := append([]float32(nil), dy...)
-		be.GELUBackward(alias, alias, x)
+		be.Mul(alias, d, alias)
 		const c, a = 0.7978845608028654, 0.044715
 		for i, v := range x {
 			z := float64(v)
@@ -446,9 +447,12 @@ func testGELU(t *testing.T, be device.Backend) {
 			if !near(float64(y[i]), want, 2e-6) || inPlace[i] != y[i] {
 				t.Fatalf("GELU(%v) = %v (in place %v), want %v", v, y[i], inPlace[i], want)
 			}
-			d := float64(dy[i]) * (0.5*(1+th) + 0.5*z*(1-th*th)*c*(1+3*a*z*z))
-			if !near(float64(dx[i]), d, 2e-6) || alias[i] != dx[i] {
-				t.Fatalf("GELUBackward(%v) = %v (aliased %v), want %v", v, dx[i], alias[i], d)
+			wd := 0.5*(1+th) + 0.5*z*(1-th*th)*c*(1+3*a*z*z)
+			if !near(float64(d[i]), wd, 2e-6) {
+				t.Fatalf("GELU'(%v) = %v, want %v", v, d[i], wd)
+			}
+			if want := dy[i] * d[i]; dx[i] != want || alias[i] != want {
+				t.Fatalf("Mul: %v·%v = %v (aliased %v), want %v", dy[i], d[i], dx[i], alias[i], want)
 			}
 		}
 	}
