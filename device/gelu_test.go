@@ -10,7 +10,8 @@ import (
 // (x > −5: the negative tail keeps its relative precision, where the tanh
 // form's 1 + tanh(u) cancels; what is lost is u's float32 rounding, times
 // 2|u| ≤ 20), GELU' within 5e-6 of the size of its terms, exp32 within
-// 2e-7 relative and tanh32 within 5e-7 relative (a few ulps).
+// 2e-7 relative and tanh32 (on |x| < 1.5, where GELU uses it) within 5e-7
+// relative (a few ulps).
 func TestGELU32(t *testing.T) {
 	var xs []float32
 	for i := -1200000; i <= 1200000; i++ {
@@ -21,7 +22,7 @@ func TestGELU32(t *testing.T) {
 	gelu32(y2, nil, xs)
 	var wy, wd, we, wt float64
 	for i, v := range xs {
-		if th := math.Tanh(float64(v)); th != 0 {
+		if th := math.Tanh(float64(v)); th != 0 && math.Abs(float64(v)) < 1.5 {
 			wt = max(wt, math.Abs(float64(tanh32(v))-th)/math.Abs(th))
 		}
 		if y2[i] != y[i] {
