@@ -47,6 +47,13 @@ func (c *CPU) Gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int
 	c.impl.Sgemm(trans(tA), trans(tB), m, n, k, alpha, a, lda, b, ldb, beta, cc, ldc)
 }
 
+// GemmStrided implements Backend, one GEMM after another.
+func (c *CPU) GemmStrided(tA, tB bool, m, n, k int, alpha float32, a []float32, lda, sa int, b []float32, ldb, sb int, beta float32, cc []float32, ldc, sc int, count int) {
+	for i := 0; i < count; i++ {
+		c.Gemm(tA, tB, m, n, k, alpha, a[i*sa:], lda, b[i*sb:], ldb, beta, cc[i*sc:], ldc)
+	}
+}
+
 func scaleMatrix(beta float32, m, n int, c []float32, ldc int) {
 	for i := 0; i < m; i++ {
 		row := c[i*ldc : i*ldc+n]

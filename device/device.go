@@ -14,6 +14,13 @@ type Backend interface {
 	// not propagate).
 	Gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int)
 
+	// GemmStrided runs count independent GEMMs of one shape, as Gemm: the
+	// i-th reads a[i·sa:], b[i·sb:] and writes c[i·sc:] (strides ≥ 0), so
+	// with leading dimensions they address the heads of attention in
+	// place. A backend may run them in parallel; their C blocks must not
+	// overlap.
+	GemmStrided(tA, tB bool, m, n, k int, alpha float32, a []float32, lda, sa int, b []float32, ldb, sb int, beta float32, c []float32, ldc, sc int, count int)
+
 	// Axpy computes y += alpha·x. len(y) must be ≥ len(x).
 	Axpy(alpha float32, x, y []float32)
 	// Scale computes x *= alpha.

@@ -44,6 +44,12 @@ func (f *Fast) Gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda in
 	f.gemm.gemm(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
+// GemmStrided implements Backend; a batch of GEMMs each too small to split
+// is split across goroutines between them.
+func (f *Fast) GemmStrided(tA, tB bool, m, n, k int, alpha float32, a []float32, lda, sa int, b []float32, ldb, sb int, beta float32, c []float32, ldc, sc int, count int) {
+	f.gemm.gemmStrided(tA, tB, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, count)
+}
+
 var goGemm = &gemmImpl{
 	name: "go4x4", mr: 4, nr: 4, masked: true, kStep: gemmGo4x4, packAll: true,
 	kc: 256, mc: 64, nc: 512, parFlops: 1 << 21,

@@ -116,21 +116,32 @@ func checkGemm(tA, tB bool, m, n, k int, a []float32, lda int, b []float32, ldb 
 	need("c", c, m, n, ldc)
 }
 
-// gemm implements Backend.Gemm.
-func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+// begin checks a GEMM's slices, does the ones with nothing to multiply,
+// and returns the kernel family and beta (−0 made +0) for the rest, or
+// ok false when nothing is left to do.
+func (g *gemmImpl) begin(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) (_ *gemmImpl, _ float32, ok bool) {
 	checkGemm(tA, tB, m, n, k, a, lda, b, ldb, c, ldc)
 	if m == 0 || n == 0 {
-		return
+		return g, beta, false
 	}
 	if g.narrow != nil && n <= g.narrow.nr {
 		g = g.narrow
 	}
 	if k == 0 || alpha == 0 {
 		scaleMatrix(beta, m, n, c, ldc)
-		return
+		return g, beta, false
 	}
 	if beta == 0 {
 		beta = 0 // −0 → +0: the kernels test the bit pattern
+	}
+	return g, beta, true
+}
+
+// gemm implements Backend.Gemm.
+func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	g, beta, ok := g.begin(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	if !ok {
+		return
 	}
 	nt := g.threads(m, n, k)
 	if nt <= 1 {
@@ -176,9 +187,10 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 
 // Ways to split a GEMM across goroutines.
 const (
-	splitM = iota // contiguous runs of MR-row tiles
-	splitN        // contiguous runs of NR-column tiles
-	splitK        // contiguous runs of kc steps, into private partial sums
+	splitM     = iota // contiguous runs of MR-row tiles
+	splitN            // contiguous runs of NR-column tiles
+	splitK            // contiguous runs of kc steps, into private partial sums
+	splitBatch        // contiguous runs of the GEMMs of a strided batch
 )
 
 // gemmCall is one GEMM split across goroutines: every part is an independent
@@ -193,6 +205,7 @@ type gemmCall struct {
 	nt                 int
 	split, tiles, unit int
 	parts              [][]float32 // splitK: worker w > 0 accumulates into parts[w] (m×n)
+	sa, sb, sc         int         // splitBatch: the strides between GEMMs (tiles counts them)
 	wg                 sync.WaitGroup
 }
 
@@ -202,6 +215,10 @@ func (cl *gemmCall) run(w int) {
 	tA, tB, m, n, k := cl.tA, cl.tB, cl.m, cl.n, cl.k
 	a, lda, b, ldb, c, ldc := cl.a, cl.lda, cl.b, cl.ldb, cl.c, cl.ldc
 	switch cl.split {
+	case splitBatch:
+		for i := cl.tiles * w / nt; i < cl.tiles*(w+1)/nt; i++ {
+			g.one(tA, tB, m, n, k, cl.alpha, a[i*cl.sa:], lda, b[i*cl.sb:], ldb, cl.beta, c[i*cl.sc:], ldc)
+		}
 	case splitK:
 		steps := (k + g.kc - 1) / g.kc
 		k0 := steps * w / nt * g.kc
@@ -247,6 +264,43 @@ func (cl *gemmCall) run(w int) {
 		}
 		g.serial(tA, tB, m, hi-lo, k, cl.alpha, a, lda, b[bo:], ldb, cl.beta, c[lo:], ldc)
 	}
+}
+
+// one runs a GEMM on the calling goroutine alone.
+func (g *gemmImpl) one(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	if g, beta, ok := g.begin(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); ok {
+		g.serial(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	}
+}
+
+// gemmStrided implements Backend.GemmStrided: the GEMMs of a batch too
+// small to split one by one are split across goroutines between them.
+func (g *gemmImpl) gemmStrided(tA, tB bool, m, n, k int, alpha float32, a []float32, lda, sa int, b []float32, ldb, sb int, beta float32, c []float32, ldc, sc int, count int) {
+	if count <= 0 {
+		return
+	}
+	if sa < 0 || sb < 0 || sc < 0 {
+		panic(fmt.Sprintf("device: GemmStrided: negative stride (%d, %d, %d)", sa, sb, sc))
+	}
+	last := count - 1 // the farthest GEMM: checking it checks them all
+	g.one(tA, tB, m, n, k, alpha, a[last*sa:], lda, b[last*sb:], ldb, beta, c[last*sc:], ldc)
+	count--
+	flops := 2 * m * n * k
+	nt := min(runtime.GOMAXPROCS(0), count)
+	if count == 0 || flops*count < g.parFlops || flops >= g.parFlops || nt <= 1 {
+		for i := 0; i < count; i++ {
+			g.gemm(tA, tB, m, n, k, alpha, a[i*sa:], lda, b[i*sb:], ldb, beta, c[i*sc:], ldc)
+		}
+		return
+	}
+	call := getCall()
+	*call = gemmCall{
+		g: g, tA: tA, tB: tB, m: m, n: n, k: k,
+		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc,
+		nt: nt, parts: call.parts, split: splitBatch, tiles: count, sa: sa, sb: sb, sc: sc,
+	}
+	call.runParallel()
+	putCall(call)
 }
 
 // runParallel runs parts 1..nt−1 on goroutines of their own, computes

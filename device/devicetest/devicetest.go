@@ -15,6 +15,7 @@ import (
 // Run checks every kernel of be against the references in this package.
 func Run(t *testing.T, be device.Backend) {
 	t.Run("Gemm", func(t *testing.T) { testGemm(t, be) })
+	t.Run("GemmStrided", func(t *testing.T) { testGemmStrided(t, be) })
 	t.Run("Vector", func(t *testing.T) { testVector(t, be) })
 	t.Run("Rows", func(t *testing.T) { testRows(t, be) })
 	t.Run("SoftmaxXent", func(t *testing.T) { testSoftmax(t, be) })
@@ -144,6 +145,42 @@ func testGemm(t *testing.T, be device.Backend) {
 	be.Gemm(false, false, 2, 2, 0, 1, nil, 1, nil, 2, 0.5, c, 2)
 	if c[0] != 0.5 || c[3] != 2 {
 		t.Fatalf("k=0 gemm: got %v", c)
+	}
+}
+
+// testGemmStrided checks batches of GEMMs, from ones small enough to run
+// one by one to ones a backend splits between goroutines, laid out as
+// attention's heads are (interleaved, with gaps), against NaiveGemm; what
+// lies between the C blocks must stay untouched.
+func testGemmStrided(t *testing.T, be device.Backend) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, s := range []struct{ m, n, k, count int }{{3, 5, 7, 1}, {4, 4, 4, 6}, {32, 32, 16, 9}, {64, 48, 32, 12}, {128, 32, 128, 3}} {
+		for _, tt := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
+			tA, tB := tt[0], tt[1]
+			ar, ac, br, bc := s.m, s.k, s.k, s.n
+			if tA {
+				ar, ac = ac, ar
+			}
+			if tB {
+				br, bc = bc, br
+			}
+			// Each operand's rows are interleaved with the other GEMMs': GEMM i
+			// starts at column i·ac of a row of count·ac (+1) values.
+			lda, ldb, ldc := s.count*ac+1, s.count*bc+1, s.count*s.n+2
+			a, b := RandSlice(r, ar*lda), RandSlice(r, br*ldb)
+			c := RandSlice(r, s.m*ldc)
+			want := append([]float32(nil), c...)
+			for i := 0; i < s.count; i++ {
+				NaiveGemm(tA, tB, s.m, s.n, s.k, 0.5, a[i*ac:], lda, b[i*bc:], ldb, 1, want[i*s.n:], ldc)
+			}
+			be.GemmStrided(tA, tB, s.m, s.n, s.k, 0.5, a, lda, ac, b, ldb, bc, 1, c, ldc, s.n, s.count)
+			tol := 4e-7 * float64(s.k+2) * 4
+			for i := range c {
+				if d := math.Abs(float64(c[i] - want[i])); !(d <= tol) {
+					t.Fatalf("GemmStrided %+v tA=%v tB=%v: c[%d] = %v, want %v", s, tA, tB, i, c[i], want[i])
+				}
+			}
+		}
 	}
 }
 
