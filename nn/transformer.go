@@ -362,53 +362,68 @@ func (l *CausalSelfAttention) Bind(p, g [][]float32) {}
 // children.
 func (l *CausalSelfAttention) flops() float64 { return 4 * float64(l.t*l.t) * float64(l.Dim) }
 
-// heads calls f for every (sample, head) with the offsets of its q in the
-// [n·T, 3·Dim] projection, of its output in the [n·T, Dim] head outputs and
-// of its T×T block of scores.
-func (l *CausalSelfAttention) heads(n int, f func(q, o, s int)) {
+// strided is one operand of a GemmStrided over the samples of a batch: a
+// matrix starting in s with leading dimension ld, the next sample's
+// stride values further on.
+type strided struct {
+	s          []float32
+	ld, stride int
+}
+
+// gemmSamples runs C = alpha·op(A)·op(B) for every sample of the batch.
+func gemmSamples(be device.Backend, tA, tB bool, m, n, k int, alpha float32, a, b, c strided, samples int) {
+	be.GemmStrided(tA, tB, m, n, k, alpha, a.s, a.ld, a.stride, b.s, b.ld, b.stride, 0, c.s, c.ld, c.stride, samples)
+}
+
+// head returns the operands of head h: its q, k and v in the [n·T, 3·Dim]
+// projection p, its output (or output gradient) in the [n·T, Dim] matrix
+// o, and its T×T block in the [n, Heads, T, T] scores s.
+func (l *CausalSelfAttention) head(h int, p, o, s []float32) (q, k, v, oh, sh strided) {
 	d, t, hs := l.Dim, l.t, l.Dim/l.Heads
-	for b := 0; b < n; b++ {
-		for h := 0; h < l.Heads; h++ {
-			f(b*t*3*d+h*hs, b*t*d+h*hs, (b*l.Heads+h)*t*t)
-		}
-	}
+	q = strided{p[h*hs:], 3 * d, t * 3 * d}
+	k = strided{p[d+h*hs:], 3 * d, t * 3 * d}
+	v = strided{p[2*d+h*hs:], 3 * d, t * 3 * d}
+	return q, k, v, strided{o[h*hs:], d, t * d}, strided{s[h*t*t:], t, l.Heads * t * t}
 }
 
 // Forward implements Layer.
 func (l *CausalSelfAttention) Forward(be device.Backend, x []float32, n int) []float32 {
-	d, t, hs := l.Dim, l.t, l.Dim/l.Heads
+	t, hs := l.t, l.Dim/l.Heads
 	scale := float32(1 / math.Sqrt(float64(hs)))
 	qkv := l.qkv.Forward(be, x, n)
 	l.att = grow(l.att, n*l.Heads*t*t)
-	l.o = grow(l.o, n*t*d)
-	l.heads(n, func(q, _, s int) {
-		be.Gemm(false, true, t, t, hs, scale, qkv[q:], 3*d, qkv[q+d:], 3*d, 0, l.att[s:], t)
-	})
+	l.o = grow(l.o, n*t*l.Dim)
+	for h := 0; h < l.Heads; h++ {
+		q, k, _, _, s := l.head(h, qkv, l.o, l.att)
+		gemmSamples(be, false, true, t, t, hs, scale, q, k, s, n) // S = Q·Kᵀ/√hs
+	}
 	be.SoftmaxRows(l.att, l.att, n*l.Heads*t, t, true)
-	l.heads(n, func(q, o, s int) {
-		be.Gemm(false, false, t, hs, t, 1, l.att[s:], t, qkv[q+2*d:], 3*d, 0, l.o[o:], d)
-	})
+	for h := 0; h < l.Heads; h++ {
+		_, _, v, o, p := l.head(h, qkv, l.o, l.att)
+		gemmSamples(be, false, false, t, hs, t, 1, p, v, o, n) // O = P·V
+	}
 	return l.proj.Forward(be, l.o, n)
 }
 
 // Backward implements Layer.
 func (l *CausalSelfAttention) Backward(be device.Backend, dy []float32, n int, needDx bool) []float32 {
-	d, t, hs := l.Dim, l.t, l.Dim/l.Heads
+	t, hs := l.t, l.Dim/l.Heads
 	scale := float32(1 / math.Sqrt(float64(hs)))
-	qkv := l.qkv.y
 	do := l.proj.Backward(be, dy, n, true)
-	l.dqkv = grow(l.dqkv, n*t*3*d)
+	l.dqkv = grow(l.dqkv, n*t*3*l.Dim)
 	l.dp = grow(l.dp, len(l.att))
-	l.heads(n, func(q, o, s int) {
-		// dP = dO·Vᵀ; dV = Pᵀ·dO.
-		be.Gemm(false, true, t, t, hs, 1, do[o:], d, qkv[q+2*d:], 3*d, 0, l.dp[s:], t)
-		be.Gemm(true, false, t, hs, t, 1, l.att[s:], t, do[o:], d, 0, l.dqkv[q+2*d:], 3*d)
-	})
+	for h := 0; h < l.Heads; h++ {
+		_, _, v, dO, p := l.head(h, l.qkv.y, do, l.att)
+		_, _, dv, _, dp := l.head(h, l.dqkv, do, l.dp)
+		gemmSamples(be, false, true, t, t, hs, 1, dO, v, dp, n) // dP = dO·Vᵀ
+		gemmSamples(be, true, false, t, hs, t, 1, p, dO, dv, n) // dV = Pᵀ·dO
+	}
 	be.SoftmaxRowsBackward(l.dp, l.dp, l.att, n*l.Heads*t, t)
-	l.heads(n, func(q, _, s int) {
-		// dQ = dS·K·scale; dK = dSᵀ·Q·scale.
-		be.Gemm(false, false, t, hs, t, scale, l.dp[s:], t, qkv[q+d:], 3*d, 0, l.dqkv[q:], 3*d)
-		be.Gemm(true, false, t, hs, t, scale, l.dp[s:], t, qkv[q:], 3*d, 0, l.dqkv[q+d:], 3*d)
-	})
+	for h := 0; h < l.Heads; h++ {
+		q, k, _, _, ds := l.head(h, l.qkv.y, do, l.dp)
+		dq, dk, _, _, _ := l.head(h, l.dqkv, do, l.dp)
+		gemmSamples(be, false, false, t, hs, t, scale, ds, k, dq, n) // dQ = dS·K/√hs
+		gemmSamples(be, true, false, t, hs, t, scale, ds, q, dk, n)  // dK = dSᵀ·Q/√hs
+	}
 	return l.qkv.Backward(be, l.dqkv, n, needDx)
 }
