@@ -77,6 +77,16 @@ type Layer interface {
 	Backward(be device.Backend, dy []float32, n int, needDx bool) []float32
 }
 
+// noParams gives a layer without parameters of its own its Params and
+// Bind.
+type noParams struct{}
+
+// Params implements Layer: none.
+func (noParams) Params() []ParamSpec { return nil }
+
+// Bind implements Layer: nothing to bind.
+func (noParams) Bind(p, g [][]float32) {}
+
 // flopser is implemented by layers that count the multiply-add FLOPs (2
 // per MAC) of one sample's forward pass, excluding their children's.
 type flopser interface {
@@ -191,6 +201,7 @@ func (l *Dense) Backward(be device.Backend, dy []float32, n int, needDx bool) []
 // ReLU is a standalone rectifier (models fuse it into the layer before it
 // where they can; this form serves layers that cannot fuse).
 type ReLU struct {
+	noParams
 	size  int
 	y, dx []float32
 }
@@ -200,12 +211,6 @@ func (l *ReLU) Kind() string { return "ReLU" }
 
 // Setup implements Layer.
 func (l *ReLU) Setup(in Shape) (Shape, error) { l.size = in.Size(); return in, nil }
-
-// Params implements Layer.
-func (l *ReLU) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (l *ReLU) Bind(p, g [][]float32) {}
 
 // Forward implements Layer.
 func (l *ReLU) Forward(be device.Backend, x []float32, n int) []float32 {
@@ -314,6 +319,7 @@ func (l *Conv2D) Backward(be device.Backend, dy []float32, n int, needDx bool) [
 type MaxPool2D struct {
 	K, Stride int
 
+	noParams
 	geom  device.PoolGeom
 	y, dx []float32
 	arg   []int32
@@ -324,19 +330,8 @@ func (l *MaxPool2D) Kind() string { return "MaxPool2d" }
 
 // Setup implements Layer.
 func (l *MaxPool2D) Setup(in Shape) (Shape, error) {
-	g, err := poolSetup("MaxPool2d", in, l.K, &l.Stride)
-	if err != nil {
-		return nil, err
-	}
-	l.geom = g
-	return Shape{g.OutH(), g.OutW(), g.C}, nil
+	return poolSetup("MaxPool2d", in, l.K, &l.Stride, &l.geom)
 }
-
-// Params implements Layer.
-func (l *MaxPool2D) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (l *MaxPool2D) Bind(p, g [][]float32) {}
 
 // Forward implements Layer.
 func (l *MaxPool2D) Forward(be device.Backend, x []float32, n int) []float32 {
@@ -363,18 +358,21 @@ func (l *MaxPool2D) Backward(be device.Backend, dy []float32, n int, needDx bool
 	return l.dx
 }
 
-func poolSetup(kind string, in Shape, k int, stride *int) (device.PoolGeom, error) {
+// poolSetup fixes a pooling layer's geometry (the stride defaults to k)
+// and returns its output shape.
+func poolSetup(kind string, in Shape, k int, stride *int, geom *device.PoolGeom) (Shape, error) {
 	if len(in) != 3 {
-		return device.PoolGeom{}, fmt.Errorf("%w: %s needs [H, W, C] input, got %v", ErrShape, kind, in)
+		return nil, fmt.Errorf("%w: %s needs [H, W, C] input, got %v", ErrShape, kind, in)
 	}
 	if *stride == 0 {
 		*stride = k
 	}
 	g := device.PoolGeom{N: 1, H: in[0], W: in[1], C: in[2], K: k, Stride: *stride}
 	if err := g.Validate(); err != nil {
-		return g, fmt.Errorf("%w: %s: %w", ErrShape, kind, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrShape, kind, err)
 	}
-	return g, nil
+	*geom = g
+	return Shape{g.OutH(), g.OutW(), g.C}, nil
 }
 
 // AvgPool2D is a K×K average pooling with the given stride (K when zero)
@@ -382,6 +380,7 @@ func poolSetup(kind string, in Shape, k int, stride *int) (device.PoolGeom, erro
 type AvgPool2D struct {
 	K, Stride int
 
+	noParams
 	geom  device.PoolGeom
 	y, dx []float32
 }
@@ -391,19 +390,8 @@ func (l *AvgPool2D) Kind() string { return "AvgPool2d" }
 
 // Setup implements Layer.
 func (l *AvgPool2D) Setup(in Shape) (Shape, error) {
-	g, err := poolSetup("AvgPool2d", in, l.K, &l.Stride)
-	if err != nil {
-		return nil, err
-	}
-	l.geom = g
-	return Shape{g.OutH(), g.OutW(), g.C}, nil
+	return poolSetup("AvgPool2d", in, l.K, &l.Stride, &l.geom)
 }
-
-// Params implements Layer.
-func (l *AvgPool2D) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (l *AvgPool2D) Bind(p, g [][]float32) {}
 
 // windows calls f for every output pixel with its offset in the output
 // and the offset of each window position's pixel in the input, per sample.
@@ -452,6 +440,7 @@ func (l *AvgPool2D) Backward(be device.Backend, dy []float32, n int, needDx bool
 // NCHW tensors, so the Linear layer after it has PyTorch's weight layout;
 // any other shape is already in torch's order and passes unchanged.
 type Flatten struct {
+	noParams
 	h, w, c int
 	y, dx   []float32
 }
@@ -468,12 +457,6 @@ func (l *Flatten) Setup(in Shape) (Shape, error) {
 	}
 	return Shape{in.Size()}, nil
 }
-
-// Params implements Layer.
-func (l *Flatten) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (l *Flatten) Bind(p, g [][]float32) {}
 
 func (l *Flatten) identity() bool { return l.c == 1 || l.h*l.w == 1 }
 

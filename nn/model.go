@@ -37,19 +37,22 @@ type options struct {
 }
 
 func resolve(opts []Option) options {
-	var o options
+	o := options{be: device.Default()}
 	for _, f := range opts {
 		f(&o)
-	}
-	if o.be == nil {
-		o.be = device.Default()
 	}
 	return o
 }
 
 // WithBackend runs the model or optimiser on be (device.Default() when
 // not given or nil).
-func WithBackend(be device.Backend) Option { return func(o *options) { o.be = be } }
+func WithBackend(be device.Backend) Option {
+	return func(o *options) {
+		if be != nil {
+			o.be = be
+		}
+	}
+}
 
 // WithArch names the model's architecture (Model.Arch, which checkpoints
 // record and check).
@@ -110,10 +113,10 @@ func NewModel(root Layer, in Shape, loss Loss, seed uint64, opts ...Option) (*Mo
 		arch = root.Kind()
 	}
 	out, err := root.Setup(in)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrArch, arch, err)
+	targets := 0
+	if err == nil {
+		targets, err = loss.Targets(out)
 	}
-	targets, err := loss.Targets(out)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrArch, arch, err)
 	}

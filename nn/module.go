@@ -39,6 +39,7 @@ type Stochastic interface {
 // ReLU directly after a Dense or Conv2D is fused into that layer (it keeps
 // its name, so parameter names still match torch's).
 type Sequential struct {
+	noParams
 	children []Child
 	run      []Layer
 	fused    []bool // fused[i]: child i is a ReLU fused into child i−1
@@ -104,12 +105,6 @@ func (s *Sequential) Setup(in Shape) (Shape, error) {
 	return shape, nil
 }
 
-// Params implements Layer: a Sequential has none of its own.
-func (s *Sequential) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (s *Sequential) Bind(p, g [][]float32) {}
-
 // Forward implements Layer.
 func (s *Sequential) Forward(be device.Backend, x []float32, n int) []float32 {
 	for _, l := range s.run {
@@ -133,6 +128,7 @@ func (s *Sequential) Backward(be device.Backend, dy []float32, n int, needDx boo
 type Residual struct {
 	Body Layer
 
+	noParams
 	size  int
 	y, dx []float32
 }
@@ -160,12 +156,6 @@ func (r *Residual) Setup(in Shape) (Shape, error) {
 	r.size = in.Size()
 	return in, nil
 }
-
-// Params implements Layer: a Residual has none of its own.
-func (r *Residual) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (r *Residual) Bind(p, g [][]float32) {}
 
 // Forward implements Layer.
 func (r *Residual) Forward(be device.Backend, x []float32, n int) []float32 {

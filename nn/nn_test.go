@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/starling-ml/starling/device"
@@ -90,6 +91,22 @@ func gradCheckXY(t *testing.T, m *Model, x []float32, y []int32, perTensor int, 
 	}
 }
 
+// viewNames lists a model's parameter names (with their shapes, if asked)
+// separated by spaces.
+func viewNames(m *Model, shapes bool) string {
+	var b strings.Builder
+	for i, v := range m.Views() {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(v.Name)
+		if shapes {
+			fmt.Fprint(&b, v.Shape)
+		}
+	}
+	return b.String()
+}
+
 func mustBuild(t *testing.T, in Shape, classes int, mods ...Layer) *Model {
 	t.Helper()
 	m, err := sequential("test", in, classes, mods, 3, nil)
@@ -156,12 +173,8 @@ func TestArchitectures(t *testing.T) {
 		}
 	}
 	cnn, _ := New("cnn", 0)
-	var names []string
-	for _, v := range cnn.Views() {
-		names = append(names, fmt.Sprintf("%s%v", v.Name, v.Shape))
-	}
-	want := "[0.weight[32 1 5 5] 0.bias[32] 3.weight[64 32 5 5] 3.bias[64] 7.weight[512 3136] 7.bias[512] 9.weight[10 512] 9.bias[10]]"
-	if got := fmt.Sprint(names); got != want {
+	want := "0.weight[32 1 5 5] 0.bias[32] 3.weight[64 32 5 5] 3.bias[64] 7.weight[512 3136] 7.bias[512] 9.weight[10 512] 9.bias[10]"
+	if got := viewNames(cnn, true); got != want {
 		t.Errorf("CNN names %s, want torch.nn.Sequential's %s", got, want)
 	}
 	for _, bad := range []string{"resnet", "mlp:784-x-10", "mlp:100-10", "cnn:5"} {

@@ -199,6 +199,7 @@ func (l *LayerNorm) Backward(be device.Backend, dy []float32, n int, needDx bool
 // nn.GELU(approximate='tanh'), minGPT's NewGELU. Forward also stores the
 // derivative, so Backward is one multiplication.
 type GELU struct {
+	noParams
 	size    int
 	y, grad []float32 // output and GELU'(x)
 }
@@ -208,12 +209,6 @@ func (l *GELU) Kind() string { return "GELU" }
 
 // Setup implements Layer.
 func (l *GELU) Setup(in Shape) (Shape, error) { l.size = in.Size(); return in, nil }
-
-// Params implements Layer.
-func (l *GELU) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (l *GELU) Bind(p, g [][]float32) {}
 
 // Forward implements Layer.
 func (l *GELU) Forward(be device.Backend, x []float32, n int) []float32 {
@@ -240,6 +235,7 @@ func (l *GELU) Backward(be device.Backend, dy []float32, n int, needDx bool) []f
 type Dropout struct {
 	P float32
 
+	noParams
 	size     int
 	training bool
 	seed     uint64
@@ -259,12 +255,6 @@ func (l *Dropout) Setup(in Shape) (Shape, error) {
 	l.size = in.Size()
 	return in, nil
 }
-
-// Params implements Layer.
-func (l *Dropout) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (l *Dropout) Bind(p, g [][]float32) {}
 
 // SetTraining implements Stochastic.
 func (l *Dropout) SetTraining(training bool, seed uint64) { l.training, l.seed = training, seed }
@@ -314,6 +304,7 @@ func (l *Dropout) Backward(be device.Backend, dy []float32, n int, needDx bool) 
 type CausalSelfAttention struct {
 	Dim, Heads int
 
+	noParams  // the projections are children
 	qkv, proj Dense
 	t         int
 	children  []Child
@@ -350,12 +341,6 @@ func (l *CausalSelfAttention) Setup(in Shape) (Shape, error) {
 	}
 	return l.proj.Setup(in)
 }
-
-// Params implements Layer: the projections are children.
-func (l *CausalSelfAttention) Params() []ParamSpec { return nil }
-
-// Bind implements Layer.
-func (l *CausalSelfAttention) Bind(p, g [][]float32) {}
 
 // flops counts the score and weighted-sum products (the full T×T blocks
 // the GEMMs compute, masked half included); the projections count as
