@@ -326,14 +326,23 @@ func (f *Fast) SoftmaxRowsBackward(dx, dy, y []float32, rows, cols int) {
 	}
 }
 
-// LayerNorm implements Backend (the portable loop).
+// LayerNorm implements Backend: the portable loop over parts of the rows
+// split across goroutines (pointwise.go).
 func (f *Fast) LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
-	f.cpu.LayerNorm(y, mean, rstd, x, w, b, rows, cols, eps)
+	checkRows("LayerNorm x", x, rows, cols)
+	checkRows("LayerNorm y", y, rows, cols)
+	mean, rstd, w, b = mean[:rows], rstd[:rows], w[:cols], b[:cols]
+	layerNormSplit(opLayerNorm, rows, cols, y, x, nil, mean, rstd, w, b, nil, nil, eps)
 }
 
-// LayerNormBackward implements Backend (the portable loop).
+// LayerNormBackward implements Backend as LayerNorm does; each part sums
+// its own dw and db, added up after the join.
 func (f *Fast) LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, cols int) {
-	f.cpu.LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w, rows, cols)
+	checkRows("LayerNormBackward x", x, rows, cols)
+	checkRows("LayerNormBackward dy", dy, rows, cols)
+	checkRows("LayerNormBackward dx", dx, rows, cols)
+	mean, rstd, w, dw, db = mean[:rows], rstd[:rows], w[:cols], dw[:cols], db[:cols]
+	layerNormSplit(opLayerNormBackward, rows, cols, dx, x, dy, mean, rstd, w, nil, dw, db, 0)
 }
 
 // GELU implements Backend with float32 Go loops (gelu.go) split across

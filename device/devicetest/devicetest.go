@@ -394,7 +394,7 @@ func testSoftmaxRows(t *testing.T, be device.Backend) {
 func testLayerNorm(t *testing.T, be device.Backend) {
 	r := rand.New(rand.NewPCG(17, 18))
 	const eps = 1e-5
-	for _, s := range [][2]int{{1, 1}, {1, 7}, {5, 16}, {33, 100}, {64, 128}} {
+	for _, s := range [][2]int{{1, 1}, {1, 7}, {5, 16}, {33, 100}, {64, 128}, {1031, 128}} { // the last large enough to split
 		rows, cols := s[0], s[1]
 		x := RandSlice(r, rows*cols)
 		for i := range x {
