@@ -59,6 +59,7 @@ func TestGradAvgPool(t *testing.T) {
 }
 
 func TestShapeErrors(t *testing.T) {
+	shared := &Dense{In: 4, Out: 4}
 	cases := []struct {
 		root Layer
 		in   Shape
@@ -70,6 +71,7 @@ func TestShapeErrors(t *testing.T) {
 		{NewSequential(&Dense{In: 4, Out: 3}), Shape{4}, NextTokenCrossEntropy{}, []string{"[T, vocab]", "[3]"}},
 		{NewResidual(&Dense{In: 4, Out: 3}), Shape{4}, nil, []string{"[4]", "[3]"}},
 		{NewNamedSequential(Child{"a", &Dense{In: 4, Out: 4}}, Child{"a", &Dense{In: 4, Out: 3}}), Shape{4}, nil, []string{`"a.weight"`}},
+		{NewSequential(shared, shared), Shape{4}, nil, []string{`Linear "1" appears twice`}},
 	}
 	for _, c := range cases {
 		_, err := NewModel(c.root, c.in, c.loss, 1)

@@ -3,6 +3,7 @@ package nn
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -88,7 +89,6 @@ type Model struct {
 	specs   []ParamSpec // of each view
 	init    func(name string, p ParamSpec) Initializer
 	stoch   []stochastic
-	seed    uint64
 	step    uint64
 	probs   []float32
 }
@@ -117,24 +117,34 @@ func NewModel(root Layer, in Shape, loss Loss, seed uint64, opts ...Option) (*Mo
 	if err == nil {
 		targets, err = loss.Targets(out)
 	}
+	if err == nil && (len(out) == 0 || targets <= 0) {
+		err = fmt.Errorf("%w: %T gives %d targets for output %v", ErrShape, loss, targets, out)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrArch, arch, err)
 	}
 	m := &Model{
 		Arch: arch, Input: append(Shape(nil), in...), Output: out, Classes: out[len(out)-1],
-		be: o.be, root: root, loss: loss, targets: targets, init: o.init, seed: seed,
+		be: o.be, root: root, loss: loss, targets: targets, init: o.init,
 	}
 	m.nodes = walk(root, "", nil)
 	total := 0
 	seen := map[string]bool{}
+	layers := map[Layer]bool{}
 	for _, nd := range m.nodes {
+		if reflect.TypeOf(nd.l).Comparable() {
+			if layers[nd.l] {
+				return nil, fmt.Errorf("%w: %s: %s %q appears twice in the tree (a layer belongs to one place)", ErrArch, arch, nd.l.Kind(), nd.prefix)
+			}
+			layers[nd.l] = true
+		}
 		if s, ok := nd.l.(Stochastic); ok {
 			m.stoch = append(m.stoch, stochastic{s, device.Hash64(seed^stochSalt, uint64(len(m.stoch)))})
 		}
 		for _, p := range nd.specs {
 			name := joinName(nd.prefix, p.Suffix)
 			if seen[name] {
-				return nil, fmt.Errorf("%w: %s: two parameters named %q (a layer used twice, or children with equal names)", ErrArch, arch, name)
+				return nil, fmt.Errorf("%w: %s: two parameters named %q (children with equal names)", ErrArch, arch, name)
 			}
 			seen[name] = true
 			n := Shape(p.Shape).Size()

@@ -229,9 +229,9 @@ func (l *GELU) Backward(be device.Backend, dy []float32, n int, needDx bool) []f
 
 // Dropout zeroes each value with probability P while training and scales
 // the others by 1/(1−P) (torch.nn.Dropout); at evaluation it is the
-// identity. Which values a training step drops depends only on the seed
-// the model passes to SetTraining (its own seed, the layer's position and
-// the step), never on the backend or the batch split.
+// identity. Whether a value is dropped depends only on the seed the model
+// passes to SetTraining (its own seed, the layer's position and the step)
+// and the value's index in the batch, never on the backend.
 type Dropout struct {
 	P float32
 
