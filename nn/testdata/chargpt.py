@@ -16,13 +16,8 @@ tying (neither has any). To load into torch.nn.MultiheadAttention
 instead, rename attn.c_attn.weight/bias to in_proj_weight/in_proj_bias
 and attn.c_proj to out_proj (and pass a causal attn_mask).
 
-Parity test sketch (for the next engineer):
-
-    cfg = dict(vocab_size=65, block_size=128, n_embd=128, n_head=4,
-               n_layer=4, mlp_ratio=4, dropout=0.0)
-    m = GPT(**cfg).eval()
-    m.load_state_dict(safetensors.torch.load_file(path))
-    logits = m(torch.tensor(ids).view(1, -1))  # compare with Go's Forward
+nn's TestTorchParity checks exactly that (chargpt_check.py, with
+torch alone).
 """
 import math
 
