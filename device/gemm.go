@@ -54,26 +54,9 @@ type gemmBuf struct {
 	pad        []float32 // 16 zero-padded rows for a ragged transposing pack
 }
 
-// gemmBufs is a free list of packing buffers. Unlike a sync.Pool it is not
-// emptied by the garbage collector, so steady-state calls never allocate;
-// it holds at most as many buffers as GEMMs ever ran at once (≤ 64 kept).
-var gemmBufs = make(chan *gemmBuf, 64)
-
-func getBuf() *gemmBuf {
-	select {
-	case b := <-gemmBufs:
-		return b
-	default:
-		return new(gemmBuf)
-	}
-}
-
-func putBuf(b *gemmBuf) {
-	select {
-	case gemmBufs <- b:
-	default:
-	}
-}
+// gemmBufs keeps packing buffers: as many as GEMMs ever ran at once (≤ 64
+// kept).
+var gemmBufs = make(freeList[gemmBuf], 64)
 
 func grow(s []float32, n int) []float32 {
 	if cap(s) < n {
@@ -148,7 +131,7 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 		g.serial(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
-	call := getCall()
+	call := gemmCalls.get()
 	*call = gemmCall{
 		g: g, tA: tA, tB: tB, m: m, n: n, k: k,
 		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc,
@@ -169,7 +152,7 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 	default:
 		call.split, call.tiles, call.unit = splitN, ntl, g.nr
 	}
-	call.runParallel()
+	forkJoin(call, call.nt)
 	if call.split == splitK {
 		// Worker 0 accumulated into C with the caller's beta; add the others.
 		for w := 1; w < nt; w++ {
@@ -293,54 +276,51 @@ func (g *gemmImpl) gemmStrided(tA, tB bool, m, n, k int, alpha float32, a []floa
 		}
 		return
 	}
-	call := getCall()
+	call := gemmCalls.get()
 	*call = gemmCall{
 		g: g, tA: tA, tB: tB, m: m, n: n, k: k,
 		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc,
 		nt: nt, parts: call.parts, split: splitBatch, tiles: count, sa: sa, sb: sb, sc: sc,
 	}
-	call.runParallel()
+	forkJoin(call, call.nt)
 	putCall(call)
 }
 
-// runParallel runs parts 1..nt−1 on goroutines of their own, computes
-// part 0 on the calling goroutine and waits for the rest: no goroutine
-// outlives the call.
-func (cl *gemmCall) runParallel() {
-	cl.wg.Add(cl.nt - 1)
-	for w := 1; w < cl.nt; w++ {
-		go runPart(cl, w)
-	}
-	cl.run(0)
-	cl.wg.Wait()
+func (cl *gemmCall) waitGroup() *sync.WaitGroup { return &cl.wg }
+
+// splitter is a call split into parts: a GEMM's or a pointwise kernel's.
+type splitter interface {
+	run(w int) // computes part w
+	waitGroup() *sync.WaitGroup
 }
 
-// runPart computes part w of cl and says so. (A function, not a method
+// forkJoin runs parts 1..nt−1 of s on goroutines of their own, part 0 on
+// the calling goroutine, and waits for the rest: no goroutine outlives the
+// call.
+func forkJoin(s splitter, nt int) {
+	wg := s.waitGroup()
+	wg.Add(nt - 1)
+	for w := 1; w < nt; w++ {
+		go runPart(s, w)
+	}
+	s.run(0)
+	wg.Wait()
+}
+
+// runPart computes part w of s and says so. (A function, not a method
 // value: go with a method value allocates a closure.)
-func runPart(cl *gemmCall, w int) {
-	cl.run(w)
-	cl.wg.Done()
+func runPart(s splitter, w int) {
+	s.run(w)
+	s.waitGroup().Done()
 }
 
-var gemmCalls = make(chan *gemmCall, 64)
-
-func getCall() *gemmCall {
-	select {
-	case c := <-gemmCalls:
-		return c
-	default:
-		return new(gemmCall)
-	}
-}
+var gemmCalls = make(freeList[gemmCall], 64)
 
 // putCall drops the call's references to the caller's slices and keeps it
 // (with its partial-sum buffers) for reuse.
 func putCall(c *gemmCall) {
 	c.a, c.b, c.c, c.g = nil, nil, nil, nil
-	select {
-	case gemmCalls <- c:
-	default:
-	}
+	gemmCalls.put(c)
 }
 
 // threads returns how many goroutines a GEMM of this shape should use:
@@ -368,8 +348,8 @@ func (g *gemmImpl) kSplit(m, n, k, nt int) bool {
 
 // serial runs the blocked algorithm on the calling goroutine.
 func (g *gemmImpl) serial(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	buf := getBuf()
-	defer putBuf(buf)
+	buf := gemmBufs.get()
+	defer gemmBufs.put(buf)
 	mr, nr := g.mr, g.nr
 	kcMax := min(g.kc, k)
 	ncMax := min(g.nc, (n+nr-1)/nr*nr)

@@ -6,9 +6,9 @@ import (
 )
 
 // Pointwise and row kernels without a SIMD version run as Go loops split
-// across GOMAXPROCS goroutines that start and end within the call, as a
-// large GEMM's do: GELU with its derivative costs about 10 ns a value in
-// scalar Go, LayerNorm about 3.
+// across GOMAXPROCS goroutines that start and end within the call
+// (forkJoin, as a large GEMM's do): GELU with its derivative costs about
+// 10 ns a value in scalar Go, LayerNorm about 3.
 
 // splitMin is the fewest values worth a goroutine of their own (about half
 // a millisecond of GELU).
@@ -62,24 +62,16 @@ func (c *splitCall) run(w int) {
 	}
 }
 
-func runSplitPart(c *splitCall, w int) {
-	c.run(w)
-	c.wg.Done()
-}
+func (c *splitCall) waitGroup() *sync.WaitGroup { return &c.wg }
 
-var splitCalls = make(chan *splitCall, 64)
+var splitCalls = make(freeList[splitCall], 64)
 
 // portable runs the row kernels' parts.
 var portable CPU
 
 // newSplit returns a pooled call for n units of size values each.
 func newSplit(op splitOp, n, size int) *splitCall {
-	var c *splitCall
-	select {
-	case c = <-splitCalls:
-	default:
-		c = new(splitCall)
-	}
+	c := splitCalls.get()
 	c.op, c.n = op, n
 	c.nt = max(min(runtime.GOMAXPROCS(0), n*size/splitMin, n), 1)
 	return c
@@ -87,12 +79,7 @@ func newSplit(op splitOp, n, size int) *splitCall {
 
 // do runs the call's parts and returns it to the pool.
 func (c *splitCall) do() {
-	c.wg.Add(c.nt - 1)
-	for w := 1; w < c.nt; w++ {
-		go runSplitPart(c, w)
-	}
-	c.run(0)
-	c.wg.Wait()
+	forkJoin(c, c.nt)
 	if c.op == opLayerNormBackward {
 		for w := 1; w < c.nt; w++ {
 			p := c.partial[w]
@@ -106,10 +93,7 @@ func (c *splitCall) do() {
 	}
 	partial := c.partial
 	*c = splitCall{partial: partial}
-	select {
-	case splitCalls <- c:
-	default:
-	}
+	splitCalls.put(c)
 }
 
 // pointwise runs GELU over the first n values of dst, a and b (the caller

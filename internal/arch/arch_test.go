@@ -33,8 +33,6 @@ var goroutineAllowed = map[string]string{
 	// The CPU backend's GEMM splits a large product over goroutines that
 	// start and end within the call: nothing runs on after it.
 	"device/gemm.go": "the compute backend's fork-join parallelism",
-	// Pointwise kernels without SIMD versions split the same way.
-	"device/pointwise.go": "the compute backend's fork-join parallelism",
 }
 
 func goList(t *testing.T, args ...string) []string {
