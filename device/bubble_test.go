@@ -39,3 +39,25 @@ func TestGemmInBubble(t *testing.T) {
 		}
 	}
 }
+
+// TestPointwiseInBubble: a pointwise kernel split over goroutines runs
+// inside a synctest bubble, as TestGemmInBubble's GEMM does.
+func TestPointwiseInBubble(t *testing.T) {
+	x := make([]float32, 1<<18)
+	for i := range x {
+		x[i] = float32(i%200-100) / 25
+	}
+	want := make([]float32, len(x))
+	device.NewCPU().GELU(want, nil, x)
+	for range 2 {
+		synctest.Test(t, func(t *testing.T) {
+			y := make([]float32, len(x))
+			device.Default().GELU(y, make([]float32, len(x)), x)
+			for i := range y {
+				if d := math.Abs(float64(y[i] - want[i])); d > 1e-5 {
+					t.Fatalf("GELU(%v) = %v, want %v", x[i], y[i], want[i])
+				}
+			}
+		})
+	}
+}

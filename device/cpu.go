@@ -47,6 +47,13 @@ func (c *CPU) Gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int
 	c.impl.Sgemm(trans(tA), trans(tB), m, n, k, alpha, a, lda, b, ldb, beta, cc, ldc)
 }
 
+// GemmStrided implements Backend, one GEMM after another.
+func (c *CPU) GemmStrided(tA, tB bool, m, n, k int, alpha float32, a []float32, lda, sa int, b []float32, ldb, sb int, beta float32, cc []float32, ldc, sc int, count int) {
+	for i := 0; i < count; i++ {
+		c.Gemm(tA, tB, m, n, k, alpha, a[i*sa:], lda, b[i*sb:], ldb, beta, cc[i*sc:], ldc)
+	}
+}
+
 func scaleMatrix(beta float32, m, n int, c []float32, ldc int) {
 	for i := 0; i < m; i++ {
 		row := c[i*ldc : i*ldc+n]
@@ -208,6 +215,132 @@ func (*CPU) SoftmaxXent(grad, logits []float32, labels []int32, rows, cols int) 
 		g[y] -= inv
 	}
 	return loss / float64(rows), correct
+}
+
+// SoftmaxRows implements Backend.
+func (*CPU) SoftmaxRows(y, x []float32, rows, cols int, causal bool) {
+	checkRows("SoftmaxRows x", x, rows, cols)
+	checkRows("SoftmaxRows y", y, rows, cols)
+	if cols == 0 {
+		return
+	}
+	for r := 0; r < rows; r++ {
+		z, out := x[r*cols:r*cols+cols], y[r*cols:r*cols+cols]
+		valid := cols
+		if causal {
+			valid = r%cols + 1
+		}
+		mx := z[0]
+		for _, v := range z[1:valid] {
+			mx = max(mx, v)
+		}
+		var sum float64
+		for _, v := range z[:valid] {
+			sum += math.Exp(float64(v - mx))
+		}
+		is := 1 / sum
+		for j, v := range z[:valid] {
+			out[j] = float32(math.Exp(float64(v-mx)) * is)
+		}
+		clear(out[valid:])
+	}
+}
+
+// SoftmaxRowsBackward implements Backend.
+func (*CPU) SoftmaxRowsBackward(dx, dy, y []float32, rows, cols int) {
+	checkRows("SoftmaxRowsBackward dy", dy, rows, cols)
+	checkRows("SoftmaxRowsBackward y", y, rows, cols)
+	checkRows("SoftmaxRowsBackward dx", dx, rows, cols)
+	for r := 0; r < rows; r++ {
+		g, p, d := dy[r*cols:r*cols+cols], y[r*cols:r*cols+cols], dx[r*cols:r*cols+cols]
+		var s float64
+		for j, v := range g {
+			s += float64(v) * float64(p[j])
+		}
+		for j, v := range g {
+			d[j] = float32(float64(p[j]) * (float64(v) - s))
+		}
+	}
+}
+
+// LayerNorm implements Backend.
+func (*CPU) LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
+	checkRows("LayerNorm x", x, rows, cols)
+	checkRows("LayerNorm y", y, rows, cols)
+	mean, rstd, w, b = mean[:rows], rstd[:rows], w[:cols], b[:cols]
+	for r := 0; r < rows; r++ {
+		z, out := x[r*cols:r*cols+cols], y[r*cols:r*cols+cols]
+		var s float64
+		for _, v := range z {
+			s += float64(v)
+		}
+		mu := s / float64(cols)
+		var ss float64
+		for _, v := range z {
+			d := float64(v) - mu
+			ss += d * d
+		}
+		is := 1 / math.Sqrt(ss/float64(cols)+float64(eps))
+		mean[r], rstd[r] = float32(mu), float32(is)
+		for j, v := range z {
+			out[j] = float32((float64(v)-mu)*is)*w[j] + b[j]
+		}
+	}
+}
+
+// LayerNormBackward implements Backend.
+func (*CPU) LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, cols int) {
+	checkRows("LayerNormBackward x", x, rows, cols)
+	checkRows("LayerNormBackward dy", dy, rows, cols)
+	checkRows("LayerNormBackward dx", dx, rows, cols)
+	mean, rstd, w, dw, db = mean[:rows], rstd[:rows], w[:cols], dw[:cols], db[:cols]
+	for r := 0; r < rows; r++ {
+		z, g, d := x[r*cols:r*cols+cols], dy[r*cols:r*cols+cols], dx[r*cols:r*cols+cols]
+		mu, is := float64(mean[r]), float64(rstd[r])
+		var sg, sgx float64 // Σ dy·w and Σ dy·w·x̂
+		for j, v := range z {
+			xh := (float64(v) - mu) * is
+			gj := float64(g[j])
+			dw[j] += float32(gj * xh)
+			db[j] += g[j]
+			gw := gj * float64(w[j])
+			sg += gw
+			sgx += gw * xh
+		}
+		sg /= float64(cols)
+		sgx /= float64(cols)
+		for j, v := range z {
+			xh := (float64(v) - mu) * is
+			d[j] = float32(is * (float64(g[j])*float64(w[j]) - sg - xh*sgx))
+		}
+	}
+}
+
+// geluC is √(2/π), geluA the cubic coefficient of GELU's tanh approximation.
+const geluC, geluA = 0.7978845608028654, 0.044715
+
+// GELU implements Backend.
+func (*CPU) GELU(y, d, x []float32) {
+	y = y[:len(x)]
+	if d != nil {
+		d = d[:len(x)]
+	}
+	for i, v := range x {
+		z := float64(v)
+		t := math.Tanh(geluC * (z + geluA*z*z*z))
+		if d != nil {
+			d[i] = float32(0.5*(1+t) + 0.5*z*(1-t*t)*geluC*(1+3*geluA*z*z))
+		}
+		y[i] = float32(0.5 * z * (1 + t))
+	}
+}
+
+// Mul implements Backend.
+func (*CPU) Mul(dst, x, y []float32) {
+	dst, y = dst[:len(x)], y[:len(x)]
+	for i, v := range x {
+		dst[i] = v * y[i]
+	}
 }
 
 // Im2Col implements Backend.

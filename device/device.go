@@ -14,6 +14,13 @@ type Backend interface {
 	// not propagate).
 	Gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int)
 
+	// GemmStrided runs count independent GEMMs of one shape, as Gemm: the
+	// i-th reads a[i·sa:], b[i·sb:] and writes c[i·sc:] (strides ≥ 0), so
+	// with leading dimensions they address the heads of attention in
+	// place. A backend may run them in parallel; their C blocks must not
+	// overlap.
+	GemmStrided(tA, tB bool, m, n, k int, alpha float32, a []float32, lda, sa int, b []float32, ldb, sb int, beta float32, c []float32, ldc, sc int, count int)
+
 	// Axpy computes y += alpha·x. len(y) must be ≥ len(x).
 	Axpy(alpha float32, x, y []float32)
 	// Scale computes x *= alpha.
@@ -41,6 +48,32 @@ type Backend interface {
 	// respect to the logits into grad (may alias logits). It returns the
 	// mean loss (float64) and the number of rows whose argmax equals the label.
 	SoftmaxXent(grad, logits []float32, labels []int32, rows, cols int) (loss float64, correct int)
+
+	// SoftmaxRows sets each row of the rows×cols matrix y to the softmax of
+	// the same row of x. With causal, row r covers only its first r%cols+1
+	// entries and the rest of y's row is zero: the rows are stacked
+	// cols×cols blocks of causal attention scores. y may alias x.
+	SoftmaxRows(y, x []float32, rows, cols int, causal bool)
+	// SoftmaxRowsBackward sets each row of dx to y⊙(dy − Σ_j dy_j·y_j), the
+	// gradient through SoftmaxRows given its output y. dx may alias dy.
+	SoftmaxRowsBackward(dx, dy, y []float32, rows, cols int)
+	// LayerNorm normalises each row of the rows×cols matrix x as
+	// torch.nn.LayerNorm does (biased variance, eps inside the square root)
+	// and sets y = (x − mean)·rstd·w + b; it stores each row's mean and
+	// rstd = 1/√(var + eps) for LayerNormBackward.
+	LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32)
+	// LayerNormBackward sets dx to the gradient through LayerNorm and
+	// accumulates dw += Σ_rows dy⊙x̂ and db += Σ_rows dy (x̂ the normalised x).
+	// dx may alias dy.
+	LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, cols int)
+	// GELU sets y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), the tanh
+	// approximation (torch's approximate='tanh'), and, unless d is nil,
+	// d = GELU'(x): the backward pass is then dx = dy⊙d (Mul), at the cost
+	// of d's memory rather than of a second tanh per value. y may alias x;
+	// d may not.
+	GELU(y, d, x []float32)
+	// Mul sets dst = x⊙y elementwise. dst may alias x or y.
+	Mul(dst, x, y []float32)
 
 	// Im2Col fills col ((N·OH·OW) × (C·KH·KW)) from the NHWC image batch x.
 	Im2Col(col, x []float32, g ConvGeom)

@@ -37,11 +37,12 @@
 // GOMAXPROCS goroutines (by rows, columns, or along k for weight gradients
 // over a large batch) on parked workers, so no call allocates. The hot
 // elementwise kernels (bias+ReLU, ReLU and its gradient, softmax
-// cross-entropy, axpy, scale, dot, sum of squares, weighted sums, SGD, Adam,
-// row sums, im2col/col2im, max pooling) have AVX-512 versions (vec_amd64.s,
-// conv_amd64.s). With -tags purego, or on other CPUs, Fast runs portable Go
-// kernels ("cpu/go"), and Default picks NewCPU, whose gonum Sgemm is faster
-// than the portable micro-kernel.
+// cross-entropy and row softmax, axpy, scale, dot, sum of squares, weighted
+// sums, SGD, Adam, row sums, im2col/col2im, max pooling) have AVX-512
+// versions (vec_amd64.s, conv_amd64.s); LayerNorm, GELU (in float32, split
+// across goroutines like a GEMM) and Mul run Go loops. With -tags purego,
+// or on other CPUs, Fast runs portable Go kernels ("cpu/go"), and Default
+// picks NewCPU, whose gonum Sgemm is faster than the portable micro-kernel.
 //
 // Results of Fast and CPU differ only by float32 rounding (fused
 // multiply-adds, summation order, a polynomial exp); the conformance suite

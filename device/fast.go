@@ -44,6 +44,12 @@ func (f *Fast) Gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda in
 	f.gemm.gemm(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 }
 
+// GemmStrided implements Backend; a batch of GEMMs each too small to split
+// is split across goroutines between them.
+func (f *Fast) GemmStrided(tA, tB bool, m, n, k int, alpha float32, a []float32, lda, sa int, b []float32, ldb, sb int, beta float32, c []float32, ldc, sc int, count int) {
+	f.gemm.gemmStrided(tA, tB, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, count)
+}
+
 var goGemm = &gemmImpl{
 	name: "go4x4", mr: 4, nr: 4, masked: true, kStep: gemmGo4x4, packAll: true,
 	kc: 256, mc: 64, nc: 512, parFlops: 1 << 21,
@@ -285,6 +291,71 @@ func (f *Fast) SoftmaxXent(grad, logits []float32, labels []int32, rows, cols in
 	}
 	return loss / float64(rows), correct
 }
+
+// SoftmaxRows implements Backend. With AVX-512 each row is the softmax
+// pass of SoftmaxXent (a float32 polynomial exp, about 1 ulp).
+func (f *Fast) SoftmaxRows(y, x []float32, rows, cols int, causal bool) {
+	if !f.vec || cols == 0 {
+		f.cpu.SoftmaxRows(y, x, rows, cols, causal)
+		return
+	}
+	checkRows("SoftmaxRows x", x, rows, cols)
+	checkRows("SoftmaxRows y", y, rows, cols)
+	for r := 0; r < rows; r++ {
+		valid := cols
+		if causal {
+			valid = r%cols + 1
+		}
+		softmaxRowAVX512(&y[r*cols], &x[r*cols], valid, 1)
+		clear(y[r*cols+valid : r*cols+cols])
+	}
+}
+
+// SoftmaxRowsBackward implements Backend: a vector dot product per row and
+// a Go loop for the elementwise part.
+func (f *Fast) SoftmaxRowsBackward(dx, dy, y []float32, rows, cols int) {
+	checkRows("SoftmaxRowsBackward dy", dy, rows, cols)
+	checkRows("SoftmaxRowsBackward y", y, rows, cols)
+	checkRows("SoftmaxRowsBackward dx", dx, rows, cols)
+	for r := 0; r < rows; r++ {
+		g, p, d := dy[r*cols:r*cols+cols], y[r*cols:r*cols+cols], dx[r*cols:r*cols+cols]
+		s := float32(f.Dot(g, p))
+		for j, v := range g {
+			d[j] = p[j] * (v - s)
+		}
+	}
+}
+
+// LayerNorm implements Backend: the portable loop over parts of the rows
+// split across goroutines (pointwise.go).
+func (f *Fast) LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
+	checkRows("LayerNorm x", x, rows, cols)
+	checkRows("LayerNorm y", y, rows, cols)
+	mean, rstd, w, b = mean[:rows], rstd[:rows], w[:cols], b[:cols]
+	layerNormSplit(opLayerNorm, rows, cols, y, x, nil, mean, rstd, w, b, nil, nil, eps)
+}
+
+// LayerNormBackward implements Backend as LayerNorm does; each part sums
+// its own dw and db, added up after the join.
+func (f *Fast) LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, rows, cols int) {
+	checkRows("LayerNormBackward x", x, rows, cols)
+	checkRows("LayerNormBackward dy", dy, rows, cols)
+	checkRows("LayerNormBackward dx", dx, rows, cols)
+	mean, rstd, w, dw, db = mean[:rows], rstd[:rows], w[:cols], dw[:cols], db[:cols]
+	layerNormSplit(opLayerNormBackward, rows, cols, dx, x, dy, mean, rstd, w, nil, dw, db, 0)
+}
+
+// GELU implements Backend with float32 Go loops (gelu.go) split across
+// goroutines (pointwise.go): within 5e-6 relative of the float64 reference.
+func (f *Fast) GELU(y, d, x []float32) {
+	if d != nil {
+		d = d[:len(x)]
+	}
+	pointwise(opGELU, len(x), y[:len(x)], d, x)
+}
+
+// Mul implements Backend (the portable loop).
+func (f *Fast) Mul(dst, x, y []float32) { f.cpu.Mul(dst, x, y) }
 
 // MaxPoolBackward implements Backend (a scatter: the portable loop).
 func (f *Fast) MaxPoolBackward(dx, dy []float32, arg []int32) { f.cpu.MaxPoolBackward(dx, dy, arg) }

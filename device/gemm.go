@@ -54,26 +54,9 @@ type gemmBuf struct {
 	pad        []float32 // 16 zero-padded rows for a ragged transposing pack
 }
 
-// gemmBufs is a free list of packing buffers. Unlike a sync.Pool it is not
-// emptied by the garbage collector, so steady-state calls never allocate;
-// it holds at most as many buffers as GEMMs ever ran at once (≤ 64 kept).
-var gemmBufs = make(chan *gemmBuf, 64)
-
-func getBuf() *gemmBuf {
-	select {
-	case b := <-gemmBufs:
-		return b
-	default:
-		return new(gemmBuf)
-	}
-}
-
-func putBuf(b *gemmBuf) {
-	select {
-	case gemmBufs <- b:
-	default:
-	}
-}
+// gemmBufs keeps packing buffers: as many as GEMMs ever ran at once (≤ 64
+// kept).
+var gemmBufs = make(freeList[gemmBuf], 64)
 
 func grow(s []float32, n int) []float32 {
 	if cap(s) < n {
@@ -116,28 +99,39 @@ func checkGemm(tA, tB bool, m, n, k int, a []float32, lda int, b []float32, ldb 
 	need("c", c, m, n, ldc)
 }
 
-// gemm implements Backend.Gemm.
-func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+// begin checks a GEMM's slices, does the ones with nothing to multiply,
+// and returns the kernel family and beta (−0 made +0) for the rest, or
+// ok false when nothing is left to do.
+func (g *gemmImpl) begin(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) (_ *gemmImpl, _ float32, ok bool) {
 	checkGemm(tA, tB, m, n, k, a, lda, b, ldb, c, ldc)
 	if m == 0 || n == 0 {
-		return
+		return g, beta, false
 	}
 	if g.narrow != nil && n <= g.narrow.nr {
 		g = g.narrow
 	}
 	if k == 0 || alpha == 0 {
 		scaleMatrix(beta, m, n, c, ldc)
-		return
+		return g, beta, false
 	}
 	if beta == 0 {
 		beta = 0 // −0 → +0: the kernels test the bit pattern
+	}
+	return g, beta, true
+}
+
+// gemm implements Backend.Gemm.
+func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	g, beta, ok := g.begin(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+	if !ok {
+		return
 	}
 	nt := g.threads(m, n, k)
 	if nt <= 1 {
 		g.serial(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 		return
 	}
-	call := getCall()
+	call := gemmCalls.get()
 	*call = gemmCall{
 		g: g, tA: tA, tB: tB, m: m, n: n, k: k,
 		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc,
@@ -158,7 +152,7 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 	default:
 		call.split, call.tiles, call.unit = splitN, ntl, g.nr
 	}
-	call.runParallel()
+	forkJoin(call, call.nt)
 	if call.split == splitK {
 		// Worker 0 accumulated into C with the caller's beta; add the others.
 		for w := 1; w < nt; w++ {
@@ -176,9 +170,10 @@ func (g *gemmImpl) gemm(tA, tB bool, m, n, k int, alpha float32, a []float32, ld
 
 // Ways to split a GEMM across goroutines.
 const (
-	splitM = iota // contiguous runs of MR-row tiles
-	splitN        // contiguous runs of NR-column tiles
-	splitK        // contiguous runs of kc steps, into private partial sums
+	splitM     = iota // contiguous runs of MR-row tiles
+	splitN            // contiguous runs of NR-column tiles
+	splitK            // contiguous runs of kc steps, into private partial sums
+	splitBatch        // contiguous runs of the GEMMs of a strided batch
 )
 
 // gemmCall is one GEMM split across goroutines: every part is an independent
@@ -193,6 +188,7 @@ type gemmCall struct {
 	nt                 int
 	split, tiles, unit int
 	parts              [][]float32 // splitK: worker w > 0 accumulates into parts[w] (m×n)
+	sa, sb, sc         int         // splitBatch: the strides between GEMMs (tiles counts them)
 	wg                 sync.WaitGroup
 }
 
@@ -202,6 +198,10 @@ func (cl *gemmCall) run(w int) {
 	tA, tB, m, n, k := cl.tA, cl.tB, cl.m, cl.n, cl.k
 	a, lda, b, ldb, c, ldc := cl.a, cl.lda, cl.b, cl.ldb, cl.c, cl.ldc
 	switch cl.split {
+	case splitBatch:
+		for i := cl.tiles * w / nt; i < cl.tiles*(w+1)/nt; i++ {
+			g.one(tA, tB, m, n, k, cl.alpha, a[i*cl.sa:], lda, b[i*cl.sb:], ldb, cl.beta, c[i*cl.sc:], ldc)
+		}
 	case splitK:
 		steps := (k + g.kc - 1) / g.kc
 		k0 := steps * w / nt * g.kc
@@ -249,44 +249,78 @@ func (cl *gemmCall) run(w int) {
 	}
 }
 
-// runParallel runs parts 1..nt−1 on goroutines of their own, computes
-// part 0 on the calling goroutine and waits for the rest: no goroutine
-// outlives the call.
-func (cl *gemmCall) runParallel() {
-	cl.wg.Add(cl.nt - 1)
-	for w := 1; w < cl.nt; w++ {
-		go runPart(cl, w)
+// one runs a GEMM on the calling goroutine alone.
+func (g *gemmImpl) one(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
+	if g, beta, ok := g.begin(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); ok {
+		g.serial(tA, tB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 	}
-	cl.run(0)
-	cl.wg.Wait()
 }
 
-// runPart computes part w of cl and says so. (A function, not a method
+// gemmStrided implements Backend.GemmStrided: the GEMMs of a batch too
+// small to split one by one are split across goroutines between them.
+func (g *gemmImpl) gemmStrided(tA, tB bool, m, n, k int, alpha float32, a []float32, lda, sa int, b []float32, ldb, sb int, beta float32, c []float32, ldc, sc int, count int) {
+	if count <= 0 {
+		return
+	}
+	if sa < 0 || sb < 0 || sc < 0 {
+		panic(fmt.Sprintf("device: GemmStrided: negative stride (%d, %d, %d)", sa, sb, sc))
+	}
+	last := count - 1 // the farthest GEMM: checking it checks them all
+	g.one(tA, tB, m, n, k, alpha, a[last*sa:], lda, b[last*sb:], ldb, beta, c[last*sc:], ldc)
+	count--
+	flops := 2 * m * n * k
+	nt := min(runtime.GOMAXPROCS(0), count)
+	if count == 0 || flops*count < g.parFlops || flops >= g.parFlops || nt <= 1 {
+		for i := 0; i < count; i++ {
+			g.gemm(tA, tB, m, n, k, alpha, a[i*sa:], lda, b[i*sb:], ldb, beta, c[i*sc:], ldc)
+		}
+		return
+	}
+	call := gemmCalls.get()
+	*call = gemmCall{
+		g: g, tA: tA, tB: tB, m: m, n: n, k: k,
+		alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc,
+		nt: nt, parts: call.parts, split: splitBatch, tiles: count, sa: sa, sb: sb, sc: sc,
+	}
+	forkJoin(call, call.nt)
+	putCall(call)
+}
+
+func (cl *gemmCall) waitGroup() *sync.WaitGroup { return &cl.wg }
+
+// splitter is a call split into parts: a GEMM's or a pointwise kernel's.
+type splitter interface {
+	run(w int) // computes part w
+	waitGroup() *sync.WaitGroup
+}
+
+// forkJoin runs parts 1..nt−1 of s on goroutines of their own, part 0 on
+// the calling goroutine, and waits for the rest: no goroutine outlives the
+// call.
+func forkJoin(s splitter, nt int) {
+	wg := s.waitGroup()
+	wg.Add(nt - 1)
+	for w := 1; w < nt; w++ {
+		go runPart(s, w)
+	}
+	s.run(0)
+	wg.Wait()
+}
+
+// runPart computes part w of s and says so. (A function, not a method
 // value: go with a method value allocates a closure.)
-func runPart(cl *gemmCall, w int) {
-	cl.run(w)
-	cl.wg.Done()
+func runPart(s splitter, w int) {
+	s.run(w)
+	s.waitGroup().Done()
 }
 
-var gemmCalls = make(chan *gemmCall, 64)
-
-func getCall() *gemmCall {
-	select {
-	case c := <-gemmCalls:
-		return c
-	default:
-		return new(gemmCall)
-	}
-}
+var gemmCalls = make(freeList[gemmCall], 64)
 
 // putCall drops the call's references to the caller's slices and keeps it
 // (with its partial-sum buffers) for reuse.
 func putCall(c *gemmCall) {
 	c.a, c.b, c.c, c.g = nil, nil, nil, nil
-	select {
-	case gemmCalls <- c:
-	default:
-	}
+	gemmCalls.put(c)
 }
 
 // threads returns how many goroutines a GEMM of this shape should use:
@@ -314,8 +348,8 @@ func (g *gemmImpl) kSplit(m, n, k, nt int) bool {
 
 // serial runs the blocked algorithm on the calling goroutine.
 func (g *gemmImpl) serial(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
-	buf := getBuf()
-	defer putBuf(buf)
+	buf := gemmBufs.get()
+	defer gemmBufs.put(buf)
 	mr, nr := g.mr, g.nr
 	kcMax := min(g.kc, k)
 	ncMax := min(g.nc, (n+nr-1)/nr*nr)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/starling-ml/starling/device"
@@ -23,7 +24,7 @@ func randInput(r *rand.Rand, n int) []float32 {
 
 // gradCheck compares the analytic gradient of the mean cross-entropy with
 // central finite differences, for up to perTensor coordinates of every
-// parameter tensor.
+// parameter tensor, on n samples of normal inputs and random labels.
 //
 // Tolerance: the model computes in float32. With step h, rounding error in
 // the loss (≈1e-7·|L|, |L| ≈ 2) contributes ≈ 1e-7/h = 1e-4 to a difference
@@ -37,13 +38,31 @@ func gradCheck(t *testing.T, m *Model, n int, perTensor int, seed uint64) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 1))
 	x := randInput(r, n*m.Input.Size())
-	y := make([]int32, n)
+	gradCheckXY(t, m, x, randTargets(r, m, n), perTensor, r)
+}
+
+// randTargets returns targets for n samples of m.
+func randTargets(r *rand.Rand, m *Model, n int) []int32 {
+	y := make([]int32, n*m.targets)
 	for i := range y {
 		y[i] = int32(r.IntN(m.Classes))
 	}
+	return y
+}
+
+// gradCheckXY is gradCheck on a given batch. A model with stochastic
+// layers is checked in training mode with the step held fixed, so every
+// evaluation of the loss draws the same dropout masks.
+func gradCheckXY(t *testing.T, m *Model, x []float32, y []int32, perTensor int, r *rand.Rand) {
+	t.Helper()
+	n := len(y) / m.targets
+	step := m.Step()
 	m.ForwardBackward(x, y)
 	analytic := append([]float32(nil), m.Grads...)
 	loss := func() float64 { l, _ := m.Evaluate(x, y, n); return l }
+	if len(m.stoch) > 0 {
+		loss = func() float64 { m.SetStep(step); l, _ := m.ForwardBackward(x, y); return l }
+	}
 	const h = 1e-3
 	checked := 0
 	for _, v := range m.views {
@@ -72,9 +91,25 @@ func gradCheck(t *testing.T, m *Model, n int, perTensor int, seed uint64) {
 	}
 }
 
+// viewNames lists a model's parameter names (with their shapes, if asked)
+// separated by spaces.
+func viewNames(m *Model, shapes bool) string {
+	var b strings.Builder
+	for i, v := range m.Views() {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(v.Name)
+		if shapes {
+			fmt.Fprint(&b, v.Shape)
+		}
+	}
+	return b.String()
+}
+
 func mustBuild(t *testing.T, in Shape, classes int, mods ...Layer) *Model {
 	t.Helper()
-	m, err := build("test", in, classes, mods, 3, nil)
+	m, err := sequential("test", in, classes, mods, 3, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +122,7 @@ func TestGradDense(t *testing.T) {
 
 func TestGradDenseReLUFused(t *testing.T) {
 	m := mustBuild(t, Shape{6}, 4, &Dense{In: 6, Out: 9}, &ReLU{}, &Dense{In: 9, Out: 5}, &ReLU{}, &Dense{In: 5, Out: 4})
-	if len(m.layers) != 3 || !m.layers[0].(*Dense).ReLU {
+	if len(m.Layers()) != 3 || !m.Layers()[0].(*Dense).ReLU {
 		t.Fatal("ReLU after Linear was not fused")
 	}
 	gradCheck(t, m, 4, 40, 2)
@@ -138,12 +173,8 @@ func TestArchitectures(t *testing.T) {
 		}
 	}
 	cnn, _ := New("cnn", 0)
-	var names []string
-	for _, v := range cnn.Views() {
-		names = append(names, fmt.Sprintf("%s%v", v.Name, v.Shape))
-	}
-	want := "[0.weight[32 1 5 5] 0.bias[32] 3.weight[64 32 5 5] 3.bias[64] 7.weight[512 3136] 7.bias[512] 9.weight[10 512] 9.bias[10]]"
-	if got := fmt.Sprint(names); got != want {
+	want := "0.weight[32 1 5 5] 0.bias[32] 3.weight[64 32 5 5] 3.bias[64] 7.weight[512 3136] 7.bias[512] 9.weight[10 512] 9.bias[10]"
+	if got := viewNames(cnn, true); got != want {
 		t.Errorf("CNN names %s, want torch.nn.Sequential's %s", got, want)
 	}
 	for _, bad := range []string{"resnet", "mlp:784-x-10", "mlp:100-10", "cnn:5"} {

@@ -41,8 +41,9 @@ type SGD struct {
 	be    device.Backend
 }
 
-// NewSGD returns an SGD optimiser.
-func NewSGD(cfg SGDConfig) *SGD { return &SGD{cfg: cfg, be: device.Default()} }
+// NewSGD returns an SGD optimiser running on the backend WithBackend names
+// (pass the model's: nn.WithBackend(m.Backend())).
+func NewSGD(cfg SGDConfig, opts ...Option) *SGD { return &SGD{cfg: cfg, be: resolve(opts).be} }
 
 // Name implements Optimizer.
 func (o *SGD) Name() string {
@@ -96,8 +97,9 @@ type Adam struct {
 	be    device.Backend
 }
 
-// NewAdam returns an Adam (or AdamW) optimiser.
-func NewAdam(cfg AdamConfig) *Adam {
+// NewAdam returns an Adam (or AdamW) optimiser running on the backend
+// WithBackend names (pass the model's: nn.WithBackend(m.Backend())).
+func NewAdam(cfg AdamConfig, opts ...Option) *Adam {
 	if cfg.Beta1 == 0 {
 		cfg.Beta1 = 0.9
 	}
@@ -107,7 +109,7 @@ func NewAdam(cfg AdamConfig) *Adam {
 	if cfg.Eps == 0 {
 		cfg.Eps = 1e-8
 	}
-	return &Adam{cfg: cfg, be: device.Default()}
+	return &Adam{cfg: cfg, be: resolve(opts).be}
 }
 
 // Name implements Optimizer.
@@ -154,19 +156,20 @@ func (o *Adam) SetState(steps int, v map[string][]float32) error {
 }
 
 // NewOptimizer builds an optimiser from a name: "sgd", "momentum" (SGD
-// with momentum 0.9), "nesterov", "adam" or "adamw", with weight decay wd.
-func NewOptimizer(name string, wd float32) (Optimizer, error) {
+// with momentum 0.9), "nesterov", "adam" or "adamw", with weight decay wd,
+// on the backend WithBackend names.
+func NewOptimizer(name string, wd float32, opts ...Option) (Optimizer, error) {
 	switch name {
 	case "sgd":
-		return NewSGD(SGDConfig{WeightDecay: wd}), nil
+		return NewSGD(SGDConfig{WeightDecay: wd}, opts...), nil
 	case "momentum":
-		return NewSGD(SGDConfig{Momentum: 0.9, WeightDecay: wd}), nil
+		return NewSGD(SGDConfig{Momentum: 0.9, WeightDecay: wd}, opts...), nil
 	case "nesterov":
-		return NewSGD(SGDConfig{Momentum: 0.9, Nesterov: true, WeightDecay: wd}), nil
+		return NewSGD(SGDConfig{Momentum: 0.9, Nesterov: true, WeightDecay: wd}, opts...), nil
 	case "adam":
-		return NewAdam(AdamConfig{WeightDecay: wd}), nil
+		return NewAdam(AdamConfig{WeightDecay: wd}, opts...), nil
 	case "adamw":
-		return NewAdam(AdamConfig{WeightDecay: wd, Decoupled: true}), nil
+		return NewAdam(AdamConfig{WeightDecay: wd, Decoupled: true}, opts...), nil
 	}
 	return nil, fmt.Errorf("%w: unknown optimizer %q (want sgd, momentum, nesterov, adam or adamw)", ErrOptimizer, name)
 }

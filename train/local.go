@@ -109,7 +109,7 @@ func Local(ctx context.Context, cfg LocalConfig, trainSet, testSet *data.Set, pr
 	if trainSet.Dim != m.Input.Size() {
 		return nil, nil, fmt.Errorf("train: model %s takes %d inputs, data has %d", m.Arch, m.Input.Size(), trainSet.Dim)
 	}
-	opt, err := nn.NewOptimizer(cfg.Optimizer, cfg.WeightDecay)
+	opt, err := nn.NewOptimizer(cfg.Optimizer, cfg.WeightDecay, nn.WithBackend(m.Backend()))
 	if err != nil {
 		return nil, nil, err
 	}

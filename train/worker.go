@@ -90,7 +90,7 @@ func NewWorker(cfg WorkerConfig, shard *data.Set) (*Worker, error) {
 	if shard.Dim != m.Input.Size() {
 		return nil, fmt.Errorf("train: model %s takes %d inputs, data has %d", m.Arch, m.Input.Size(), shard.Dim)
 	}
-	opt, err := nn.NewOptimizer(cfg.Optimizer, cfg.WeightDecay)
+	opt, err := nn.NewOptimizer(cfg.Optimizer, cfg.WeightDecay, nn.WithBackend(m.Backend()))
 	if err != nil {
 		return nil, err
 	}

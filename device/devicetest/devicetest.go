@@ -15,9 +15,13 @@ import (
 // Run checks every kernel of be against the references in this package.
 func Run(t *testing.T, be device.Backend) {
 	t.Run("Gemm", func(t *testing.T) { testGemm(t, be) })
+	t.Run("GemmStrided", func(t *testing.T) { testGemmStrided(t, be) })
 	t.Run("Vector", func(t *testing.T) { testVector(t, be) })
 	t.Run("Rows", func(t *testing.T) { testRows(t, be) })
 	t.Run("SoftmaxXent", func(t *testing.T) { testSoftmax(t, be) })
+	t.Run("SoftmaxRows", func(t *testing.T) { testSoftmaxRows(t, be) })
+	t.Run("LayerNorm", func(t *testing.T) { testLayerNorm(t, be) })
+	t.Run("GELU", func(t *testing.T) { testGELU(t, be) })
 	t.Run("Conv", func(t *testing.T) { testConv(t, be) })
 	t.Run("Pool", func(t *testing.T) { testPool(t, be) })
 	t.Run("Optim", func(t *testing.T) { testOptim(t, be) })
@@ -141,6 +145,42 @@ func testGemm(t *testing.T, be device.Backend) {
 	be.Gemm(false, false, 2, 2, 0, 1, nil, 1, nil, 2, 0.5, c, 2)
 	if c[0] != 0.5 || c[3] != 2 {
 		t.Fatalf("k=0 gemm: got %v", c)
+	}
+}
+
+// testGemmStrided checks batches of GEMMs, from ones small enough to run
+// one by one to ones a backend splits between goroutines, laid out as
+// attention's heads are (interleaved, with gaps), against NaiveGemm; what
+// lies between the C blocks must stay untouched.
+func testGemmStrided(t *testing.T, be device.Backend) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, s := range []struct{ m, n, k, count int }{{3, 5, 7, 1}, {4, 4, 4, 6}, {32, 32, 16, 9}, {64, 48, 32, 12}, {128, 32, 128, 3}} {
+		for _, tt := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
+			tA, tB := tt[0], tt[1]
+			ar, ac, br, bc := s.m, s.k, s.k, s.n
+			if tA {
+				ar, ac = ac, ar
+			}
+			if tB {
+				br, bc = bc, br
+			}
+			// Each operand's rows are interleaved with the other GEMMs': GEMM i
+			// starts at column i·ac of a row of count·ac (+1) values.
+			lda, ldb, ldc := s.count*ac+1, s.count*bc+1, s.count*s.n+2
+			a, b := RandSlice(r, ar*lda), RandSlice(r, br*ldb)
+			c := RandSlice(r, s.m*ldc)
+			want := append([]float32(nil), c...)
+			for i := 0; i < s.count; i++ {
+				NaiveGemm(tA, tB, s.m, s.n, s.k, 0.5, a[i*ac:], lda, b[i*bc:], ldb, 1, want[i*s.n:], ldc)
+			}
+			be.GemmStrided(tA, tB, s.m, s.n, s.k, 0.5, a, lda, ac, b, ldb, bc, 1, c, ldc, s.n, s.count)
+			tol := 4e-7 * float64(s.k+2) * 4
+			for i := range c {
+				if d := math.Abs(float64(c[i] - want[i])); !(d <= tol) {
+					t.Fatalf("GemmStrided %+v tA=%v tB=%v: c[%d] = %v, want %v", s, tA, tB, i, c[i], want[i])
+				}
+			}
+		}
 	}
 }
 
@@ -279,6 +319,179 @@ func testSoftmax(t *testing.T, be device.Backend) {
 	wantLoss /= float64(rows)
 	if !near(loss, wantLoss, 1e-6) || correct != wantCorrect {
 		t.Fatalf("loss %v correct %d, want %v %d", loss, correct, wantLoss, wantCorrect)
+	}
+}
+
+// testSoftmaxRows checks SoftmaxRows (plain and causal, into a separate
+// slice and in place) and SoftmaxRowsBackward against float64 references:
+// probabilities to 1e-6 absolute (a float32 exp is about 1 ulp), gradients
+// to 1e-6·(1+Σ|dy|·y).
+func testSoftmaxRows(t *testing.T, be device.Backend) {
+	r := rand.New(rand.NewPCG(15, 16))
+	for _, s := range [][2]int{{1, 1}, {3, 5}, {16, 16}, {2 * 17, 17}, {64, 33}} {
+		rows, cols := s[0], s[1]
+		for _, causal := range []bool{false, true} {
+			if causal && rows%cols != 0 {
+				continue
+			}
+			x := RandSlice(r, rows*cols)
+			for i := range x {
+				x[i] *= 10
+			}
+			y := RandSlice(r, rows*cols) // must be overwritten
+			be.SoftmaxRows(y, x, rows, cols, causal)
+			inPlace := append([]float32(nil), x...)
+			be.SoftmaxRows(inPlace, inPlace, rows, cols, causal)
+			want := make([]float64, rows*cols)
+			for i := 0; i < rows; i++ {
+				valid := cols
+				if causal {
+					valid = i%cols + 1
+				}
+				row := x[i*cols : i*cols+valid]
+				mx := math.Inf(-1)
+				for _, v := range row {
+					mx = math.Max(mx, float64(v))
+				}
+				var sum float64
+				for _, v := range row {
+					sum += math.Exp(float64(v) - mx)
+				}
+				for j, v := range row {
+					want[i*cols+j] = math.Exp(float64(v)-mx) / sum
+				}
+			}
+			for i, w := range want {
+				if math.Abs(float64(y[i])-w) > 1e-6 || inPlace[i] != y[i] {
+					t.Fatalf("SoftmaxRows %dx%d causal=%v [%d] = %v (in place %v), want %v", rows, cols, causal, i, y[i], inPlace[i], w)
+				}
+			}
+			dy := RandSlice(r, rows*cols)
+			dx := RandSlice(r, rows*cols)
+			be.SoftmaxRowsBackward(dx, dy, y, rows, cols)
+			alias := append([]float32(nil), dy...)
+			be.SoftmaxRowsBackward(alias, alias, y, rows, cols)
+			for i := 0; i < rows; i++ {
+				var s, mag float64
+				for j := 0; j < cols; j++ {
+					s += float64(dy[i*cols+j]) * float64(y[i*cols+j])
+					mag += math.Abs(float64(dy[i*cols+j]) * float64(y[i*cols+j]))
+				}
+				for j := 0; j < cols; j++ {
+					k := i*cols + j
+					w := float64(y[k]) * (float64(dy[k]) - s)
+					if math.Abs(float64(dx[k])-w) > 1e-6*(1+mag) || math.Abs(float64(alias[k])-w) > 1e-6*(1+mag) {
+						t.Fatalf("SoftmaxRowsBackward %dx%d [%d] = %v (aliased %v), want %v", rows, cols, k, dx[k], alias[k], w)
+					}
+				}
+			}
+		}
+	}
+}
+
+// testLayerNorm checks LayerNorm and LayerNormBackward against a float64
+// reference to 1e-5 relative, including that dw and db accumulate.
+func testLayerNorm(t *testing.T, be device.Backend) {
+	r := rand.New(rand.NewPCG(17, 18))
+	const eps = 1e-5
+	for _, s := range [][2]int{{1, 1}, {1, 7}, {5, 16}, {33, 100}, {64, 128}, {1031, 128}} { // the last large enough to split
+		rows, cols := s[0], s[1]
+		x := RandSlice(r, rows*cols)
+		for i := range x {
+			x[i] = 3*x[i] + 1 // a mean and scale far from (0, 1)
+		}
+		w, b := RandSlice(r, cols), RandSlice(r, cols)
+		y := make([]float32, rows*cols)
+		mean, rstd := make([]float32, rows), make([]float32, rows)
+		be.LayerNorm(y, mean, rstd, x, w, b, rows, cols, eps)
+		dy := RandSlice(r, rows*cols)
+		dx := make([]float32, rows*cols)
+		dw, db := RandSlice(r, cols), RandSlice(r, cols)
+		dw0, db0 := append([]float32(nil), dw...), append([]float32(nil), db...)
+		be.LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w, rows, cols)
+		wdw, wdb := make([]float64, cols), make([]float64, cols)
+		for j := range wdw {
+			wdw[j], wdb[j] = float64(dw0[j]), float64(db0[j])
+		}
+		for i := 0; i < rows; i++ {
+			row := x[i*cols : i*cols+cols]
+			var mu, v float64
+			for _, e := range row {
+				mu += float64(e)
+			}
+			mu /= float64(cols)
+			for _, e := range row {
+				v += (float64(e) - mu) * (float64(e) - mu)
+			}
+			is := 1 / math.Sqrt(v/float64(cols)+eps)
+			if !near(float64(mean[i]), mu, 1e-5) || !near(float64(rstd[i]), is, 1e-5) {
+				t.Fatalf("LayerNorm %dx%d row %d: mean %v rstd %v, want %v %v", rows, cols, i, mean[i], rstd[i], mu, is)
+			}
+			var sg, sgx float64
+			for j, e := range row {
+				xh := (float64(e) - mu) * is
+				if want := xh*float64(w[j]) + float64(b[j]); !near(float64(y[i*cols+j]), want, 1e-5) {
+					t.Fatalf("LayerNorm %dx%d [%d,%d] = %v, want %v", rows, cols, i, j, y[i*cols+j], want)
+				}
+				g := float64(dy[i*cols+j])
+				wdw[j] += g * xh
+				wdb[j] += g
+				sg += g * float64(w[j])
+				sgx += g * float64(w[j]) * xh
+			}
+			sg /= float64(cols)
+			sgx /= float64(cols)
+			for j, e := range row {
+				xh := (float64(e) - mu) * is
+				want := is * (float64(dy[i*cols+j])*float64(w[j]) - sg - xh*sgx)
+				if !near(float64(dx[i*cols+j]), want, 1e-5*(1+is)) {
+					t.Fatalf("LayerNormBackward %dx%d dx[%d,%d] = %v, want %v", rows, cols, i, j, dx[i*cols+j], want)
+				}
+			}
+		}
+		for j := range wdw {
+			if !near(float64(dw[j]), wdw[j], 1e-5*float64(rows)) || !near(float64(db[j]), wdb[j], 1e-5*float64(rows)) {
+				t.Fatalf("LayerNormBackward %dx%d dw[%d] %v db %v, want %v %v", rows, cols, j, dw[j], db[j], wdw[j], wdb[j])
+			}
+		}
+	}
+}
+
+// testGELU checks GELU with and without its derivative (into separate
+// slices and in place) and Mul against float64 references to
+// 2e-6·(1+|value|).
+func testGELU(t *testing.T, be device.Backend) {
+	r := rand.New(rand.NewPCG(19, 20))
+	for _, n := range []int{0, 1, 15, 16, 17, 1000, 140001} { // the last large enough to split
+		x := RandSlice(r, n)
+		for i := range x {
+			x[i] *= 8 // the tails, where tanh saturates
+		}
+		y, d := make([]float32, n), make([]float32, n)
+		be.GELU(y, d, x)
+		inPlace := append([]float32(nil), x...)
+		be.GELU(inPlace, nil, inPlace)
+		dy := RandSlice(r, n)
+		dx := make([]float32, n)
+		be.Mul(dx, dy, d)
+		alias := append([]float32(nil), dy...)
+		be.Mul(alias, d, alias)
+		const c, a = 0.7978845608028654, 0.044715
+		for i, v := range x {
+			z := float64(v)
+			th := math.Tanh(c * (z + a*z*z*z))
+			want := 0.5 * z * (1 + th)
+			if !near(float64(y[i]), want, 2e-6) || inPlace[i] != y[i] {
+				t.Fatalf("GELU(%v) = %v (in place %v), want %v", v, y[i], inPlace[i], want)
+			}
+			wd := 0.5*(1+th) + 0.5*z*(1-th*th)*c*(1+3*a*z*z)
+			if !near(float64(d[i]), wd, 2e-6) {
+				t.Fatalf("GELU'(%v) = %v, want %v", v, d[i], wd)
+			}
+			if want := dy[i] * d[i]; dx[i] != want || alias[i] != want {
+				t.Fatalf("Mul: %v·%v = %v (aliased %v), want %v", dy[i], d[i], dx[i], alias[i], want)
+			}
+		}
 	}
 }
 
