@@ -142,7 +142,7 @@ func (a *attempt) reduceShard(p *pass, in []*msg, weights []float64, arrived, re
 	srcs := make([][]float32, n)
 	if lr, ok := a.r.cfg.Rule.(rule.LocalRule); ok && !p.coded() {
 		publish(1)
-		var s rule.Scratch
+		s := rule.Scratch{Backend: a.r.be}
 		for k := range numChunks(size, p.chunk) {
 			for j := range n {
 				if j != me && !a.wait(arrived[j]) {

@@ -71,6 +71,10 @@ type Option func(*Runner)
 // votes at debug level. The default logs nothing.
 func WithLogger(l *slog.Logger) Option { return func(r *Runner) { r.log = l } }
 
+// WithBackend makes the runner reduce and scale on be (device.Default()
+// when not given).
+func WithBackend(be device.Backend) Option { return func(r *Runner) { r.be = be } }
+
 // NewRunner returns a driver for peer self over t.
 func NewRunner(self peerid.ID, t Transport, cfg Config, opts ...Option) (*Runner, error) {
 	if self == "" {

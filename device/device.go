@@ -1,6 +1,11 @@
 package device
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // Backend is the compute interface. Methods panic only on programmer errors
 // (slices too short for the stated shapes), never on data values.
@@ -168,3 +173,23 @@ func pickDefault() Backend {
 // this machine supports ("cpu/avx512" or "cpu/avx2" from NewFast, else
 // "cpu/gonum" from NewCPU). It needs no build flags or environment.
 func Default() Backend { return defaultBackend }
+
+// ErrUnknownDevice reports a backend name ByName does not know.
+var ErrUnknownDevice = errors.New("device: unknown backend")
+
+// ByName returns the backend a --device flag names: "cpu" (Default, the
+// fastest CPU backend here), "gonum" (NewCPU: pure Go, gonum's GEMM) or
+// "cpu/ISA" (the fast backend restricted to one of SupportedISAs, for
+// comparisons).
+func ByName(name string) (Backend, error) {
+	switch name {
+	case "cpu", "":
+		return Default(), nil
+	case "gonum", "cpu/gonum":
+		return NewCPU(), nil
+	}
+	if isa, ok := strings.CutPrefix(name, "cpu/"); ok && slices.Contains(SupportedISAs(), isa) {
+		return NewFastISA(isa), nil
+	}
+	return nil, fmt.Errorf("%w %q (want cpu, gonum or cpu/ISA with ISA one of %s)", ErrUnknownDevice, name, strings.Join(SupportedISAs(), ", "))
+}

@@ -25,6 +25,14 @@ var _ Backend = (*Fast)(nil)
 // supports ("avx512", "avx2" or "go").
 func NewFast() *Fast { return newFast(bestISA()) }
 
+// NewFastISA returns the fast backend restricted to one instruction set
+// of SupportedISAs ("avx512", "avx2", "go"), for comparisons.
+func NewFastISA(isa string) *Fast { return newFast(isa) }
+
+// SupportedISAs lists the instruction sets this CPU and build can run,
+// best first.
+func SupportedISAs() []string { return supportedISAs() }
+
 func newFast(isa string) *Fast {
 	g := gemmFor(isa)
 	if g == nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/p2p"
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
@@ -79,11 +80,18 @@ type Option func(*options)
 type options struct {
 	node []node.Option
 	wrap func(aggregate.Transport) aggregate.Transport
+	be   device.Backend
 }
 
 // WithNodeOptions passes options to node.New or node.Attach.
 func WithNodeOptions(o ...node.Option) Option {
 	return func(opts *options) { opts.node = append(opts.node, o...) }
+}
+
+// WithBackend makes the all-reduce compute on be (device.Default() when
+// not given): the backend the peer's model runs on.
+func WithBackend(be device.Backend) Option {
+	return func(opts *options) { opts.be = be }
 }
 
 // WithAllReduceTransport makes the all-reduce run over wrap(t) instead of
@@ -130,6 +138,9 @@ func assemble(cfg Config, opts []Option, own bool, newNode func([]node.Option) (
 func build(n *node.Node, cfg Config, o options) (*Peer, error) {
 	var gopts []gossip.Option
 	var ropts []aggregate.Option
+	if o.be != nil {
+		ropts = append(ropts, aggregate.WithBackend(o.be))
+	}
 	if cfg.Log != nil {
 		gopts = append(gopts, gossip.WithLogger(cfg.Log))
 		ropts = append(ropts, aggregate.WithLogger(cfg.Log))

@@ -97,10 +97,20 @@ type LocalRule interface {
 // Scratch is reusable memory for ReduceLocal; the zero value is ready.
 // Not safe for concurrent use.
 type Scratch struct {
+	// Backend computes the linear rules' sums (device.Default() when nil).
+	Backend device.Backend
+
 	w32  []float32
 	col  []float32
 	blk  []float32   // sortBlock's rows
 	rows [][]float32 // views of blk
+}
+
+func (s *Scratch) backend() device.Backend {
+	if s.Backend == nil {
+		return device.Default()
+	}
+	return s.Backend
 }
 
 func (s *Scratch) weights(n int) []float32 {
@@ -250,7 +260,7 @@ func (Sum) ReduceLocal(dst []float32, srcs [][]float32, _ []float64, s *Scratch)
 	for i := range ws {
 		ws[i] = 1
 	}
-	device.Default().WeightedSum(dst, srcs, ws)
+	s.backend().WeightedSum(dst, srcs, ws)
 	return nil
 }
 
@@ -276,7 +286,7 @@ func (Mean) ReduceLocal(dst []float32, srcs [][]float32, w []float64, s *Scratch
 	for i := range ws {
 		ws[i] = float32(w[i] / total)
 	}
-	device.Default().WeightedSum(dst, srcs, ws)
+	s.backend().WeightedSum(dst, srcs, ws)
 	return nil
 }
 
