@@ -20,6 +20,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
@@ -60,20 +61,8 @@ func (p *Peer) Delay() time.Duration {
 	return time.Duration(p.delayRng.Int64N(int64(p.Config.Delay) + 1))
 }
 
-// Sleep waits d or until ctx ends.
-func Sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// Sleep waits d or until ctx ends (ctxtime.Sleep).
+func Sleep(ctx context.Context, d time.Duration) error { return ctxtime.Sleep(ctx, d) }
 
 // Option sets an extra of Run.
 type Option func(*options)

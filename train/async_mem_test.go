@@ -15,6 +15,7 @@ import (
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/gossip/wire"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/staleness"
 	"github.com/starling-ml/starling/train"
@@ -220,7 +221,7 @@ func absurdFlood(model string, dim int, kind wire.PayloadKind) func(context.Cont
 		for seq := uint64(1); ctx.Err() == nil; seq++ {
 			bus.Inject(wire.Announcement{Peer: "liar", Seq: seq, Model: model, Kind: kind, Codec: fp32.ID(), Base: seq,
 				Elems: uint32(dim), Size: uint64(len(b)), Digest: wire.Digest(b), Key: fmt.Sprint(seq)}, b)
-			train.SleepCtx(ctx, 2*time.Millisecond)
+			ctxtime.Sleep(ctx, 2*time.Millisecond)
 		}
 	}
 }
@@ -455,7 +456,7 @@ func TestAsyncLyingPeerDoesNotHoldGate(t *testing.T) {
 			for seq := uint64(1); lctx.Err() == nil; seq++ {
 				bus.Inject(wire.Announcement{Peer: "liar", Seq: seq, Model: cfg.Model, Kind: wire.KindModel, Codec: fp32.ID(),
 					Elems: uint32(len(w.Model.Params)), Size: uint64(len(b)), Digest: wire.Digest(b), Key: fmt.Sprint(seq)}, b)
-				train.SleepCtx(lctx, 20*time.Millisecond)
+				ctxtime.Sleep(lctx, 20*time.Millisecond)
 			}
 		})
 		sum, err := train.RunAsync(ctx, w, net, cfg, nil)

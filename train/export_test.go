@@ -10,7 +10,6 @@ var (
 	NewTestWorker = testWorker
 	Shards        = shards
 	MNIST         = mnist
-	SleepCtx      = sleepCtx
 )
 
 // TestArch is the model of NewTestWorker's workers.

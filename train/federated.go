@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/device"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/internal/spec"
 	"github.com/starling-ml/starling/peerid"
 )
@@ -245,7 +246,7 @@ func (f *fedPeer) awaitMajority(ctx context.Context, r uint64, ref, members []pe
 	f.event("minority", fmt.Sprintf("round %d: %d of the last round's %d peers reachable; waiting up to %v for a majority of them", r, in, total, f.cfg.RoundTimeout))
 	deadline := time.Now().Add(f.cfg.RoundTimeout)
 	for {
-		if err := sleepCtx(ctx, majorityPoll); err != nil {
+		if err := ctxtime.Sleep(ctx, majorityPoll); err != nil {
 			return nil, false, err
 		}
 		members = f.members()
@@ -282,7 +283,7 @@ func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r ui
 		if plan.ready || time.Now().After(deadline) {
 			return version, nil
 		}
-		if err := sleepCtx(ctx, alignPoll); err != nil {
+		if err := ctxtime.Sleep(ctx, alignPoll); err != nil {
 			return version, err
 		}
 	}
@@ -389,7 +390,7 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			if time.Now().After(deadline) {
 				break
 			}
-			if err := sleepCtx(ctx, catchUpPoll); err != nil {
+			if err := ctxtime.Sleep(ctx, catchUpPoll); err != nil {
 				return err
 			}
 		}

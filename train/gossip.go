@@ -12,6 +12,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/gossip/average"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/staleness"
 )
@@ -286,7 +287,7 @@ func (g *gossipRun) serveActives(ctx context.Context, prog GossipProgress) {
 			g.rec.Event(Event{Peer: g.net.Self().String(), At: time.Since(g.start), Kind: "serving",
 				Detail: "done; staying in the exchange for the active peers still training"})
 		}
-		if sleepCtx(ctx, servePoll) != nil {
+		if ctxtime.Sleep(ctx, servePoll) != nil {
 			break
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/gossip/average"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/train/traintest"
@@ -390,7 +391,7 @@ func TestGossipByzantineSGP(t *testing.T) {
 	ws, sums := runGossipWithLiar(t, 6, cfg, func(ctx context.Context, liar average.Exchanger, honest []peerid.ID) {
 		for k := 0; ctx.Err() == nil; k++ {
 			liar.Push(ctx, honest[k%len(honest)], average.Share{Step: uint64(k), X: bad, W: 0.5})
-			train.SleepCtx(ctx, 2*time.Millisecond)
+			ctxtime.Sleep(ctx, 2*time.Millisecond)
 		}
 	})
 	for i, w := range ws {

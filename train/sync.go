@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -174,18 +175,6 @@ func announceStop(ctx context.Context, announce func(context.Context)) {
 	announce(actx)
 }
 
-// sleepCtx waits d, or until ctx ends (returning its error).
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // syncPeer is one peer's synchronous loop.
 type syncPeer struct {
 	w     *Worker
@@ -341,7 +330,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 		var want uint64 // the version to fetch
 		switch plan.action {
 		case joinLook:
-			if err := sleepCtx(ctx, plan.pause); err != nil {
+			if err := ctxtime.Sleep(ctx, plan.pause); err != nil {
 				return false, err
 			}
 			continue

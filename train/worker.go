@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/nn"
 )
 
@@ -147,12 +148,12 @@ func (w *Worker) Grad(ctx context.Context) (loss float64, n int, err error) {
 // or out the rest of max(1, Slowdown)× stepTime when that is set.
 func (w *Worker) slow(ctx context.Context, el time.Duration) error {
 	if w.stepTime > 0 {
-		return sleepCtx(ctx, time.Duration(float64(w.stepTime)*max(w.cfg.Slowdown, 1))-el)
+		return ctxtime.Sleep(ctx, time.Duration(float64(w.stepTime)*max(w.cfg.Slowdown, 1))-el)
 	}
 	if w.cfg.Slowdown <= 1 {
 		return nil
 	}
-	return sleepCtx(ctx, w.slowWait(el))
+	return ctxtime.Sleep(ctx, w.slowWait(el))
 }
 
 // slowCap bounds the step time Slowdown multiplies, in usual steps.

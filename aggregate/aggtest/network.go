@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -238,22 +239,7 @@ func (e *Endpoint) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, da
 	n.mu.Unlock()
 
 	time.AfterFunc(rxEnd.Sub(now), func() { _ = deliver(dst, e.id, tag, buf) })
-	return sleep(ctx, txEnd.Sub(now))
-}
-
-// sleep waits d, or returns ctx's error if it ends first.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return ctxtime.Sleep(ctx, txEnd.Sub(now))
 }
 
 // Probe implements aggregate.Prober: a live peer answers after a round
@@ -273,7 +259,7 @@ func (e *Endpoint) Probe(ctx context.Context, p peerid.ID) error {
 		}
 		return fmt.Errorf("%w: %s is down", aggregate.ErrUnreachable, p)
 	}
-	return sleep(ctx, 2*n.cfg.Latency)
+	return ctxtime.Sleep(ctx, 2*n.cfg.Latency)
 }
 
 func deliver(dst *Endpoint, from peerid.ID, tag aggregate.Tag, buf []float32) error {
