@@ -204,10 +204,34 @@ func (ck *Checkpoint) Check(w *Worker, mode string) error {
 	if ck.Mode != mode {
 		return fmt.Errorf("%w: checkpoint is from --mode %s, this run is --mode %s", ErrCheckpoint, ck.Mode, mode)
 	}
-	if ck.Params != nil && len(ck.Params) != len(w.Model.Params) {
-		return fmt.Errorf("%w: checkpoint holds %d parameters, %s has %d", ErrCheckpoint, len(ck.Params), w.Model.Arch, len(w.Model.Params))
+	return ck.checkParams(w.Model)
+}
+
+// checkParams reports whether ck's parameters, if it has any, fit m.
+func (ck *Checkpoint) checkParams(m *nn.Model) error {
+	if ck.Params != nil && len(ck.Params) != len(m.Params) {
+		return fmt.Errorf("%w: checkpoint holds %d parameters, %s has %d", ErrCheckpoint, len(ck.Params), m.Arch, len(m.Params))
 	}
 	return nil
+}
+
+// ExportWeights writes the checkpoint's model (Params: in every mode, the
+// parameters the peer held when it saved) to path as a PyTorch state dict,
+// with m.SaveParams, the exporter of a live model's weights too. m is a
+// model of the checkpoint's architecture; its names and shapes are used,
+// its values are neither read nor changed. Errors wrap ErrCheckpoint for a
+// checkpoint without parameters or of another model.
+func (ck *Checkpoint) ExportWeights(m *nn.Model, path string) error {
+	if ck.Params == nil {
+		return fmt.Errorf("%w: checkpoint holds no model parameters", ErrCheckpoint)
+	}
+	if ck.Arch != m.Arch {
+		return fmt.Errorf("%w: checkpoint is for model %s, not %s", ErrCheckpoint, ck.Arch, m.Arch)
+	}
+	if err := ck.checkParams(m); err != nil {
+		return err
+	}
+	return m.SaveParams(path, ck.Params)
 }
 
 // Restore loads the checkpoint's local parameters and optimiser state into w.

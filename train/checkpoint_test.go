@@ -215,3 +215,42 @@ func TestCheckpointFormat1Refused(t *testing.T) {
 		t.Fatalf("format 3: %v", err)
 	}
 }
+
+// TestCheckpointExportWeights: a checkpoint's parameters are written
+// through the model's exporter and load into a fresh model; the model
+// passed in is only a template.
+func TestCheckpointExportWeights(t *testing.T) {
+	m, err := nn.New("logreg", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck := &Checkpoint{Arch: m.Arch, Params: make([]float32, len(m.Params))}
+	for i := range ck.Params {
+		ck.Params[i] = float32(i%13) - 6
+	}
+	before := slices.Clone(m.Params)
+	path := filepath.Join(t.TempDir(), "w.safetensors")
+	if err := ck.ExportWeights(m, path); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(m.Params, before) {
+		t.Fatal("ExportWeights changed the template model")
+	}
+	fresh, _ := nn.New("logreg", 2)
+	if err := fresh.LoadFile(path); err != nil || !slices.Equal(fresh.Params, ck.Params) {
+		t.Fatalf("loading the export: %v", err)
+	}
+	mlp, _ := nn.New("mlp", 1)
+	for name, c := range map[string]struct {
+		ck *Checkpoint
+		m  *nn.Model
+	}{
+		"other model":   {ck, mlp},
+		"no parameters": {&Checkpoint{Arch: m.Arch}, m},
+		"short":         {&Checkpoint{Arch: m.Arch, Params: ck.Params[1:]}, m},
+	} {
+		if err := c.ck.ExportWeights(c.m, path); !errors.Is(err, ErrCheckpoint) {
+			t.Errorf("%s: %v, want ErrCheckpoint", name, err)
+		}
+	}
+}
