@@ -41,9 +41,12 @@
 //
 // Param views (Model.Views) carry PyTorch state-dict names and shapes
 // ("0.weight" [out, in] for the first Linear of a Sequential), so weights
-// saved with SaveFile load into the equivalent torch module with
-// safetensors.torch.load_file. Convolution weights are [F, C, KH, KW] and
-// Flatten emits channels-first order, as PyTorch does.
+// saved with SaveFile (or SaveParams, from a vector laid out as Params)
+// load strictly into the equivalent torch module with
+// safetensors.torch.load_file, and LoadFile reads such a state dict back.
+// Convolution weights are [F, C, KH, KW] and Flatten emits channels-first
+// order, as PyTorch does; Starling's images are channels last, so torch
+// takes a batch as x.permute(0, 3, 1, 2).
 //
 // Targets are class indices: one per sample for CrossEntropy, one per
 // position for NextTokenCrossEntropy; token ids enter as float32 values.

@@ -2,6 +2,9 @@ package nn_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/starling-ml/starling/nn"
 )
@@ -43,4 +46,26 @@ func ExampleNewModel() {
 	// head.weight [10 16]
 	// head.bias [10]
 	// 1578 parameters, output [8 10], loss 2.78
+}
+
+// Weights saved from one model and loaded into another that does not
+// match are refused with one line that names the tensor and both shapes.
+func ExampleModel_LoadFile() {
+	dir, err := os.MkdirTemp("", "weights")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "w.safetensors")
+	small, _ := nn.New("mlp:784-128-10", 1)
+	if err := small.SaveFile(path); err != nil {
+		fmt.Println(err)
+		return
+	}
+	m, _ := nn.New("mlp", 1) // 784-200-200-10
+	err = m.LoadFile(path)
+	fmt.Println(strings.TrimPrefix(err.Error(), dir+string(filepath.Separator)))
+	// Output:
+	// w.safetensors: nn: shape mismatch: tensor "0.weight" has shape [128 784], the model's is [200 784]
 }

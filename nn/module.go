@@ -2,6 +2,7 @@ package nn
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/starling-ml/starling/device"
@@ -150,7 +151,7 @@ func (r *Residual) Setup(in Shape) (Shape, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !equalInts(in, out) {
+	if !slices.Equal(in, out) {
 		return nil, fmt.Errorf("%w: Residual body maps %v to %v; x + body(x) needs equal shapes", ErrShape, in, out)
 	}
 	r.size = in.Size()

@@ -1,13 +1,10 @@
 package nn
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -327,68 +324,4 @@ func TestOptimizersDescend(t *testing.T) {
 	if _, err := NewOptimizer("lbfgs", 0); !errors.Is(err, ErrOptimizer) {
 		t.Fatal("unknown optimizer: want ErrOptimizer")
 	}
-}
-
-func TestSafetensorsRoundTrip(t *testing.T) {
-	m, _ := New("cnn", 1)
-	path := filepath.Join(t.TempDir(), "w.safetensors")
-	if err := m.SaveFile(path); err != nil {
-		t.Fatal(err)
-	}
-	m2, _ := New("cnn", 2)
-	if err := m2.LoadFile(path); err != nil {
-		t.Fatal(err)
-	}
-	if !equalF(m.Params, m2.Params) {
-		t.Fatal("round trip changed the weights")
-	}
-	raw, _ := os.ReadFile(path)
-	hl := int(raw[0]) | int(raw[1])<<8 | int(raw[2])<<16
-	if hl%8 != 0 || !bytes.Contains(raw[8:8+hl], []byte(`"0.weight":{"dtype":"F32","shape":[32,1,5,5],"data_offsets":[0,3200]}`)) {
-		t.Fatalf("header not in safetensors form: %s", raw[8:8+hl])
-	}
-}
-
-func TestLoadWrongShape(t *testing.T) {
-	dir := t.TempDir()
-	small, _ := New("mlp:784-128-10", 1)
-	path := filepath.Join(dir, "small.safetensors")
-	if err := small.SaveFile(path); err != nil {
-		t.Fatal(err)
-	}
-	big, _ := New("mlp", 1)
-	before := append([]float32(nil), big.Params...)
-	err := big.LoadFile(path)
-	if !errors.Is(err, ErrShape) {
-		t.Fatalf("err = %v, want ErrShape", err)
-	}
-	if !equalF(before, big.Params) {
-		t.Fatal("failed load changed the model")
-	}
-	os.WriteFile(path, []byte("not a weights file at all"), 0o644)
-	if err := big.LoadFile(path); !errors.Is(err, ErrSafetensors) {
-		t.Fatalf("garbage: err = %v", err)
-	}
-}
-
-func FuzzReadSafetensors(f *testing.F) {
-	var buf bytes.Buffer
-	WriteSafetensors(&buf, []Tensor{{"a", []int{2, 2}, []float32{1, 2, 3, 4}}, {"b", []int{1}, []float32{5}}}, map[string]string{"k": "v"})
-	f.Add(buf.Bytes())
-	f.Add([]byte{8, 0, 0, 0, 0, 0, 0, 0, '{', '}', ' ', ' ', ' ', ' ', ' ', ' '})
-	f.Fuzz(func(t *testing.T, in []byte) {
-		ts, _, err := ReadSafetensors(bytes.NewReader(in), 1<<20)
-		if err != nil {
-			return
-		}
-		for _, x := range ts {
-			if Shape(x.Shape).Size() != len(x.Data) {
-				t.Fatalf("tensor %q shape %v with %d values", x.Name, x.Shape, len(x.Data))
-			}
-		}
-		var out bytes.Buffer
-		if err := WriteSafetensors(&out, ts, nil); err != nil {
-			t.Fatalf("re-encoding a decoded file: %v", err)
-		}
-	})
 }

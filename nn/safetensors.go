@@ -8,16 +8,26 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 
 	"github.com/starling-ml/starling/internal/atomicfile"
 )
 
-// ErrSafetensors reports a malformed safetensors file.
-var ErrSafetensors = errors.New("nn: malformed safetensors")
+// Errors of safetensors I/O.
+var (
+	// ErrSafetensors reports a malformed safetensors file.
+	ErrSafetensors = errors.New("nn: malformed safetensors")
+	// ErrDtype reports a well-formed tensor of a dtype other than F32.
+	ErrDtype = errors.New("nn: unsupported dtype")
+)
 
 // maxHeader bounds the JSON header (the format's own limit is 100 MB).
 const maxHeader = 100 << 20
+
+// maxTensorBytes bounds one tensor's declared size, so that the product of
+// its dimensions cannot overflow; callers set their own, lower limits.
+const maxTensorBytes = 1 << 50
 
 // Tensor is a named float32 tensor.
 type Tensor struct {
@@ -30,6 +40,12 @@ type stEntry struct {
 	Dtype   string   `json:"dtype"`
 	Shape   []int    `json:"shape"`
 	Offsets [2]int64 `json:"data_offsets"`
+}
+
+// stTensor is one tensor a header declares.
+type stTensor struct {
+	name string
+	stEntry
 }
 
 // WriteSafetensors writes tensors in the safetensors format (F32, little
@@ -88,7 +104,26 @@ func WriteSafetensors(w io.Writer, ts []Tensor, meta map[string]string) error {
 
 // ReadSafetensors reads a safetensors stream of F32 tensors whose data
 // totals at most maxData bytes. Tensors come back ordered by data offset.
+// Errors wrap ErrSafetensors, or ErrDtype for a tensor that is not F32.
 func ReadSafetensors(r io.Reader, maxData int64) ([]Tensor, map[string]string, error) {
+	ents, meta, err := readHeader(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	if end := dataEnd(ents); end > maxData {
+		return nil, nil, fmt.Errorf("%w: %d data bytes exceed the limit of %d", ErrSafetensors, end, maxData)
+	}
+	ts, err := readData(r, ents)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ts, meta, nil
+}
+
+// readHeader reads a safetensors header: the tensors it declares, F32
+// only, ordered by data offset and lying end to end from offset 0, and the
+// metadata.
+func readHeader(r io.Reader) ([]stTensor, map[string]string, error) {
 	var lenb [8]byte
 	if _, err := io.ReadFull(r, lenb[:]); err != nil {
 		return nil, nil, fmt.Errorf("%w: header length: %v", ErrSafetensors, err)
@@ -107,11 +142,7 @@ func ReadSafetensors(r io.Reader, maxData int64) ([]Tensor, map[string]string, e
 		return nil, nil, fmt.Errorf("%w: header JSON: %v", ErrSafetensors, err)
 	}
 	var meta map[string]string
-	type ent struct {
-		name string
-		stEntry
-	}
-	var ents []ent
+	var ents []stTensor
 	for name, msg := range raw {
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &meta); err != nil {
@@ -124,11 +155,11 @@ func ReadSafetensors(r io.Reader, maxData int64) ([]Tensor, map[string]string, e
 			return nil, nil, fmt.Errorf("%w: tensor %q: %v", ErrSafetensors, name, err)
 		}
 		if e.Dtype != "F32" {
-			return nil, nil, fmt.Errorf("%w: tensor %q has dtype %q; only F32 is supported", ErrSafetensors, name, e.Dtype)
+			return nil, nil, fmt.Errorf("%w: tensor %q has dtype %q; only F32 is supported", ErrDtype, name, e.Dtype)
 		}
 		n := int64(1)
 		for _, d := range e.Shape {
-			if d < 0 || (d > 0 && n > maxData/4/int64(d)+1) {
+			if d < 0 || (d > 0 && n > maxTensorBytes/4/int64(d)) {
 				return nil, nil, fmt.Errorf("%w: tensor %q shape %v", ErrSafetensors, name, e.Shape)
 			}
 			n *= int64(d)
@@ -136,7 +167,7 @@ func ReadSafetensors(r io.Reader, maxData int64) ([]Tensor, map[string]string, e
 		if e.Offsets[0] < 0 || e.Offsets[1]-e.Offsets[0] != n*4 {
 			return nil, nil, fmt.Errorf("%w: tensor %q shape %v does not match offsets %v", ErrSafetensors, name, e.Shape, e.Offsets)
 		}
-		ents = append(ents, ent{name, e})
+		ents = append(ents, stTensor{name, e})
 	}
 	sort.Slice(ents, func(a, b int) bool {
 		if ents[a].Offsets[0] != ents[b].Offsets[0] {
@@ -151,9 +182,19 @@ func ReadSafetensors(r io.Reader, maxData int64) ([]Tensor, map[string]string, e
 		}
 		end = e.Offsets[1]
 	}
-	if end > maxData {
-		return nil, nil, fmt.Errorf("%w: %d data bytes exceed the limit of %d", ErrSafetensors, end, maxData)
+	return ents, meta, nil
+}
+
+// dataEnd returns the size of the data section readHeader's tensors span.
+func dataEnd(ents []stTensor) int64 {
+	if len(ents) == 0 {
+		return 0
 	}
+	return ents[len(ents)-1].Offsets[1]
+}
+
+// readData reads the data of the tensors readHeader returned.
+func readData(r io.Reader, ents []stTensor) ([]Tensor, error) {
 	ts := make([]Tensor, len(ents))
 	buf := make([]byte, 1<<16)
 	for i, e := range ents {
@@ -161,7 +202,7 @@ func ReadSafetensors(r io.Reader, maxData int64) ([]Tensor, map[string]string, e
 		for k := 0; k < len(t.Data); {
 			chunk := min(len(buf)/4, len(t.Data)-k)
 			if _, err := io.ReadFull(r, buf[:chunk*4]); err != nil {
-				return nil, nil, fmt.Errorf("%w: data of %q: %v", ErrSafetensors, e.name, err)
+				return nil, fmt.Errorf("%w: data of %q: %v", ErrSafetensors, e.name, err)
 			}
 			for j := 0; j < chunk; j++ {
 				t.Data[k+j] = math.Float32frombits(binary.LittleEndian.Uint32(buf[4*j:]))
@@ -170,7 +211,7 @@ func ReadSafetensors(r io.Reader, maxData int64) ([]Tensor, map[string]string, e
 		}
 		ts[i] = t
 	}
-	return ts, meta, nil
+	return ts, nil
 }
 
 // appendN reads exactly n bytes from r, growing dst as data arrives (so a
@@ -191,86 +232,123 @@ func appendN(dst []byte, r io.Reader, n int64) ([]byte, error) {
 }
 
 // Tensors returns the model's parameters as named tensors (views into
-// Params).
-func (m *Model) Tensors() []Tensor {
+// Params), in state-dict order.
+func (m *Model) Tensors() []Tensor { return m.tensorsOf(m.Params) }
+
+// tensorsOf names the parts of params, a vector laid out as Params.
+func (m *Model) tensorsOf(params []float32) []Tensor {
 	ts := make([]Tensor, len(m.views))
 	for i, v := range m.views {
-		ts[i] = Tensor{Name: v.Name, Shape: v.Shape, Data: m.Param(v)}
+		ts[i] = Tensor{Name: v.Name, Shape: v.Shape, Data: params[v.Offset : v.Offset+v.Len]}
 	}
 	return ts
 }
 
-// SetTensors copies named tensors into the model's parameters. Every
-// parameter must be present with its exact shape; on error the model is
-// unchanged.
+// SetTensors copies named tensors into the model's parameters. The
+// tensors must be the model's state dict exactly: every parameter present
+// with its shape, no other name. Errors wrap ErrShape and name the first
+// tensor that does not fit; on error the model is unchanged.
 func (m *Model) SetTensors(ts []Tensor) error {
-	byName := make(map[string]Tensor, len(ts))
+	if err := m.fits(ts); err != nil {
+		return err
+	}
 	for _, t := range ts {
-		byName[t.Name] = t
+		if len(t.Data) != Shape(t.Shape).Size() {
+			return fmt.Errorf("%w: tensor %q has shape %v but %d values", ErrShape, t.Name, t.Shape, len(t.Data))
+		}
+	}
+	byName := make(map[string][]float32, len(ts))
+	for _, t := range ts {
+		byName[t.Name] = t.Data
 	}
 	for _, v := range m.views {
-		t, ok := byName[v.Name]
-		if !ok {
-			return fmt.Errorf("%w: %s has no tensor %q", ErrShape, m.Arch, v.Name)
+		copy(m.Param(v), byName[v.Name])
+	}
+	return nil
+}
+
+// fits checks that the names and shapes of ts (their data is not read)
+// are the model's state dict: the model's tensors in order, then any name
+// left over.
+func (m *Model) fits(ts []Tensor) error {
+	byName := make(map[string][]int, len(ts))
+	for _, t := range ts {
+		if _, dup := byName[t.Name]; dup {
+			return fmt.Errorf("%w: tensor %q appears twice", ErrShape, t.Name)
 		}
-		if !equalInts(t.Shape, v.Shape) {
-			return fmt.Errorf("%w: tensor %q has shape %v, model %s needs %v", ErrShape, v.Name, t.Shape, m.Arch, v.Shape)
+		byName[t.Name] = t.Shape
+	}
+	for _, v := range m.views {
+		shape, ok := byName[v.Name]
+		if !ok {
+			return fmt.Errorf("%w: tensor %q is missing (the model's has shape %v)", ErrShape, v.Name, v.Shape)
+		}
+		if !slices.Equal(shape, v.Shape) {
+			return fmt.Errorf("%w: tensor %q has shape %v, the model's is %v", ErrShape, v.Name, shape, v.Shape)
 		}
 		delete(byName, v.Name)
 	}
-	if len(byName) > 0 {
-		for name := range byName {
-			return fmt.Errorf("%w: tensor %q is not a parameter of %s", ErrShape, name, m.Arch)
-		}
-	}
 	for _, t := range ts {
-		for _, v := range m.views {
-			if v.Name == t.Name {
-				copy(m.Param(v), t.Data)
-			}
+		if _, extra := byName[t.Name]; extra {
+			return fmt.Errorf("%w: tensor %q is not a parameter of %s", ErrShape, t.Name, m.Arch)
 		}
 	}
 	return nil
 }
 
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
+// SaveFile writes the model's parameters to path, atomically, as a
+// PyTorch state dict in safetensors form: F32 tensors under their
+// state-dict names and shapes (View), which load with
+// torch.nn.Module.load_state_dict(…, strict=True) into the equivalent
+// torch module (docs/design.md, "Import and export"). The metadata holds
+// "format": "pt" and the architecture, "starling.arch".
+func (m *Model) SaveFile(path string) error { return m.SaveParams(path, m.Params) }
 
-// SaveFile writes the model's parameters to path as safetensors,
-// atomically, with the architecture in the metadata.
-func (m *Model) SaveFile(path string) error {
+// SaveParams is SaveFile for params, a vector laid out as the model's
+// Params (a strategy's global model, a checkpoint's parameters, a copy
+// taken while others write the model), which it only reads; the model's
+// own parameters are not used. Errors wrap ErrShape if params is not of
+// the model's size.
+func (m *Model) SaveParams(path string, params []float32) error {
+	if len(params) != len(m.Params) {
+		return fmt.Errorf("%w: %d values to save as %s, which has %d parameters", ErrShape, len(params), m.Arch, len(m.Params))
+	}
 	return atomicfile.Write(path, 0o644, func(w io.Writer) error {
-		return WriteSafetensors(w, m.Tensors(), map[string]string{"format": "pt", "starling.arch": m.Arch})
+		return WriteSafetensors(w, m.tensorsOf(params), map[string]string{"format": "pt", "starling.arch": m.Arch})
 	})
 }
 
-// LoadFile reads parameters saved by SaveFile (or by PyTorch's
-// safetensors.torch.save_file for the equivalent Sequential). On error the
-// model is unchanged.
+// LoadFile sets the model's parameters from a safetensors file: one
+// written by SaveFile, or a torch state dict of the equivalent module
+// (safetensors.torch.save_file). The file must hold exactly the model's
+// state dict in F32: every parameter with its shape and no other tensor;
+// names and shapes are checked against the header before any data is
+// read. Errors are one line that starts with the path and wraps ErrShape
+// (naming the tensor and both shapes), ErrDtype or ErrSafetensors; on
+// error the model is unchanged.
 func (m *Model) LoadFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	ts, _, err := ReadSafetensors(f, int64(len(m.Params))*4)
+	ents, _, err := readHeader(f)
 	if err != nil {
 		if errors.Is(err, ErrSafetensors) {
 			return fmt.Errorf("%s: %w (is it a weights file for %s?)", path, err, m.Arch)
 		}
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	if err := m.SetTensors(ts); err != nil {
+	decl := make([]Tensor, len(ents))
+	for i, e := range ents {
+		decl[i] = Tensor{Name: e.name, Shape: e.Shape}
+	}
+	if err := m.fits(decl); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	return nil
+	ts, err := readData(f, ents)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return m.SetTensors(ts)
 }

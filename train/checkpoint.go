@@ -1,10 +1,16 @@
 package train
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +27,8 @@ var ErrCheckpoint = errors.New("train: bad checkpoint")
 // is stored as a safetensors file (tensors "state", "params",
 // "opt.<name>", "extra.<name>"; the scalars in the metadata), written
 // atomically, so a crash mid-write leaves the previous checkpoint intact.
+// The metadata's "sha256" is a digest of everything else the file holds,
+// which LoadCheckpoint checks (docs/design.md, "Checkpoints").
 type Checkpoint struct {
 	Arch     string // model architecture
 	Mode     string // strategy family: federated, sync, gossip, async
@@ -57,10 +65,58 @@ func (ck *Checkpoint) Save(path string) error {
 		add("extra."+k, ck.Extra[k])
 	}
 	meta := map[string]string{
-		"starling.checkpoint": "1", "arch": ck.Arch, "mode": ck.Mode, "strategy": ck.Strategy,
+		formatKey: format, "arch": ck.Arch, "mode": ck.Mode, "strategy": ck.Strategy,
 		"version": strconv.FormatUint(ck.Version, 10), "steps": strconv.Itoa(ck.Steps), "opt_steps": strconv.Itoa(ck.OptSteps),
 	}
+	meta[digestKey] = digest(ts, meta)
 	return atomicfile.Write(path, 0o644, func(w io.Writer) error { return nn.WriteSafetensors(w, ts, meta) })
+}
+
+// The metadata keys of the file's format and digest, and the format Save
+// writes: "1" had no digest.
+const (
+	formatKey = "starling.checkpoint"
+	digestKey = "sha256"
+	format    = "2"
+)
+
+// digest returns the hex SHA-256 of a checkpoint's content: every
+// metadata entry but the digest, by key, then every tensor's name, shape
+// and values (little-endian float32), by name. Each string and list is
+// preceded by its length, so no two contents encode alike. It covers what
+// LoadCheckpoint reads, not how the header spells it.
+func digest(ts []nn.Tensor, meta map[string]string) string {
+	h := sha256.New()
+	var buf []byte
+	num := func(n int) { buf = binary.LittleEndian.AppendUint64(buf, uint64(n)) }
+	str := func(s string) { num(len(s)); buf = append(buf, s...) }
+	flush := func() { h.Write(buf); buf = buf[:0] }
+
+	str("starling checkpoint " + format)
+	keys := slices.DeleteFunc(slices.Sorted(maps.Keys(meta)), func(k string) bool { return k == digestKey })
+	num(len(keys))
+	for _, k := range keys {
+		str(k)
+		str(meta[k])
+	}
+	byName := slices.SortedFunc(slices.Values(ts), func(a, b nn.Tensor) int { return strings.Compare(a.Name, b.Name) })
+	num(len(byName))
+	for _, t := range byName {
+		str(t.Name)
+		num(len(t.Shape))
+		for _, d := range t.Shape {
+			num(d)
+		}
+		num(len(t.Data))
+		for _, v := range t.Data {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+			if len(buf) >= 1<<16 {
+				flush()
+			}
+		}
+	}
+	flush()
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func sortedKeys(m map[string][]float32) []string {
@@ -73,7 +129,10 @@ func sortedKeys(m map[string][]float32) []string {
 }
 
 // LoadCheckpoint reads a checkpoint written by Save, holding at most
-// maxValues float32 values in all.
+// maxValues float32 values in all. It refuses, with errors wrapping
+// ErrCheckpoint, a file whose content does not match its digest (one
+// changed byte anywhere in its tensors or metadata), a checkpoint of
+// format 1, which has no digest, and values Save would not write.
 func LoadCheckpoint(path string, maxValues int64) (*Checkpoint, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -84,8 +143,17 @@ func LoadCheckpoint(path string, maxValues int64) (*Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrCheckpoint, path, err)
 	}
-	if meta["starling.checkpoint"] != "1" {
+	switch meta[formatKey] {
+	case format:
+	case "1":
+		return nil, fmt.Errorf("%w: %s is a checkpoint of format 1, which carries no digest to check its data against; it is not trusted (start afresh, or resume from a checkpoint this version wrote)", ErrCheckpoint, path)
+	case "":
 		return nil, fmt.Errorf("%w: %s is not a Starling checkpoint", ErrCheckpoint, path)
+	default:
+		return nil, fmt.Errorf("%w: %s is a checkpoint of format %q; this version reads format %s", ErrCheckpoint, path, meta[formatKey], format)
+	}
+	if got, want := digest(ts, meta), meta[digestKey]; got != want {
+		return nil, fmt.Errorf("%w: %s: the SHA-256 digest of its data does not match the one it records (the file is damaged or was altered)", ErrCheckpoint, path)
 	}
 	ck := &Checkpoint{Arch: meta["arch"], Mode: meta["mode"], Strategy: meta["strategy"], Opt: map[string][]float32{}, Extra: map[string][]float32{}}
 	if ck.Version, err = strconv.ParseUint(meta["version"], 10, 64); err != nil {
@@ -136,10 +204,34 @@ func (ck *Checkpoint) Check(w *Worker, mode string) error {
 	if ck.Mode != mode {
 		return fmt.Errorf("%w: checkpoint is from --mode %s, this run is --mode %s", ErrCheckpoint, ck.Mode, mode)
 	}
-	if ck.Params != nil && len(ck.Params) != len(w.Model.Params) {
-		return fmt.Errorf("%w: checkpoint holds %d parameters, %s has %d", ErrCheckpoint, len(ck.Params), w.Model.Arch, len(w.Model.Params))
+	return ck.checkParams(w.Model)
+}
+
+// checkParams reports whether ck's parameters, if it has any, fit m.
+func (ck *Checkpoint) checkParams(m *nn.Model) error {
+	if ck.Params != nil && len(ck.Params) != len(m.Params) {
+		return fmt.Errorf("%w: checkpoint holds %d parameters, %s has %d", ErrCheckpoint, len(ck.Params), m.Arch, len(m.Params))
 	}
 	return nil
+}
+
+// ExportWeights writes the checkpoint's model (Params: in every mode, the
+// parameters the peer held when it saved) to path as a PyTorch state dict,
+// with m.SaveParams, the exporter of a live model's weights too. m is a
+// model of the checkpoint's architecture; its names and shapes are used,
+// its values are neither read nor changed. Errors wrap ErrCheckpoint for a
+// checkpoint without parameters or of another model.
+func (ck *Checkpoint) ExportWeights(m *nn.Model, path string) error {
+	if ck.Params == nil {
+		return fmt.Errorf("%w: checkpoint holds no model parameters", ErrCheckpoint)
+	}
+	if ck.Arch != m.Arch {
+		return fmt.Errorf("%w: checkpoint is for model %s, not %s", ErrCheckpoint, ck.Arch, m.Arch)
+	}
+	if err := ck.checkParams(m); err != nil {
+		return err
+	}
+	return m.SaveParams(path, ck.Params)
 }
 
 // Restore loads the checkpoint's local parameters and optimiser state into w.

@@ -1,15 +1,20 @@
 package train
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/starling-ml/starling/nn"
 )
 
 func TestCheckpointRoundTrip(t *testing.T) {
@@ -130,5 +135,122 @@ func TestCheckpointSurvivesKillMidWrite(t *testing.T) {
 	}
 	if ck.Version != 1 && ck.Version != 2 {
 		t.Fatalf("version %d", ck.Version)
+	}
+}
+
+// TestCheckpointDigest flips one byte of a saved checkpoint, at every
+// offset, three ways: every flip is refused, and a flip in the tensors'
+// data (parameters, optimiser and strategy state) is refused because the
+// digest does not match. The untouched file loads, and saves again to the
+// same bytes.
+func TestCheckpointDigest(t *testing.T) {
+	ck := &Checkpoint{
+		Arch: "mlp:4-3", Mode: "federated", Strategy: "fedadam", Version: 9, Steps: 40, OptSteps: 40,
+		State: []float32{1, -2, 3.5}, Params: []float32{0.25, -0.5, 1, 2, 4, 8, 16, 32, 64, 128, 0, -1, 3, 5, 7},
+		Opt: map[string][]float32{"m": {1, 2}, "v": {3}}, Extra: map[string][]float32{"ef": {4, 5}},
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ck")
+	if err := ck.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadCheckpoint(path, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Params, ck.Params) || !slices.Equal(got.State, ck.State) || !slices.Equal(got.Opt["v"], ck.Opt["v"]) || got.Strategy != ck.Strategy {
+		t.Fatalf("round trip: %+v", got)
+	}
+	again := filepath.Join(dir, "again")
+	if err := got.Save(again); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(again); !bytes.Equal(b, orig) {
+		t.Fatal("saving a loaded checkpoint wrote other bytes")
+	}
+
+	data := 8 + int(binary.LittleEndian.Uint64(orig)) // where the tensors' data starts
+	bad := filepath.Join(dir, "bad")
+	for off := range orig {
+		for _, mask := range []byte{0x01, 0x80, 0xff} {
+			b := slices.Clone(orig)
+			b[off] ^= mask
+			if err := os.WriteFile(bad, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := LoadCheckpoint(bad, 1<<20)
+			if !errors.Is(err, ErrCheckpoint) {
+				t.Fatalf("byte %d ^ %#x: %v, want ErrCheckpoint", off, mask, err)
+			}
+			if off >= data && !strings.Contains(err.Error(), "digest of its data does not match") {
+				t.Fatalf("byte %d ^ %#x, in the data: %v, want a digest mismatch", off, mask, err)
+			}
+		}
+	}
+}
+
+// TestCheckpointFormat1Refused: a checkpoint written before checkpoints
+// carried a digest cannot be checked, and is refused saying so.
+func TestCheckpointFormat1Refused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old")
+	meta := map[string]string{"starling.checkpoint": "1", "arch": "x", "mode": "sync", "strategy": "sync", "version": "3", "steps": "3", "opt_steps": "3"}
+	var b bytes.Buffer
+	if err := nn.WriteSafetensors(&b, []nn.Tensor{{Name: "params", Shape: []int{2}, Data: []float32{1, 2}}}, meta); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(path, b.Bytes(), 0o644)
+	_, err := LoadCheckpoint(path, 1<<20)
+	if !errors.Is(err, ErrCheckpoint) || !strings.Contains(err.Error(), "format 1, which carries no digest") {
+		t.Fatalf("format 1: %v", err)
+	}
+	meta["starling.checkpoint"] = "3"
+	b.Reset()
+	nn.WriteSafetensors(&b, nil, meta)
+	os.WriteFile(path, b.Bytes(), 0o644)
+	if _, err := LoadCheckpoint(path, 1<<20); !errors.Is(err, ErrCheckpoint) || !strings.Contains(err.Error(), `format "3"`) {
+		t.Fatalf("format 3: %v", err)
+	}
+}
+
+// TestCheckpointExportWeights: a checkpoint's parameters are written
+// through the model's exporter and load into a fresh model; the model
+// passed in is only a template.
+func TestCheckpointExportWeights(t *testing.T) {
+	m, err := nn.New("logreg", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck := &Checkpoint{Arch: m.Arch, Params: make([]float32, len(m.Params))}
+	for i := range ck.Params {
+		ck.Params[i] = float32(i%13) - 6
+	}
+	before := slices.Clone(m.Params)
+	path := filepath.Join(t.TempDir(), "w.safetensors")
+	if err := ck.ExportWeights(m, path); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(m.Params, before) {
+		t.Fatal("ExportWeights changed the template model")
+	}
+	fresh, _ := nn.New("logreg", 2)
+	if err := fresh.LoadFile(path); err != nil || !slices.Equal(fresh.Params, ck.Params) {
+		t.Fatalf("loading the export: %v", err)
+	}
+	mlp, _ := nn.New("mlp", 1)
+	for name, c := range map[string]struct {
+		ck *Checkpoint
+		m  *nn.Model
+	}{
+		"other model":   {ck, mlp},
+		"no parameters": {&Checkpoint{Arch: m.Arch}, m},
+		"short":         {&Checkpoint{Arch: m.Arch, Params: ck.Params[1:]}, m},
+	} {
+		if err := c.ck.ExportWeights(c.m, path); !errors.Is(err, ErrCheckpoint) {
+			t.Errorf("%s: %v, want ErrCheckpoint", name, err)
+		}
 	}
 }

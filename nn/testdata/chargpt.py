@@ -16,7 +16,7 @@ tying (neither has any). To load into torch.nn.MultiheadAttention
 instead, rename attn.c_attn.weight/bias to in_proj_weight/in_proj_bias
 and attn.c_proj to out_proj (and pass a causal attn_mask).
 
-nn's TestTorchParity checks exactly that (chargpt_check.py, with
+nn's TestTorchParity checks exactly that (torch_check.py, with
 torch alone).
 """
 import math
