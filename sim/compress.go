@@ -187,7 +187,7 @@ func CompressionOne(ctx context.Context, cfg CompressConfig, spec compression.Sp
 	for _, p := range parts {
 		spe = min(spe, (len(p)+cfg.Worker.Batch-1)/cfg.Worker.Batch)
 	}
-	netw, err := newNetwork(ctx, &nc, slog.New(slog.DiscardHandler))
+	netw, err := newNetwork(ctx, &nc, slog.New(slog.DiscardHandler), formation{})
 	if err != nil {
 		return nil, err
 	}

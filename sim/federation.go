@@ -87,7 +87,7 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 	nc := DefaultConfig()
 	nc.Peers, nc.Bandwidth, nc.Latency, nc.Seed, nc.Worker = cfg.Clients, cfg.Bandwidth, cfg.Latency, cfg.Seed, cfg.Worker
 	nc.SyncAlgorithm = "auto" // the all-reduce as `peer run` runs it
-	netw, err := newNetwork(ctx, &nc, log)
+	netw, err := newNetwork(ctx, &nc, log, formation{loose: true})
 	if err != nil {
 		return nil, err
 	}

@@ -222,7 +222,7 @@ func TestSwarmSeeded(t *testing.T) {
 	ids := func(seed uint64) []string {
 		c := DefaultConfig()
 		c.Peers, c.Seed = 3, seed
-		sw, err := newNetwork(context.Background(), &c, slog.New(slog.DiscardHandler))
+		sw, err := newNetwork(context.Background(), &c, slog.New(slog.DiscardHandler), formation{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -324,5 +324,23 @@ func TestAverageSeries(t *testing.T) {
 	}
 	if b := out[1]; b.Y[0] != 0.2 || b.Y[len(b.Y)-1] != 0.4 {
 		t.Fatalf("b = %v", b.Y)
+	}
+}
+
+// TestLooseFormation checks that a federation's network goes on when the
+// peers have not yet seen each other by the formation deadline, where a
+// strict one would fail the run.
+func TestLooseFormation(t *testing.T) {
+	c := DefaultConfig()
+	c.Peers = 3
+	sw, err := newNetwork(context.Background(), &c, slog.New(slog.DiscardHandler), formation{loose: true, wait: time.Nanosecond})
+	if err != nil {
+		t.Fatalf("loose formation failed: %v", err)
+	}
+	defer sw.close()
+	for i, p := range sw.peers {
+		if len(p.Group) != c.Peers {
+			t.Errorf("peer %d: group of %d, want %d", i, len(p.Group), c.Peers)
+		}
 	}
 }
