@@ -43,7 +43,9 @@ func loadImages(cfg Config, m model) (*Workload, error) {
 	in, classes, shape := tr.Dim, tr.Classes, tr.InputShape()
 	switch m.kind {
 	case "logreg":
-		w.build = func(seed uint64, opts ...nn.Option) (*nn.Model, error) { return nn.NewLogReg(in, classes, seed, opts...) }
+		w.build = func(seed uint64, opts ...nn.Option) (*nn.Model, error) {
+			return nn.NewLogReg(in, classes, seed, opts...)
+		}
 	case "mlp":
 		widths := m.widths
 		if widths == nil {
@@ -60,7 +62,9 @@ func loadImages(cfg Config, m model) (*Workload, error) {
 			return nil, fmt.Errorf("%w: cnn needs images of at least 4×4 pixels (samples of H×W or H×W×C, as MNIST's 28×28×1); %s has samples of shape %v", ErrData, source, shape)
 		}
 		h, wd, c := shape[0], shape[1], shape[2]
-		w.build = func(seed uint64, opts ...nn.Option) (*nn.Model, error) { return nn.NewCNN(h, wd, c, classes, seed, opts...) }
+		w.build = func(seed uint64, opts ...nn.Option) (*nn.Model, error) {
+			return nn.NewCNN(h, wd, c, classes, seed, opts...)
+		}
 	}
 	return w, nil
 }
