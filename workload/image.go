@@ -38,7 +38,11 @@ func loadImages(cfg Config, m model) (*Workload, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr = tr.Head(cfg.Limit)
+	return fitImages(tr.Head(cfg.Limit), te, source, m)
+}
+
+// fitImages sizes the classifier m names to the training set tr.
+func fitImages(tr, te *data.Set, source string, m model) (*Workload, error) {
 	w := &Workload{Train: tr, Test: te, Source: source}
 	in, classes, shape := tr.Dim, tr.Classes, tr.InputShape()
 	switch m.kind {

@@ -108,17 +108,22 @@ func Load(cfg Config) (*Workload, error) {
 	if err != nil {
 		return nil, err
 	}
+	return w.finish(m)
+}
+
+// finish builds the model once to record its identity.
+func (w *Workload) finish(m model) (*Workload, error) {
 	w.Kind, w.spec = m.kind, m
 	probe, err := w.build(0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrModel, cfg.Model, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrModel, m.text, err)
 	}
 	w.arch, w.params, w.digest = probe.Arch, len(probe.Params), Digest(probe, w.Vocab)
 	return w, nil
 }
 
-// NewModel builds the workload's model initialised from seed (options
-// such as nn.WithBackend pass through). It is a train.ModelFunc.
+// NewModel builds the workload's model initialised from seed on the
+// default backend. It is a train.ModelFunc; ModelFunc takes options.
 func (w *Workload) NewModel(seed uint64) (*nn.Model, error) { return w.build(seed) }
 
 // ModelFunc returns NewModel with opts applied to every model it builds.
