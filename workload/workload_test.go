@@ -514,3 +514,44 @@ func TestModelIDKindBound(t *testing.T) {
 		t.Errorf("ModelID = %q", id)
 	}
 }
+
+// TestModelsInit: Models starts every model from the file's weights on
+// the backend given, and refuses a file of other shapes in one line.
+func TestModelsInit(t *testing.T) {
+	corpus := writeFiles(t, letterDocs(3))
+	w := mustLoad(t, Config{Model: tiny, Data: corpus})
+	src, err := w.NewModel(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "w.safetensors")
+	if err := src.SaveFile(file); err != nil {
+		t.Fatal(err)
+	}
+	be := device.NewCPU()
+	build, err := w.Models(be, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seed := range []uint64{1, 2} {
+		m, err := build(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(m.Params, src.Params) || m.Backend().Name() != be.Name() {
+			t.Errorf("seed %d: weights differ from the file's, or backend %s", seed, m.Backend().Name())
+		}
+		m.Params[0]++ // a model's weights are its own
+	}
+	if plain, err := w.Models(nil, ""); err != nil {
+		t.Fatal(err)
+	} else if m, _ := plain(5); !slices.Equal(m.Params, src.Params) || m.Backend().Name() != device.Default().Name() {
+		t.Errorf("Models(nil, \"\") differs from NewModel")
+	}
+	wide := mustLoad(t, Config{Model: "charlm:layers=1,width=16,heads=2,ctx=8", Data: corpus})
+	_, err = wide.Models(nil, file)
+	checkOneLine(t, err, file, `tensor "transformer.wte.weight" has shape [5 8], the model's is [5 16]`)
+	if !errors.Is(err, nn.ErrShape) {
+		t.Errorf("%v does not wrap nn.ErrShape", err)
+	}
+}
