@@ -81,6 +81,7 @@ type Progress struct {
 	Epoch, Epochs int     // current epoch (from 1) and total (0: no bound)
 	Step, Steps   int     // steps done and the schedule's horizon
 	Loss          float64 // running mean training loss of the epoch
+	StepLoss      float64 // this step's training loss (per target), on a step's Progress
 	Accuracy      float64 // running training accuracy of the epoch
 	SamplesPerSec float64 // since the start
 	TokensPerSec  float64 // targets trained on per second (SamplesPerSec × targets per sample)
@@ -221,7 +222,7 @@ func Local(ctx context.Context, cfg LocalConfig, trainSet, testSet data.Dataset,
 			if progress != nil {
 				progress(Progress{
 					Epoch: epoch, Epochs: cfg.Epochs, Step: step, Steps: h.total(),
-					Loss: lossSum / float64(seen), Accuracy: float64(correct) / float64(seen),
+					Loss: lossSum / float64(seen), StepLoss: loss, Accuracy: float64(correct) / float64(seen),
 					SamplesPerSec: float64(samples) / el.Seconds(), TokensPerSec: float64(samples*targets) / el.Seconds(), LR: lr, Elapsed: el,
 				})
 			}

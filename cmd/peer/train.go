@@ -170,23 +170,32 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			cfg.Model, from, wl.Train.Len(), wl.Source, bounds, cfg.Batch, cfg.Optimizer, cfg.LR, cfg.Schedule)
 	}
 	bar := progress.New(stderr)
-	var last train.Progress // the last step's, for the evaluation lines
+	var (
+		last   train.Progress // the last step's, for the evaluation lines
+		recent float64        // moving average of the steps' losses
+	)
 	m, sum, err := train.Local(ctx, cfg, wl.Train, wl.Test, func(p train.Progress) {
 		switch {
 		case p.Evaluated && wl.Text():
 			bar.Println(fmt.Sprintf("step %d  train loss %.4f  val %.4f bits/char  %.0f tokens/s  lr %.2g  %s",
-				p.Step, last.Loss, train.BitsPerToken(p.TestLoss), last.TokensPerSec, last.LR, p.Elapsed.Round(time.Second)))
+				p.Step, recent, train.BitsPerToken(p.TestLoss), last.TokensPerSec, last.LR, p.Elapsed.Round(time.Second)))
 		case p.Evaluated:
 			bar.Println(fmt.Sprintf("step %d  train loss %.4f  test acc %.2f%% (subset)  %.0f samples/s  %s",
 				p.Step, last.Loss, 100*p.TestAccuracy, last.SamplesPerSec, p.Elapsed.Round(time.Second)))
 		case p.EpochDone && wl.Text():
-			bar.Println(fmt.Sprintf("step %d  train loss %.4f  val %.4f bits/char  %.0f tokens/s  %s",
-				p.Step, p.Loss, train.BitsPerToken(p.TestLoss), p.TokensPerSec, p.Elapsed.Round(time.Second)))
+			bar.Println(fmt.Sprintf("step %d  end of epoch %d  epoch's train loss %.4f  val %.4f bits/char (all %d windows)  %.0f tokens/s  %s",
+				p.Step, p.Epoch, p.Loss, train.BitsPerToken(p.TestLoss), wl.Test.Len(), p.TokensPerSec, p.Elapsed.Round(time.Second)))
 		case p.EpochDone:
 			bar.Println(fmt.Sprintf("epoch %d/%d  train loss %.4f  train acc %.2f%%  test acc %.2f%%  %.0f samples/s  %s",
 				p.Epoch, p.Epochs, p.Loss, 100*p.Accuracy, 100*p.TestAccuracy, p.SamplesPerSec, p.Elapsed.Round(1e8)))
 		case wl.Text():
 			last = p
+			// About the last 20 steps: one epoch of a corpus can be the
+			// whole run, so the epoch's mean lags far behind.
+			if p.Step == 1 {
+				recent = p.StepLoss
+			}
+			recent += (p.StepLoss - recent) / 20
 			// The share done of whichever bound is nearer: steps (or the
 			// horizon estimated from the duration) or time.
 			frac := float64(p.Step) / float64(max(p.Steps, 1))
@@ -194,7 +203,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				frac = max(frac, float64(p.Elapsed)/float64(cfg.Duration))
 			}
 			bar.Update(int(1000*frac), 1000, fmt.Sprintf("step %d loss %.4f (%.3f bits/char) %.0f tokens/s %s",
-				p.Step, p.Loss, train.BitsPerToken(p.Loss), p.TokensPerSec, p.Elapsed.Round(time.Second)))
+				p.Step, recent, train.BitsPerToken(recent), p.TokensPerSec, p.Elapsed.Round(time.Second)))
 		default:
 			last = p
 			bar.Update(p.Step, p.Steps, fmt.Sprintf("epoch %d/%d step %d/%d loss %.4f acc %.1f%% %.0f samples/s",
