@@ -6,7 +6,8 @@
 //
 //	wl, err := workload.Load(workload.Config{Model: "charlm:layers=4,width=128", Seed: 1})
 //	parts, err := data.Partition(wl.Train, peers, "iid", seed)
-//	w, err := train.NewWorker(cfg, data.Subset(wl.Train, parts[me]), train.WithModel(wl.NewModel))
+//	build, err := wl.Models(backend, initFile) // --device, --init ("": seed's weights)
+//	w, err := train.NewWorker(cfg, data.Subset(wl.Train, parts[me]), train.WithModel(build))
 //	swarmCfg.Gossip.Model = wl.ID() // peers of another architecture are ignored
 //
 // Two families:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/starling-ml/starling/device"
@@ -36,19 +37,19 @@ type trainOptions struct {
 // (charlm) takes its settings from it for every training flag not set on
 // the command line.
 func trainFlags(fs *flag.FlagSet) func() (trainOptions, error) {
-	def := train.DefaultLocalConfig()
+	def, tu := train.DefaultLocalConfig(), workload.CharLMTuning
 	model := fs.String("model", def.Model, "model: logreg, mlp (784-200-200-10), mlp:784-W-…-10, cnn (FedAvg's CNN), or charlm[:layers=L,width=W,heads=H,ctx=T,mlp=R,dropout=P,level=byte|rune] (a character-level transformer; default 4 blocks of width 128, 4 heads, ctx 128)")
-	epochs := fs.Int("epochs", def.Epochs, "passes over the training set (0: no bound; charlm: 0)")
+	epochs := fs.Int("epochs", def.Epochs, fmt.Sprintf("passes over the training set (0: no bound; charlm: %d)", tu.Epochs))
 	steps := fs.Int("steps", 0, "stop after this many optimiser steps (0: no bound)")
-	duration := fs.Duration("duration", 0, "stop after this much wall-clock time; with no step or epoch bound the schedule fits it (0: no bound; charlm: "+workload.CharLMTuning.Duration.String()+")")
-	batch := fs.Int("batch", def.Batch, "samples per step (charlm: windows per step, 32)")
-	lr := fs.Float64("lr", float64(def.LR), "peak learning rate (charlm: 2e-3)")
-	optName := fs.String("optimizer", def.Optimizer, "sgd, momentum (0.9), nesterov, adam or adamw (charlm: adamw)")
-	sched := fs.String("schedule", def.Schedule, "learning-rate schedule: constant, step[:EVERY,GAMMA], cosine, or warmup:STEPS+<schedule> (charlm: warmup:100+cosine)")
-	wd := fs.Float64("wd", float64(def.WeightDecay), "weight decay (charlm: 0.1)")
-	clip := fs.Float64("clip", def.ClipNorm, "clip gradients to this global L2 norm (0: off; charlm: 1)")
-	evalEvery := fs.Int("eval-every", 0, "evaluate every N steps on --eval-samples test samples (0: after each epoch only; charlm: 200)")
-	evalSamples := fs.Int("eval-samples", 0, "test samples of each periodic evaluation, spread over the test set (0: all; charlm: 256)")
+	duration := fs.Duration("duration", 0, fmt.Sprintf("stop after this much wall-clock time; with no step or epoch bound the schedule fits it (0: no bound; charlm: %s)", tu.Duration))
+	batch := fs.Int("batch", def.Batch, fmt.Sprintf("samples per step (charlm: windows per step, %d)", tu.Batch))
+	lr := fs.Float64("lr", shortest(def.LR), fmt.Sprintf("peak learning rate (charlm: %g)", tu.LR))
+	optName := fs.String("optimizer", def.Optimizer, fmt.Sprintf("sgd, momentum (0.9), nesterov, adam or adamw (charlm: %s)", tu.Optimizer))
+	sched := fs.String("schedule", def.Schedule, fmt.Sprintf("learning-rate schedule: constant, step[:EVERY,GAMMA], cosine, or warmup:STEPS+<schedule> (charlm: %s)", tu.Schedule))
+	wd := fs.Float64("wd", shortest(def.WeightDecay), fmt.Sprintf("weight decay (charlm: %g)", tu.WeightDecay))
+	clip := fs.Float64("clip", def.ClipNorm, fmt.Sprintf("clip gradients to this global L2 norm (0: off; charlm: %g)", tu.ClipNorm))
+	evalEvery := fs.Int("eval-every", 0, fmt.Sprintf("evaluate every N steps on --eval-samples test samples (0: after each epoch only; charlm: %d)", tu.EvalEvery))
+	evalSamples := fs.Int("eval-samples", 0, fmt.Sprintf("test samples of each periodic evaluation, spread over the test set (0: all; charlm: %d)", tu.EvalSamples))
 	seed := fs.Uint64("seed", def.Seed, "seed for initialisation, data order and a corpus's validation split")
 	dataDir := fs.String("data", "", "image models: folder of IDX files (default: MNIST from the GoMNIST module in the Go module cache); charlm: a text file or a folder of them (default: the Go standard library's sources)")
 	limit := fs.Int("limit", 0, "train on the first N samples only (0: all)")
@@ -94,6 +95,13 @@ func trainFlags(fs *flag.FlagSet) func() (trainOptions, error) {
 		}
 		return o, nil
 	}
+}
+
+// shortest returns the float64 that prints as x does (0.05, not
+// 0.05000000074505806).
+func shortest(x float32) float64 {
+	f, _ := strconv.ParseFloat(strconv.FormatFloat(float64(x), 'g', -1, 32), 64)
+	return f
 }
 
 // tune sets the settings of c whose flags are not in set from t.
