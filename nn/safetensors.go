@@ -324,7 +324,8 @@ func (m *Model) SaveParams(path string, params []float32) error {
 // state dict in F32: every parameter with its shape and no other tensor;
 // names and shapes are checked against the header before any data is
 // read. Errors are one line that starts with the path and wraps ErrShape
-// (naming the tensor and both shapes), ErrDtype or ErrSafetensors; on
+// (naming the tensor, both shapes and, from a file SaveFile wrote, the
+// file's architecture when it is another), ErrDtype or ErrSafetensors; on
 // error the model is unchanged.
 func (m *Model) LoadFile(path string) error {
 	f, err := os.Open(path)
@@ -332,7 +333,7 @@ func (m *Model) LoadFile(path string) error {
 		return err
 	}
 	defer f.Close()
-	ents, _, err := readHeader(f)
+	ents, meta, err := readHeader(f)
 	if err != nil {
 		if errors.Is(err, ErrSafetensors) {
 			return fmt.Errorf("%s: %w (is it a weights file for %s?)", path, err, m.Arch)
@@ -344,6 +345,9 @@ func (m *Model) LoadFile(path string) error {
 		decl[i] = Tensor{Name: e.name, Shape: e.Shape}
 	}
 	if err := m.fits(decl); err != nil {
+		if arch := meta["starling.arch"]; arch != "" && arch != m.Arch {
+			return fmt.Errorf("%s: %w (the file holds %s)", path, err, arch)
+		}
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	ts, err := readData(f, ents)

@@ -1,8 +1,6 @@
 package workload
 
 import (
-	"fmt"
-
 	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/nn"
 )
@@ -26,7 +24,7 @@ func (w *Workload) Models(be device.Backend, initFile string) (func(seed uint64)
 		return nil, err
 	}
 	if err := probe.LoadFile(initFile); err != nil {
-		return nil, fmt.Errorf("initial weights %w", err)
+		return nil, err
 	}
 	init := probe.Params
 	return func(seed uint64) (*nn.Model, error) {
