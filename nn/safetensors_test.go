@@ -195,3 +195,30 @@ func saved(t *testing.T, m *Model) []byte {
 	}
 	return b
 }
+
+// TestSaveParamsWith: extra metadata is written and read back by
+// ReadMetadata, and cannot override the format or the architecture.
+func TestSaveParamsWith(t *testing.T) {
+	m, _ := New("logreg", 1)
+	path := filepath.Join(t.TempDir(), "w.safetensors")
+	if err := m.SaveParamsWith(path, m.Params, map[string]string{"x.note": "hi", "starling.arch": "cnn", "format": "tf"}); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := ReadMetadata(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(meta) != 3 || meta["x.note"] != "hi" || meta["starling.arch"] != m.Arch || meta["format"] != "pt" {
+		t.Errorf("metadata %v", meta)
+	}
+	if err := m.LoadFile(path); err != nil {
+		t.Errorf("LoadFile: %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.safetensors")
+	if err := os.WriteFile(bad, []byte("nonsense"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadMetadata(bad); !errors.Is(err, ErrSafetensors) || !strings.HasPrefix(err.Error(), bad+": ") {
+		t.Errorf("ReadMetadata of a bad file: %v", err)
+	}
+}

@@ -20,6 +20,8 @@ var (
 	ErrModel = errors.New("workload: bad model")
 	// ErrData reports data the model cannot train on.
 	ErrData = errors.New("workload: unsuitable data")
+	// ErrVocab reports weights trained on another vocabulary.
+	ErrVocab = errors.New("workload: vocabulary mismatch")
 )
 
 // Config says which workload to load. The zero value of every field but

@@ -3,6 +3,7 @@ package workload
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -525,7 +526,7 @@ func TestModelsInit(t *testing.T) {
 		t.Fatal(err)
 	}
 	file := filepath.Join(t.TempDir(), "w.safetensors")
-	if err := src.SaveFile(file); err != nil {
+	if err := w.Save(src, file); err != nil {
 		t.Fatal(err)
 	}
 	be := device.NewCPU()
@@ -548,10 +549,59 @@ func TestModelsInit(t *testing.T) {
 	} else if m, _ := plain(5); !slices.Equal(m.Params, src.Params) || m.Backend().Name() != device.Default().Name() {
 		t.Errorf("Models(nil, \"\") differs from NewModel")
 	}
+	// The file records the vocabulary; one of the same size but other
+	// letters is refused, and a file without one (torch's) is not.
+	meta, err := nn.ReadMetadata(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v data.Vocab
+	if b, err := hex.DecodeString(meta[MetaVocab]); err != nil || v.UnmarshalBinary(b) != nil || v.Digest() != w.Vocab.Digest() {
+		t.Errorf("%s = %q does not decode to the vocabulary", MetaVocab, meta[MetaVocab])
+	}
+	other := mustLoad(t, Config{Model: tiny, Data: writeFiles(t, map[string]string{"x": strings.Repeat("abd\n", 30)})})
+	if other.Vocab.Size() != w.Vocab.Size() {
+		t.Fatalf("vocabularies of %d and %d", other.Vocab.Size(), w.Vocab.Size())
+	}
+	_, err = other.Models(nil, file)
+	checkOneLine(t, err, file, "trained on a byte vocabulary of 5 tokens", "this data has a byte vocabulary of 5 tokens")
+	if !errors.Is(err, ErrVocab) {
+		t.Errorf("%v does not wrap ErrVocab", err)
+	}
+	plainFile := filepath.Join(t.TempDir(), "plain.safetensors")
+	if err := src.SaveFile(plainFile); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Models(nil, plainFile); err != nil {
+		t.Errorf("a file without a vocabulary: %v", err)
+	}
+
 	wide := mustLoad(t, Config{Model: "charlm:layers=1,width=16,heads=2,ctx=8", Data: corpus})
 	_, err = wide.Models(nil, file)
 	checkOneLine(t, err, file, `tensor "transformer.wte.weight" has shape [5 8], the model's is [5 16]`)
 	if !errors.Is(err, nn.ErrShape) {
 		t.Errorf("%v does not wrap nn.ErrShape", err)
+	}
+}
+
+// TestSaveImage: an image model's file is the one nn's SaveFile writes.
+func TestSaveImage(t *testing.T) {
+	dir := idxDir(t, 4, 4, 6, [4]string{"train-images", "train-labels", "test-images", "test-labels"})
+	w := mustLoad(t, Config{Model: "logreg", Data: dir})
+	m, err := w.NewModel(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := filepath.Join(t.TempDir(), "a"), filepath.Join(t.TempDir(), "b")
+	if err := w.Save(m, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SaveFile(b); err != nil {
+		t.Fatal(err)
+	}
+	x, _ := os.ReadFile(a)
+	y, _ := os.ReadFile(b)
+	if len(x) == 0 || !bytes.Equal(x, y) {
+		t.Errorf("Save wrote %d bytes, SaveFile %d", len(x), len(y))
 	}
 }

@@ -54,7 +54,7 @@ func trainFlags(fs *flag.FlagSet) func() (trainOptions, error) {
 	dataDir := fs.String("data", "", "image models: folder of IDX files (default: MNIST from the GoMNIST module in the Go module cache); charlm: a text file or a folder of them (default: the Go standard library's sources)")
 	limit := fs.Int("limit", 0, "train on the first N samples only (0: all)")
 	jsonOut := fs.String("json", "", "write a JSON summary to this file (for charlm with val_bits_per_char and the curve of evaluations)")
-	save := fs.String("save", "", "save the trained weights to this safetensors file (a PyTorch state dict)")
+	save := fs.String("save", "", "save the trained weights to this safetensors file (a PyTorch state dict; for charlm its metadata holds the vocabulary)")
 	initW := fs.String("init", "", "start from the weights in this safetensors file instead of a random initialisation")
 	dev := fs.String("device", "cpu", "backend: cpu (the fastest CPU backend here), gonum, or cpu/ISA")
 	return func() (trainOptions, error) {
@@ -230,7 +230,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			100*sum.TestAccuracy, sum.TestLoss, sum.Epochs, sum.Steps, sum.WallS, sum.SamplesPerSec, sum.Backend)
 	}
 	if o.Save != "" {
-		if err := m.SaveFile(o.Save); err != nil {
+		if err := wl.Save(m, o.Save); err != nil {
 			return fmt.Errorf("train: saving weights: %w", err)
 		}
 	}

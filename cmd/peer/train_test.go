@@ -261,6 +261,27 @@ func TestTrainSaveInit(t *testing.T) {
 		!strings.Contains(err.Error(), `"transformer.wte.weight" has shape [`) || !strings.Contains(err.Error(), "the model's is [") {
 		t.Errorf("--init of another width: %v", err)
 	}
+	// Another corpus: a vocabulary of another size, then of the same.
+	other := filepath.Join(dir, "other.txt")
+	if err := os.WriteFile(other, []byte(strings.Repeat("0123456789 abc\n", 80)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = runPeer(t, "train", "--model", tinyLM, "--data", other, "--steps", "1", "--init", w1)
+	if err == nil || !strings.Contains(err.Error(), `"transformer.wte.weight" has shape [`) {
+		t.Errorf("--init from another corpus: %v", err)
+	}
+	w3 := filepath.Join(dir, "w3.safetensors")
+	if _, errOut, err := runPeer(t, "train", "--model", tinyLM, "--data", other, "--steps", "1", "--save", w3); err != nil {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	shifted := filepath.Join(dir, "shifted.txt")
+	if err := os.WriteFile(shifted, []byte(strings.Repeat("123456789: abc\n", 80)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = runPeer(t, "train", "--model", tinyLM, "--data", shifted, "--steps", "1", "--init", w3)
+	if err == nil || !strings.Contains(err.Error(), "trained on a byte vocabulary of 16 tokens") {
+		t.Errorf("--init with another vocabulary of the same size: %v", err)
+	}
 	_, _, err = runPeer(t, "train", "--model", tinyLM, "--data", corpus, "--init", filepath.Join(dir, "none.safetensors"))
 	if err == nil || !strings.Contains(err.Error(), "none.safetensors") {
 		t.Errorf("--init of a missing file: %v", err)
