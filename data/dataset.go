@@ -126,6 +126,22 @@ func Head(ds Dataset, n int) Dataset {
 	return v
 }
 
+// Spread returns a view of n samples of ds evenly spaced over it (sample
+// ⌊k·Len/n⌋ for k < n), or ds itself when n ≤ 0 or n ≥ ds.Len(): a fixed
+// evaluation subset that samples the whole dataset, where Head would take
+// its first documents only. The view is Labeled when ds is.
+func Spread(ds Dataset, n int) Dataset {
+	total := ds.Len()
+	if n <= 0 || n >= total {
+		return ds
+	}
+	idx := make([]int, n)
+	for k := range idx {
+		idx[k] = int(int64(k) * int64(total) / int64(n))
+	}
+	return Subset(ds, idx)
+}
+
 // view is a Subset (idx set) or a Head (idx nil: the first n samples) of
 // another Dataset.
 type view struct {

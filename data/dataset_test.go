@@ -98,6 +98,23 @@ func TestSubsetAndHead(t *testing.T) {
 	}
 }
 
+func TestSpread(t *testing.T) {
+	base := toy{n: 10, classes: 7}
+	sp := Spread(base, 4)
+	first, _ := batchOf(sp, []int{0, 1, 2, 3})
+	if sp.Len() != 4 || !reflect.DeepEqual(first, []float32{0, 2, 5, 7}) {
+		t.Fatalf("Spread(10 samples, 4): len %d, samples %v, want 0 2 5 7", sp.Len(), first)
+	}
+	for _, n := range []int{0, -1, 10, 11} {
+		if _, ok := Spread(base, n).(toy); !ok {
+			t.Errorf("Spread(ds, %d) must return ds", n)
+		}
+	}
+	if _, ok := Spread(newToyLabeled(10, 3), 3).(Labeled); !ok {
+		t.Error("a spread of a Labeled dataset is not Labeled")
+	}
+}
+
 func TestViewPanics(t *testing.T) {
 	mustPanic := func(name string, f func()) {
 		t.Helper()

@@ -92,13 +92,13 @@ func FindMNIST() (string, error) {
 	for _, cache := range modCaches() {
 		dir := filepath.Join(cache, "github.com", "petar", "!go!m!n!i!s!t@"+version, "data")
 		tried = append(tried, dir)
-		if hasMNIST(dir) {
+		if HasMNIST(dir) {
 			return dir, nil
 		}
 		// Any other version of the module ships the same files.
 		matches, _ := filepath.Glob(filepath.Join(cache, "github.com", "petar", "!go!m!n!i!s!t@*", "data"))
 		for _, m := range matches {
-			if hasMNIST(m) {
+			if HasMNIST(m) {
 				return m, nil
 			}
 		}
@@ -144,7 +144,9 @@ func anyExists(dirs []string) bool {
 	return false
 }
 
-func hasMNIST(dir string) bool {
+// HasMNIST reports whether dir holds MNIST's four IDX files by their
+// names (train-images-idx3-ubyte, …, each raw or .gz).
+func HasMNIST(dir string) bool {
 	for _, f := range mnistFiles {
 		if findFile(dir, f) == "" {
 			return false

@@ -49,7 +49,8 @@ func ExampleNewModel() {
 }
 
 // Weights saved from one model and loaded into another that does not
-// match are refused with one line that names the tensor and both shapes.
+// match are refused with one line that names the tensor, both shapes and
+// the architecture the file was saved from.
 func ExampleModel_LoadFile() {
 	dir, err := os.MkdirTemp("", "weights")
 	if err != nil {
@@ -67,5 +68,5 @@ func ExampleModel_LoadFile() {
 	err = m.LoadFile(path)
 	fmt.Println(strings.TrimPrefix(err.Error(), dir+string(filepath.Separator)))
 	// Output:
-	// w.safetensors: nn: shape mismatch: tensor "0.weight" has shape [128 784], the model's is [200 784]
+	// w.safetensors: nn: shape mismatch: tensor "0.weight" has shape [128 784], the model's is [200 784] (the file holds mlp:784-128-10)
 }

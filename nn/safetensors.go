@@ -310,12 +310,40 @@ func (m *Model) SaveFile(path string) error { return m.SaveParams(path, m.Params
 // own parameters are not used. Errors wrap ErrShape if params is not of
 // the model's size.
 func (m *Model) SaveParams(path string, params []float32) error {
+	return m.SaveParamsWith(path, params, nil)
+}
+
+// SaveParamsWith is SaveParams with more metadata, such as a text
+// model's vocabulary; "format" and "starling.arch" are SaveFile's and
+// cannot be overridden. meta is only read.
+func (m *Model) SaveParamsWith(path string, params []float32, meta map[string]string) error {
 	if len(params) != len(m.Params) {
 		return fmt.Errorf("%w: %d values to save as %s, which has %d parameters", ErrShape, len(params), m.Arch, len(m.Params))
 	}
+	all := map[string]string{}
+	for k, v := range meta {
+		all[k] = v
+	}
+	all["format"], all["starling.arch"] = "pt", m.Arch
 	return atomicfile.Write(path, 0o644, func(w io.Writer) error {
-		return WriteSafetensors(w, m.tensorsOf(params), map[string]string{"format": "pt", "starling.arch": m.Arch})
+		return WriteSafetensors(w, m.tensorsOf(params), all)
 	})
+}
+
+// ReadMetadata returns the metadata of a safetensors file, reading its
+// header only. Errors start with the path and wrap ErrSafetensors or
+// ErrDtype for a malformed header.
+func ReadMetadata(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	_, meta, err := readHeader(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return meta, nil
 }
 
 // LoadFile sets the model's parameters from a safetensors file: one
@@ -324,7 +352,8 @@ func (m *Model) SaveParams(path string, params []float32) error {
 // state dict in F32: every parameter with its shape and no other tensor;
 // names and shapes are checked against the header before any data is
 // read. Errors are one line that starts with the path and wraps ErrShape
-// (naming the tensor and both shapes), ErrDtype or ErrSafetensors; on
+// (naming the tensor, both shapes and, from a file SaveFile wrote, the
+// file's architecture when it is another), ErrDtype or ErrSafetensors; on
 // error the model is unchanged.
 func (m *Model) LoadFile(path string) error {
 	f, err := os.Open(path)
@@ -332,7 +361,7 @@ func (m *Model) LoadFile(path string) error {
 		return err
 	}
 	defer f.Close()
-	ents, _, err := readHeader(f)
+	ents, meta, err := readHeader(f)
 	if err != nil {
 		if errors.Is(err, ErrSafetensors) {
 			return fmt.Errorf("%s: %w (is it a weights file for %s?)", path, err, m.Arch)
@@ -344,6 +373,9 @@ func (m *Model) LoadFile(path string) error {
 		decl[i] = Tensor{Name: e.name, Shape: e.Shape}
 	}
 	if err := m.fits(decl); err != nil {
+		if arch := meta["starling.arch"]; arch != "" && arch != m.Arch {
+			return fmt.Errorf("%s: %w (the file holds %s)", path, err, arch)
+		}
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	ts, err := readData(f, ents)

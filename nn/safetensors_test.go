@@ -122,6 +122,7 @@ func TestLoadFileRefuses(t *testing.T) {
 		{"missing", write(ts[:len(ts)-1]), ErrShape, `tensor "4.bias" is missing (the model's has shape [10])`},
 		{"extra", write(append(slices.Clone(ts), Tensor{Name: "5.weight", Shape: []int{1}, Data: []float32{0}})), ErrShape, `tensor "5.weight" is not a parameter of mlp:784-200-200-10`},
 		{"renamed", write(append(slices.Clone(ts[:len(ts)-1]), Tensor{Name: "4.b", Shape: []int{10}, Data: make([]float32, 10)})), ErrShape, `tensor "4.bias" is missing`},
+		{"other arch", saved(t, small), ErrShape, `tensor "0.weight" has shape [128 784], the model's is [200 784] (the file holds mlp:784-128-10)`},
 		{"F16", withDtype(full, "F16"), ErrDtype, `has dtype "F16"; only F32 is supported`},
 		{"truncated", full[:len(full)-1], ErrSafetensors, `data of "4.bias"`},
 		{"garbage", []byte("not a weights file at all"), ErrSafetensors, "is it a weights file for mlp:784-200-200-10?"},
@@ -179,4 +180,45 @@ func FuzzReadSafetensors(f *testing.F) {
 			t.Fatalf("re-encoding a decoded file: %v", err)
 		}
 	})
+}
+
+// saved returns the bytes SaveFile writes for m.
+func saved(t *testing.T, m *Model) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m.safetensors")
+	if err := m.SaveFile(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestSaveParamsWith: extra metadata is written and read back by
+// ReadMetadata, and cannot override the format or the architecture.
+func TestSaveParamsWith(t *testing.T) {
+	m, _ := New("logreg", 1)
+	path := filepath.Join(t.TempDir(), "w.safetensors")
+	if err := m.SaveParamsWith(path, m.Params, map[string]string{"x.note": "hi", "starling.arch": "cnn", "format": "tf"}); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := ReadMetadata(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(meta) != 3 || meta["x.note"] != "hi" || meta["starling.arch"] != m.Arch || meta["format"] != "pt" {
+		t.Errorf("metadata %v", meta)
+	}
+	if err := m.LoadFile(path); err != nil {
+		t.Errorf("LoadFile: %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.safetensors")
+	if err := os.WriteFile(bad, []byte("nonsense"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadMetadata(bad); !errors.Is(err, ErrSafetensors) || !strings.HasPrefix(err.Error(), bad+": ") {
+		t.Errorf("ReadMetadata of a bad file: %v", err)
+	}
 }

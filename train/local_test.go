@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -119,5 +120,28 @@ func TestSlowdownIgnoresPauses(t *testing.T) {
 	}
 	if got != 200*ms {
 		t.Fatalf("after 20 steps of 100 ms: wait %v, want 200ms", got)
+	}
+}
+
+// TestLocalStepLoss: each step's Progress carries that step's loss, whose
+// mean over equal batches is the epoch's running mean.
+func TestLocalStepLoss(t *testing.T) {
+	tr, _ := mnist(t)
+	cfg := DefaultLocalConfig()
+	cfg.Model, cfg.Epochs = "logreg", 1
+	var sum float64
+	steps := 0
+	_, _, err := Local(context.Background(), cfg, tr.Head(640), nil, func(p Progress) {
+		if p.EpochDone || p.Evaluated {
+			return
+		}
+		steps++
+		sum += p.StepLoss
+		if p.StepLoss <= 0 || math.Abs(sum/float64(steps)-p.Loss) > 1e-9 {
+			t.Errorf("step %d: step loss %v, running mean %v, mean of step losses %v", p.Step, p.StepLoss, p.Loss, sum/float64(steps))
+		}
+	})
+	if err != nil || steps != 10 {
+		t.Fatalf("%d steps: %v", steps, err)
 	}
 }

@@ -62,7 +62,8 @@ type Worker struct {
 	Sched nn.Schedule
 	cfg   WorkerConfig
 	it    *data.Iterator
-	shard *data.Set
+	shard data.Dataset
+	build ModelFunc
 
 	// Steps counts optimiser steps taken; Samples the samples trained on.
 	Steps, Samples int
@@ -76,20 +77,53 @@ type Worker struct {
 	stepTime time.Duration
 }
 
-// NewWorker builds a worker training on shard.
-func NewWorker(cfg WorkerConfig, shard *data.Set) (*Worker, error) {
+// ModelFunc builds a model initialised from seed. The same seed must give
+// the same model: peers that start from one model share the seed.
+type ModelFunc func(seed uint64) (*nn.Model, error)
+
+// Arch returns the ModelFunc of an nn.New architecture (the MNIST-shaped
+// built-in models: "logreg", "mlp", "mlp:784-…-10", "cnn").
+func Arch(arch string) ModelFunc {
+	return func(seed uint64) (*nn.Model, error) { return nn.New(arch, seed) }
+}
+
+// WorkerOption is an extra of NewWorker and Local.
+type WorkerOption func(*workerOptions)
+
+type workerOptions struct{ build ModelFunc }
+
+// WithModel builds the model with f instead of nn.New(cfg.Model): a model
+// whose shape comes from its data, such as a workload's.
+func WithModel(f ModelFunc) WorkerOption { return func(o *workerOptions) { o.build = f } }
+
+func resolveWorker(model string, opts []WorkerOption) ModelFunc {
+	var o workerOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.build == nil {
+		return Arch(model)
+	}
+	return o.build
+}
+
+// NewWorker builds a worker training on shard the model nn.New(cfg.Model,
+// cfg.ModelSeed) builds, or WithModel's. The model must fit the shard: its
+// input size, its targets per sample, and at least the shard's classes.
+func NewWorker(cfg WorkerConfig, shard data.Dataset, opts ...WorkerOption) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if shard == nil || shard.Len() == 0 {
 		return nil, fmt.Errorf("train: worker has no data")
 	}
-	m, err := nn.New(cfg.Model, cfg.ModelSeed)
+	build := resolveWorker(cfg.Model, opts)
+	m, err := build(cfg.ModelSeed)
 	if err != nil {
 		return nil, err
 	}
-	if shard.Dim != m.Input.Size() {
-		return nil, fmt.Errorf("train: model %s takes %d inputs, data has %d", m.Arch, m.Input.Size(), shard.Dim)
+	if err := fits(m, shard); err != nil {
+		return nil, err
 	}
 	opt, err := nn.NewOptimizer(cfg.Optimizer, cfg.WeightDecay, nn.WithBackend(m.Backend()))
 	if err != nil {
@@ -103,8 +137,30 @@ func NewWorker(cfg WorkerConfig, shard *data.Set) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{Model: m, Opt: opt, Sched: sched, cfg: cfg, it: data.NewIterator(shard, cfg.Batch, cfg.DataSeed), shard: shard}, nil
+	return &Worker{Model: m, Opt: opt, Sched: sched, cfg: cfg, it: data.NewIterator(shard, cfg.Batch, cfg.DataSeed), shard: shard, build: build}, nil
 }
+
+// fits reports a model that cannot train on ds.
+func fits(m *nn.Model, ds data.Dataset) error {
+	if in := data.InputSize(ds); in != m.Input.Size() {
+		return fmt.Errorf("train: model %s takes %d inputs, data has %d", m.Arch, m.Input.Size(), in)
+	}
+	targets, err := m.Loss().Targets(m.Output)
+	if err != nil {
+		return err
+	}
+	if targets != ds.Targets() {
+		return fmt.Errorf("train: model %s scores %d targets a sample, data has %d", m.Arch, targets, ds.Targets())
+	}
+	if ds.NumClasses() > m.Classes {
+		return fmt.Errorf("train: model %s has %d classes, data has %d", m.Arch, m.Classes, ds.NumClasses())
+	}
+	return nil
+}
+
+// NewModel builds another model of the worker's architecture, initialised
+// from seed (an evaluator's copy, say).
+func (w *Worker) NewModel(seed uint64) (*nn.Model, error) { return w.build(seed) }
 
 // Config returns the worker's configuration.
 func (w *Worker) Config() WorkerConfig { return w.cfg }
@@ -213,7 +269,8 @@ func (w *Worker) LocalSteps(ctx context.Context, k int) (meanLoss float64, sampl
 	return meanLoss, samples, nil
 }
 
-// Evaluate returns the model's loss and accuracy on set.
-func (w *Worker) Evaluate(set *data.Set) (loss, acc float64) {
-	return w.Model.Evaluate(set.X, set.Y, 1000)
+// Evaluate returns the model's mean loss and accuracy (per target: the
+// next-token accuracy of a language model) on ds; see Evaluate.
+func (w *Worker) Evaluate(ds data.Dataset) (loss, acc float64) {
+	return Evaluate(w.Model, ds)
 }
