@@ -1,0 +1,81 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/starling-ml/starling/internal/cli"
+	"github.com/starling-ml/starling/internal/peerrun"
+	"github.com/starling-ml/starling/train"
+	"github.com/starling-ml/starling/workload"
+)
+
+// runOptions parses `peer run` flags, layered over env, into Options.
+func runOptions(t *testing.T, env map[string]string, args ...string) (peerrun.Options, error) {
+	t.Helper()
+	var errb strings.Builder
+	fs := newFlagSet("run", &errb)
+	build := runFlags(fs, &errb)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Layer(fs, "", func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	return build()
+}
+
+// TestRunTuning: the language model's Tuning fills in every setting no
+// flag, variable or config file set; the image models keep the flags'
+// defaults; DiLoCo keeps its own H.
+func TestRunTuning(t *testing.T) {
+	tu := workload.CharLMTuning
+	def := train.DefaultWorkerConfig()
+	cases := []struct {
+		name        string
+		env         map[string]string
+		args        []string
+		opt         string
+		lr          float32
+		batch       int
+		localSteps  int
+		localEpochs int
+		schedule    string
+	}{
+		{"mnist", nil, nil, def.Optimizer, def.LR, def.Batch, 0, 1, "constant"},
+		{"charlm", nil, []string{"--model", "charlm"}, tu.Optimizer, tu.LR, tu.Batch, tu.LocalSteps, 0, tu.Schedule},
+		{"charlm explicit", map[string]string{"STARLING_BATCH": "4"}, []string{"--model", "charlm:width=64", "--lr", "0.01", "--optimizer", "sgd"},
+			"sgd", 0.01, 4, tu.LocalSteps, 0, tu.Schedule},
+		{"charlm epochs", nil, []string{"--model", "charlm", "--local-epochs", "2"}, tu.Optimizer, tu.LR, tu.Batch, 0, 2, tu.Schedule},
+		{"charlm diloco", nil, []string{"--model", "charlm", "--strategy", "diloco:h=7"}, tu.Optimizer, tu.LR, tu.Batch, 7, 0, tu.Schedule},
+	}
+	for _, c := range cases {
+		o, err := runOptions(t, c.env, c.args...)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		w := o.Worker
+		if w.Optimizer != c.opt || w.LR != c.lr || w.Batch != c.batch || w.Schedule != c.schedule {
+			t.Errorf("%s: optimizer %s lr %v batch %d schedule %s, want %s %v %d %s", c.name, w.Optimizer, w.LR, w.Batch, w.Schedule, c.opt, c.lr, c.batch, c.schedule)
+		}
+		if o.Fed.LocalSteps != c.localSteps || o.Fed.LocalEpochs != c.localEpochs {
+			t.Errorf("%s: local steps %d epochs %d, want %d %d", c.name, o.Fed.LocalSteps, o.Fed.LocalEpochs, c.localSteps, c.localEpochs)
+		}
+	}
+	if o, _ := runOptions(t, nil, "--model", "charlm"); o.Worker.WeightDecay != tu.WeightDecay || o.Worker.ClipNorm != tu.ClipNorm {
+		t.Errorf("charlm: weight decay %v clip %v, want %v %v", o.Worker.WeightDecay, o.Worker.ClipNorm, tu.WeightDecay, tu.ClipNorm)
+	}
+}
+
+// TestRunDevice: --device names a backend, which reaches the options; an
+// unknown name is a one-line error.
+func TestRunDevice(t *testing.T) {
+	o, err := runOptions(t, nil, "--device", "gonum")
+	if err != nil || o.Backend == nil || o.Backend.Name() != "cpu/gonum" {
+		t.Fatalf("--device gonum: %v, backend %v", err, o.Backend)
+	}
+	_, err = runOptions(t, nil, "--device", "tpu")
+	if err == nil || !strings.Contains(err.Error(), `--device: device: unknown backend "tpu"`) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("--device tpu: %v", err)
+	}
+}
