@@ -63,6 +63,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	batch := fs.Int("batch", wk.Batch, "local batch size B")
 	lr := fs.Float64("lr", float64(wk.LR), "local learning rate")
 	opt := fs.String("optimizer", wk.Optimizer, "local optimizer: sgd, momentum, nesterov, adam, adamw")
+	sched := fs.String("schedule", wk.Schedule, "learning-rate schedule over this peer's steps: constant, step[:EVERY,GAMMA], cosine, or warmup:STEPS+<schedule> (a decay needs --steps or rounds to end at)")
 	wd := fs.Float64("wd", 0, "weight decay")
 	clip := fs.Float64("clip", 0, "clip local gradients to this global norm (0: off)")
 	seed := fs.Uint64("seed", 1, "model initialisation seed (the same on every peer) and sampling seed")
@@ -122,7 +123,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		o.Swarm.Gossip.Namespace = *swarmName
 		o.Swarm.Aggregate.StallTimeout = *stall
 		o.Swarm.Aggregate.Rule = aggRule
-		o.Worker = train.WorkerConfig{Model: *model, Batch: *batch, LR: float32(*lr), Optimizer: *opt, Schedule: "constant",
+		o.Worker = train.WorkerConfig{Model: *model, Batch: *batch, LR: float32(*lr), Optimizer: *opt, Schedule: *sched,
 			WeightDecay: float32(*wd), ClipNorm: *clip, ModelSeed: *seed, DataSeed: *seed*7919 + uint64(o.Shard) + 1, Slowdown: *slow}
 		o.Fed = fed
 		if err := o.Fed.ParseStrategy(*strategy); err != nil {
@@ -174,7 +175,9 @@ func applyTuning(fs *flag.FlagSet, o *peerrun.Options) error {
 	if !set["batch"] {
 		w.Batch = tu.Batch
 	}
-	w.Schedule = tu.Schedule
+	if !set["schedule"] {
+		w.Schedule = tu.Schedule
+	}
 	// DiLoCo's H is its own (--strategy diloco:h=H).
 	if !set["local-steps"] && !set["local-epochs"] && o.Fed.Strategy != "diloco" {
 		o.Fed.LocalSteps, o.Fed.LocalEpochs = tu.LocalSteps, 0

@@ -46,6 +46,7 @@ func TestRunTuning(t *testing.T) {
 		{"charlm", nil, []string{"--model", "charlm"}, tu.Optimizer, tu.LR, tu.Batch, tu.LocalSteps, 0, tu.Schedule},
 		{"charlm explicit", map[string]string{"STARLING_BATCH": "4"}, []string{"--model", "charlm:width=64", "--lr", "0.01", "--optimizer", "sgd"},
 			"sgd", 0.01, 4, tu.LocalSteps, 0, tu.Schedule},
+		{"charlm schedule", nil, []string{"--model", "charlm", "--schedule", "cosine"}, tu.Optimizer, tu.LR, tu.Batch, tu.LocalSteps, 0, "cosine"},
 		{"charlm epochs", nil, []string{"--model", "charlm", "--local-epochs", "2"}, tu.Optimizer, tu.LR, tu.Batch, 0, 2, tu.Schedule},
 		{"charlm diloco", nil, []string{"--model", "charlm", "--strategy", "diloco:h=7"}, tu.Optimizer, tu.LR, tu.Batch, 7, 0, tu.Schedule},
 	}
