@@ -36,7 +36,9 @@ var ErrUsage = errors.New("peer run")
 
 // Options is everything `peer run` was told.
 type Options struct {
-	Mode     string
+	Mode string
+	// Swarm configures the peer; Run sets Swarm.Gossip.Model to the
+	// workload's ID.
 	Swarm    swarm.Config
 	Connect  []string      // multiaddrs to dial directly at start
 	MinPeers int           // wait for this many live peers (with this one) before training
