@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
@@ -78,5 +83,48 @@ func TestRunDevice(t *testing.T) {
 	_, err = runOptions(t, nil, "--device", "tpu")
 	if err == nil || !strings.Contains(err.Error(), `--device: device: unknown backend "tpu"`) || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("--device tpu: %v", err)
+	}
+}
+
+// TestRunCharLMBadInput: bad input to a charlm run is a one-line error
+// that names the problem, given before the peer joins a swarm.
+func TestRunCharLMBadInput(t *testing.T) {
+	dir := t.TempDir()
+	corpus := tinyCorpus(t)
+	narrow, err := workload.Load(workload.Config{Model: "charlm:layers=1,width=8,heads=2,ctx=16", Data: corpus})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := narrow.NewModel(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weights := filepath.Join(dir, "narrow.safetensors")
+	if err := m.SaveFile(weights); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty.txt")
+	os.WriteFile(empty, nil, 0o644)
+	base := []string{"run", "--model", tinyCharLM, "--data", corpus, "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}
+	cases := map[string]struct {
+		args []string
+		want string
+	}{
+		"label partition":  {[]string{"--partition", "shards"}, "--partition shards splits by label"},
+		"init shape":       {[]string{"--init", weights}, `tensor "transformer.wte.weight" has shape`},
+		"init missing":     {[]string{"--init", filepath.Join(dir, "none.safetensors")}, "--init: open"},
+		"init not weights": {[]string{"--init", corpus}, "is it a weights file"},
+		"empty corpus":     {[]string{"--data", empty}, "empty"},
+		"bad spec":         {[]string{"--model", "charlm:width=0"}, "width"},
+		"unknown device":   {[]string{"--device", "tpu"}, "unknown backend"},
+	}
+	for name, c := range cases {
+		var out, errb strings.Builder
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := run(ctx, append(slices.Clone(base), c.args...), &out, &errb)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(strings.TrimSpace(err.Error()), "\n") {
+			t.Errorf("%s: err = %v, want one line mentioning %q", name, err, c.want)
+		}
 	}
 }
