@@ -67,9 +67,15 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 }
 
 // Config holds the knobs of a Runner. Every member of a round must use the
-// same Rule, Algorithm, TreeMaxBytes and ChunkElems (peers that do not are
-// excluded with ErrConfigMismatch).
+// same Model, Rule, Algorithm, TreeMaxBytes and ChunkElems (peers that do
+// not are excluded with ErrConfigMismatch).
 type Config struct {
+	// Model is the id of the model whose vectors the rounds reduce (an
+	// architecture digest, workload.Workload.ID): peers of another model
+	// are excluded from a round with ErrConfigMismatch instead of having
+	// their vectors averaged in. Default "" (every peer trains one model).
+	Model string
+
 	// Rule is the aggregation rule. Default Mean{} (FedAvg's weighted
 	// mean, weights = sample counts).
 	Rule rule.Rule

@@ -155,6 +155,12 @@ func failCases() []failCase {
 				cfg.Rule = rule.Median{}
 				s.runners[v], _ = aggregate.NewRunner(s.ids[v], s.net.Join(s.ids[v]), cfg)
 			}},
+		{name: "tree/bad/model", algo: T, n: 5, victim: 2, want: aggregate.ErrConfigMismatch, victimErr: aggregate.ErrConfigMismatch,
+			setup: func(s *swarm, v int, _ [][]float32, _ *aggregate.Group) {
+				cfg := s.runners[v].Config()
+				cfg.Model = "charlm-0123456789abcdef"
+				s.runners[v], _ = aggregate.NewRunner(s.ids[v], s.net.Join(s.ids[v]), cfg)
+			}},
 		{name: "butterfly/bad/group-view", algo: B, n: 5, victim: 0, want: aggregate.ErrGroupMismatch, victimErr: aggregate.ErrGroupMismatch,
 			setup: func(s *swarm, v int, _ [][]float32, g *aggregate.Group) {
 				*g, _ = aggregate.Form(g.Round(), append(g.Members(), "ghost"))

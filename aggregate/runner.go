@@ -247,9 +247,12 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 }
 
 // configHash identifies the settings every member of a round must share.
-func configHash(rule rule.Rule, algo Algorithm, chunk int, d int, comp *Compression) uint64 {
+func configHash(model string, rule rule.Rule, algo Algorithm, chunk int, d int, comp *Compression) uint64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "starling/aggregate/v1|%s|%s|%d|%d", rule, algo, chunk, d)
+	if model != "" {
+		fmt.Fprintf(h, "|model=%q", model)
+	}
 	if comp != nil {
 		fmt.Fprintf(h, "|%s", comp.spec)
 	}
@@ -296,7 +299,7 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 	algo := r.cfg.resolve(len(src), n)
 	a := &attempt{
 		r: r, g: g, n: n, rank: g.Rank(r.self), algo: algo, chunk: r.cfg.chunkElems(len(src), n, algo),
-		cfg: configHash(r.cfg.Rule, algo, r.cfg.ChunkElems, len(src), r.comp),
+		cfg: configHash(r.cfg.Model, r.cfg.Rule, algo, r.cfg.ChunkElems, len(src), r.comp),
 		src: src, dst: dst, weight: weight, stall: r.cfg.StallTimeout,
 		blame: make([]kind, n), lastHeard: make([]atomic.Int64, n), votes: make([]peerVote, n),
 		sends: make([]atomic.Int64, n), sending: make([]atomic.Int64, n),

@@ -18,7 +18,10 @@ import (
 	"github.com/starling-ml/starling/peerid"
 )
 
-// Config gathers the settings of a peer's parts.
+// Config gathers the settings of a peer's parts. Gossip.Model is the id of
+// the model the peer trains; the all-reduce takes it too when
+// Aggregate.Model is empty, so that peers of another model are neither
+// members (the control plane ignores them) nor admitted to a round.
 type Config struct {
 	Node      node.Config
 	Gossip    gossip.Config
@@ -136,6 +139,9 @@ func assemble(cfg Config, opts []Option, own bool, newNode func([]node.Option) (
 }
 
 func build(n *node.Node, cfg Config, o options) (*Peer, error) {
+	if cfg.Aggregate.Model == "" {
+		cfg.Aggregate.Model = cfg.Gossip.Model
+	}
 	var gopts []gossip.Option
 	var ropts []aggregate.Option
 	if o.be != nil {

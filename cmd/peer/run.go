@@ -14,10 +14,12 @@ import (
 
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
+	"github.com/starling-ml/starling/workload"
 )
 
 func init() {
@@ -51,20 +53,24 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	aggRule := sw.Aggregate.Rule
 	fs.Var(rule.Flag{Rule: &aggRule}, "aggregate", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L (default "+aggRule.String()+")")
 	// Data.
-	dataDir := fs.String("data", "", "folder with the MNIST IDX files (default: the GoMNIST module in the Go module cache)")
-	partition := fs.String("partition", "iid", "how the data is split between peers: iid, shards (2 label shards each) or dirichlet:α")
+	dataDir := fs.String("data", "", "image models: folder of IDX files (default: MNIST from the GoMNIST module in the Go module cache); charlm: a text file or folder (default: the Go standard library's sources)")
+	partition := fs.String("partition", "iid", "how the data is split between peers: iid, shards (2 label shards each) or dirichlet:α (the last two need labels: image models only)")
 	shard := fs.String("shard", "0/1", "this peer's part K/N of the partition")
-	dataSeed := fs.Uint64("data-seed", 1, "seed of the partition (the same on every peer)")
+	dataSeed := fs.Uint64("data-seed", 1, "seed of the partition and of a text corpus's validation split (the same on every peer)")
 	limit := fs.Int("limit", 0, "use only the first N training samples (0: all)")
 	// Model and local training.
-	model := fs.String("model", wk.Model, "model: logreg, mlp (784-200-200-10), mlp:784-W-…-10, cnn")
+	model := fs.String("model", wk.Model, "model: logreg, mlp (784-200-200-10), mlp:784-W-…-10, cnn, or charlm[:layers=L,width=W,heads=H,ctx=T,…] (a character-level transformer with its own defaults for the flags below)")
 	batch := fs.Int("batch", wk.Batch, "local batch size B")
 	lr := fs.Float64("lr", float64(wk.LR), "local learning rate")
 	opt := fs.String("optimizer", wk.Optimizer, "local optimizer: sgd, momentum, nesterov, adam, adamw")
+	sched := fs.String("schedule", wk.Schedule, "learning-rate schedule over this peer's steps: constant, step[:EVERY,GAMMA], cosine, or warmup:STEPS+<schedule> (a decay needs --steps or rounds to end at)")
 	wd := fs.Float64("wd", 0, "weight decay")
 	clip := fs.Float64("clip", 0, "clip local gradients to this global norm (0: off)")
 	seed := fs.Uint64("seed", 1, "model initialisation seed (the same on every peer) and sampling seed")
 	slow := fs.Float64("slowdown", 0, "make this peer N times slower (straggler experiments)")
+	dev := fs.String("device", "cpu", "backend the model and the all-reduce compute on: cpu (the fastest here), gonum, or cpu/ISA")
+	initFile := fs.String("init", "", "start from these weights: a safetensors state dict of the model (from --save, peer train --save or torch)")
+	save := fs.String("save", "", "write the final model to this file as a PyTorch state dict (safetensors)")
 	// Federated.
 	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H]")
 	rounds := fs.Int("rounds", 20, "federated rounds")
@@ -90,7 +96,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
 			Partition: *partition, DataSeed: *dataSeed, Limit: *limit, Checkpoint: *ckpt, Resume: *resume,
-			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: compress}
+			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: compress, Init: *initFile, Save: *save}
 		log, err := textLogger(*logLevel, stderr)
 		if err != nil {
 			return o, err
@@ -115,10 +121,9 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		}
 		o.Connect = connect
 		o.Swarm.Gossip.Namespace = *swarmName
-		o.Swarm.Gossip.Model = *model
 		o.Swarm.Aggregate.StallTimeout = *stall
 		o.Swarm.Aggregate.Rule = aggRule
-		o.Worker = train.WorkerConfig{Model: *model, Batch: *batch, LR: float32(*lr), Optimizer: *opt, Schedule: "constant",
+		o.Worker = train.WorkerConfig{Model: *model, Batch: *batch, LR: float32(*lr), Optimizer: *opt, Schedule: *sched,
 			WeightDecay: float32(*wd), ClipNorm: *clip, ModelSeed: *seed, DataSeed: *seed*7919 + uint64(o.Shard) + 1, Slowdown: *slow}
 		o.Fed = fed
 		if err := o.Fed.ParseStrategy(*strategy); err != nil {
@@ -131,9 +136,62 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 			o.Fed.LocalEpochs = *epochs
 		}
 		o.Sync, o.Async = buildSync(), buildAsync()
+		if err := applyTuning(fs, &o); err != nil {
+			return o, err
+		}
+		if o.Backend, err = deviceByName(*dev); err != nil {
+			return o, err
+		}
 		o.Log = log
 		return o, nil
 	}
+}
+
+// applyTuning sets the settings of the model's workload.Tuning that no flag
+// set explicitly (on the command line, in the environment or the config
+// file): the optimiser, its rate, schedule, weight decay and clipping, the
+// batch, and a federated round's local steps. Models without a Tuning
+// keep the flags' defaults.
+func applyTuning(fs *flag.FlagSet, o *peerrun.Options) error {
+	tu, ok, err := workload.TuningOf(o.Worker.Model)
+	if err != nil || !ok {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	w := &o.Worker
+	if !set["optimizer"] {
+		w.Optimizer = tu.Optimizer
+	}
+	if !set["lr"] {
+		w.LR = tu.LR
+	}
+	if !set["wd"] {
+		w.WeightDecay = tu.WeightDecay
+	}
+	if !set["clip"] {
+		w.ClipNorm = tu.ClipNorm
+	}
+	if !set["batch"] {
+		w.Batch = tu.Batch
+	}
+	if !set["schedule"] {
+		w.Schedule = tu.Schedule
+	}
+	// DiLoCo's H is its own (--strategy diloco:h=H).
+	if !set["local-steps"] && !set["local-epochs"] && o.Fed.Strategy != "diloco" {
+		o.Fed.LocalSteps, o.Fed.LocalEpochs = tu.LocalSteps, 0
+	}
+	return nil
+}
+
+// deviceByName returns the backend --device names.
+func deviceByName(name string) (device.Backend, error) {
+	be, err := device.ByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("--device: %w", err)
+	}
+	return be, nil
 }
 
 // textLogger returns a text logger on w at the level a --log-level flag

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
@@ -158,9 +159,9 @@ type evaluator struct {
 	o        AsyncOptions
 
 	mu       sync.Mutex
-	eval     *train.Worker // holds the snapshot being evaluated
-	next     int           // steps at which the next evaluation is due
-	last     []float32     // the snapshot being reported
+	eval     *nn.Model // holds the snapshot being evaluated
+	next     int       // steps at which the next evaluation is due
+	last     []float32 // the snapshot being reported
 	lastStep int
 	err      error
 }
@@ -194,15 +195,15 @@ func (e *evaluator) Snapshot(p string, at time.Duration, updates int, params []f
 // report evaluates e.last and checkpoints it; e.mu is held.
 func (e *evaluator) report(note string) {
 	if e.eval == nil {
-		w, err := train.NewWorker(e.env.Worker.Config(), e.env.Test.Head(1))
+		m, err := e.env.Worker.NewModel(0)
 		if err != nil {
 			e.err = err
 			return
 		}
-		e.eval = w
+		e.eval = m
 	}
-	copy(e.eval.Model.Params, e.last)
-	loss, acc := e.eval.Evaluate(e.env.Test)
+	copy(e.eval.Params, e.last)
+	loss, acc := train.Evaluate(e.eval, e.env.Test)
 	// Not ck.Capture: exchanges served for other peers may be writing the
 	// worker's parameters; the optimiser state is this goroutine's.
 	w := e.env.Worker

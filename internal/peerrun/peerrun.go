@@ -1,6 +1,8 @@
-// Package peerrun is `peer run`: it joins a swarm, loads this peer's data
-// shard, and trains with the chosen strategy, with checkpoints, progress
-// and a summary. Strategy families register themselves as modes.
+// Package peerrun is `peer run`: it loads the workload (model and data,
+// workload.Load), joins a swarm of peers training the same architecture,
+// takes this peer's data shard, and trains with the chosen strategy, with
+// checkpoints, progress and a summary. Strategy families register
+// themselves as modes.
 package peerrun
 
 import (
@@ -14,14 +16,19 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/device"
+	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/internal/plot"
+	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
+	"github.com/starling-ml/starling/workload"
 )
 
 // ErrUsage reports options that contradict each other or cannot work.
@@ -29,21 +36,39 @@ var ErrUsage = errors.New("peer run")
 
 // Options is everything `peer run` was told.
 type Options struct {
-	Mode     string
+	Mode string
+	// Swarm configures the peer; Run sets Swarm.Gossip.Model to the
+	// workload's ID.
 	Swarm    swarm.Config
 	Connect  []string      // multiaddrs to dial directly at start
 	MinPeers int           // wait for this many live peers (with this one) before training
 	Wait     time.Duration // how long to wait for them
 
+	// DataDir is the workload's data: a folder of IDX files for the image
+	// models (default MNIST), a text file or folder for charlm (default the
+	// Go standard library's sources). Worker.Model is the model spec.
 	DataDir   string
-	Partition string // iid, shards, dirichlet:α
+	Partition string // iid, shards, dirichlet:α (the last two need labels)
 	Shard     int    // this peer's part …
 	Shards    int    // … of this many
 	DataSeed  uint64
 	Limit     int // use the first N training samples only (0: all)
 
+	// Worker configures local training. A schedule other than constant
+	// spans the run: TotalSteps, when 0, becomes the steps the mode is to
+	// take (Horizon).
 	Worker train.WorkerConfig
 	Fed    train.FedConfig
+	// Init is a safetensors file every peer starts from (the model's state
+	// dict exactly; "" for the seeded initialisation). A checkpoint
+	// resumed from wins over it.
+	Init string
+	// Save receives the final model, as a PyTorch state dict in
+	// safetensors form (nn.Model.SaveFile), when training ends well.
+	Save string
+	// Backend is the device the model and the all-reduce compute on
+	// (nil: device.Default()).
+	Backend device.Backend
 	// Sync holds the settings of --mode sync.
 	Sync SyncOptions
 	// Async holds the settings of --mode async and --mode gossip.
@@ -71,7 +96,10 @@ type Env struct {
 	Opts     *Options
 	Peer     *swarm.Peer
 	Worker   *train.Worker
-	Test     *data.Set
+	Workload *workload.Workload
+	// Test is the test set: the workload's test split, or for text its
+	// validation windows.
+	Test     data.Dataset
 	Recorder train.Recorder
 	// Checkpoint is the loaded checkpoint when resuming (nil otherwise).
 	Checkpoint *train.Checkpoint
@@ -100,24 +128,32 @@ type Progress struct {
 	Rounds   int     `json:"rounds"`
 	Accuracy float64 `json:"accuracy"`
 	Loss     float64 `json:"loss"`
-	Peers    int     `json:"peers"`
-	Seconds  float64 `json:"seconds"`
-	Done     bool    `json:"done,omitempty"`
-	Note     string  `json:"note,omitempty"`
+	// BitsPerChar is Loss in bits (train.BitsPerToken) for a language
+	// model: validation bits per character.
+	BitsPerChar float64 `json:"bits_per_char,omitempty"`
+	Peers       int     `json:"peers"`
+	Seconds     float64 `json:"seconds"`
+	Done        bool    `json:"done,omitempty"`
+	Note        string  `json:"note,omitempty"`
 }
 
 // Summary is written to Out/summary.json.
 type Summary struct {
-	Peer          string     `json:"peer"`
-	Mode          string     `json:"mode"`
-	Strategy      string     `json:"strategy,omitempty"`
-	Error         string     `json:"error,omitempty"`
-	Model         string     `json:"model"`
-	ShardSize     int        `json:"shard_size"`
-	Rounds        int        `json:"rounds"`
-	FinalAccuracy float64    `json:"final_accuracy"`
-	WallS         float64    `json:"wall_s"`
-	Curve         []Progress `json:"curve"`
+	Peer          string  `json:"peer"`
+	Mode          string  `json:"mode"`
+	Strategy      string  `json:"strategy,omitempty"`
+	Error         string  `json:"error,omitempty"`
+	Model         string  `json:"model"`
+	ModelID       string  `json:"model_id"`
+	ShardSize     int     `json:"shard_size"`
+	Rounds        int     `json:"rounds"`
+	FinalAccuracy float64 `json:"final_accuracy"`
+	// FinalLoss is the last evaluation's test loss; for a language model
+	// ValBitsPerChar is the same in bits per character.
+	FinalLoss      float64    `json:"final_loss"`
+	ValBitsPerChar float64    `json:"val_bits_per_char,omitempty"`
+	WallS          float64    `json:"wall_s"`
+	Curve          []Progress `json:"curve"`
 }
 
 // ModeFunc runs one strategy family until it is done or ctx ends.
@@ -222,20 +258,35 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 			return nil, err
 		}
 	}
-	trainSet, testSet, err := data.LoadMNIST(opts.DataDir)
+	wl, err := workload.Load(workload.Config{Model: opts.Worker.Model, Data: opts.DataDir, Limit: opts.Limit, Seed: opts.DataSeed})
 	if err != nil {
 		return nil, err
 	}
-	trainSet = trainSet.Head(opts.Limit)
-	parts, err := data.Partition(trainSet, opts.Shards, opts.Partition, opts.DataSeed)
+	parts, err := data.Partition(wl.Train, opts.Shards, opts.Partition, opts.DataSeed)
+	if errors.Is(err, data.ErrUnlabeled) {
+		return nil, fmt.Errorf("%w: --partition %s splits by label and %s has none: use --partition iid", ErrUsage, opts.Partition, opts.Worker.Model)
+	}
 	if err != nil {
 		return nil, err
 	}
-	shard := trainSet.Subset(parts[opts.Shard])
-	w, err := train.NewWorker(opts.Worker, shard)
+	shard := data.Subset(wl.Train, parts[opts.Shard])
+	wcfg := opts.Worker
+	if wcfg.TotalSteps == 0 {
+		wcfg.TotalSteps = opts.Horizon(shard.Len())
+		wcfg.Schedule = openEnded(wcfg.Schedule, wcfg.TotalSteps)
+	}
+	w, err := train.NewWorker(wcfg, shard, train.WithModel(wl.ModelFunc(nn.WithBackend(opts.Backend))))
 	if err != nil {
 		return nil, err
 	}
+	if opts.Init != "" {
+		if err := w.Model.LoadFile(opts.Init); err != nil {
+			return nil, fmt.Errorf("--init: %w", err)
+		}
+	}
+	// Peers of another architecture or vocabulary are not members of this
+	// peer's swarm and never enter its rounds (swarm.Config).
+	opts.Swarm.Gossip.Model = wl.ID()
 	if ck != nil {
 		if err := ck.Check(w, opts.Mode); err != nil {
 			return nil, err
@@ -253,7 +304,11 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	if opts.Swarm.Log == nil {
 		opts.Swarm.Log = opts.Log
 	}
-	p, err := swarm.Start(ctx, opts.Swarm)
+	var sopts []swarm.Option
+	if opts.Backend != nil {
+		sopts = append(sopts, swarm.WithBackend(opts.Backend))
+	}
+	p, err := swarm.Start(ctx, opts.Swarm, sopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -263,13 +318,13 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 			return nil, fmt.Errorf("connecting to %s: %w", a, err)
 		}
 	}
-	opts.Log.Info("peer up", "id", p.ID(), "addrs", p.Node.Addrs(), "shard", shard.Len())
+	opts.Log.Info("peer up", "id", p.ID(), "addrs", p.Node.Addrs(), "model", wl.ID(), "data", wl.Source, "shard", shard.Len())
 	if opts.MinPeers > 1 {
 		wctx, cancel := context.WithTimeout(ctx, opts.Wait)
 		err := p.WaitPeers(wctx, opts.MinPeers)
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("waiting for %d peers (have %d) for %v: %w", opts.MinPeers, len(p.Members()), opts.Wait, err)
+			return nil, fmt.Errorf("waiting for %d peers (have %d) for %v: %w%s", opts.MinPeers, len(p.Members()), opts.Wait, err, otherModels(p, wl))
 		}
 	}
 
@@ -279,7 +334,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	}
 	rec := &train.MemRecorder{MinGap: time.Second}
 	start := time.Now()
-	sum := &Summary{Peer: string(p.ID()), Mode: opts.Mode, Model: w.Model.Arch, ShardSize: shard.Len()}
+	sum := &Summary{Peer: string(p.ID()), Mode: opts.Mode, Model: w.Model.Arch, ModelID: wl.ID(), ShardSize: shard.Len()}
 	switch opts.Mode {
 	case "federated":
 		sum.Strategy = opts.Fed.Strategy
@@ -291,6 +346,9 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	var mu sync.Mutex
 	report := func(pr Progress) {
 		pr.Peer, pr.Mode = string(p.ID()), opts.Mode
+		if wl.Text() {
+			pr.BitsPerChar = train.BitsPerToken(pr.Loss)
+		}
 		if pr.Seconds == 0 {
 			pr.Seconds = time.Since(start).Seconds()
 		}
@@ -304,6 +362,9 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		if pr.Accuracy > 0 {
 			sum.FinalAccuracy = pr.Accuracy
 		}
+		if pr.Loss > 0 {
+			sum.FinalLoss, sum.ValBitsPerChar = pr.Loss, pr.BitsPerChar
+		}
 		if opts.ProgressJSON {
 			b, _ := json.Marshal(pr)
 			fmt.Fprintf(stdout, "%s\n", b)
@@ -313,10 +374,14 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		if pr.Note != "" {
 			note = "  " + pr.Note
 		}
+		if wl.Text() {
+			fmt.Fprintf(stdout, "%s %d/%d  val %.3f bits/char  next-char acc %.2f%%  peers %d  %.0fs%s\n", roundWord(opts.Mode), pr.Round, pr.Rounds, pr.BitsPerChar, 100*pr.Accuracy, pr.Peers, pr.Seconds, note)
+			return
+		}
 		fmt.Fprintf(stdout, "%s %d/%d  test acc %.2f%%  loss %.4f  peers %d  %.0fs%s\n", roundWord(opts.Mode), pr.Round, pr.Rounds, 100*pr.Accuracy, pr.Loss, pr.Peers, pr.Seconds, note)
 	}
 	env := &Env{
-		Opts: &opts, Peer: p, Worker: w, Test: testSet, Recorder: recorder{rec, met}, Checkpoint: ck,
+		Opts: &opts, Peer: p, Worker: w, Workload: wl, Test: wl.Test, Recorder: recorder{rec, met}, Checkpoint: ck,
 		Report: report, Log: opts.Log,
 		Save: func(c *train.Checkpoint) error {
 			if opts.Checkpoint == "" {
@@ -328,6 +393,13 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	}
 	err = mode(ctx, env)
 	sum.WallS = time.Since(start).Seconds()
+	if err == nil && opts.Save != "" {
+		// The worker's model is final: the modes return once training
+		// and the exchanges that write it have ended.
+		if err = w.Model.SaveFile(opts.Save); err != nil {
+			err = fmt.Errorf("--save: %w", err)
+		}
+	}
 	if err != nil {
 		sum.Error = err.Error()
 	}
@@ -350,6 +422,49 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}
 	}
 	return sum, err
+}
+
+// Horizon returns the local steps this peer is to take, which a schedule
+// other than constant spans: the rounds times the local steps (or epochs
+// of a shard of shardLen samples) of --mode federated, the job's steps of
+// sync, --steps of async and gossip (0 when only --duration bounds them).
+func (o *Options) Horizon(shardLen int) int {
+	switch o.Mode {
+	case "federated":
+		per := o.Fed.LocalSteps
+		if per == 0 {
+			per = o.Fed.LocalEpochs * ((shardLen + o.Worker.Batch - 1) / max(o.Worker.Batch, 1))
+		}
+		return o.Fed.Rounds * per
+	case "sync":
+		return o.Sync.Sync.Steps
+	case "async", "gossip":
+		return o.Async.Steps
+	}
+	return 0
+}
+
+// openEnded returns schedule for a run of total steps, or for a run of no
+// known length (total 0) its warmup, if any, followed by a constant rate:
+// a decay needs to know where it ends.
+func openEnded(schedule string, total int) string {
+	if total > 0 {
+		return schedule
+	}
+	if i := strings.LastIndex(schedule, "+"); i >= 0 && strings.HasPrefix(schedule, "warmup") {
+		return schedule[:i+1] + "constant"
+	}
+	return "constant"
+}
+
+// otherModels explains a wait for peers that heard from peers of another
+// model, which it ignored, or returns "".
+func otherModels(p *swarm.Peer, wl *workload.Workload) string {
+	n := p.Control.Stats().Drop(gossip.DropModel)
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (ignored %d messages from peers training another model: this peer trains %s, %s; peers average only models of the same architecture and vocabulary)", n, wl.ID(), wl.Arch())
 }
 
 // linger waits least, then while more() holds, until most has passed
