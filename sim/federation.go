@@ -126,6 +126,7 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 		}
 		return false
 	}
+	board := &statusBoard{st: map[peerid.ID]train.Status{}}
 	var wg sync.WaitGroup
 	errs := make([]error, cfg.Clients)
 	for i, p := range netw.peers {
@@ -135,7 +136,7 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 		if err != nil {
 			return nil, fmt.Errorf("client %d: %w", i, err)
 		}
-		net := fixedMembers{Net: p.Swarm.Net(wc.Batch), group: p.Group}
+		net := fixedMembers{Net: p.Swarm.Net(wc.Batch), group: p.Group, board: board}
 		wg.Go(func() {
 			errs[i] = train.Federated(ctx, w, net, cfg.Fed, nil, onRound)
 		})
@@ -151,13 +152,51 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 	return res, nil
 }
 
-// fixedMembers is a train.Net whose members are the whole federation, as
-// in McMahan et al.'s simulation, where every client is always available:
-// a simulated peer whose heartbeats a loaded CPU delays must not drop out
-// of the others' views, where it would change their samples.
+// fixedMembers is a train.Net whose members are the whole federation and
+// whose statuses are every client's latest, as in McMahan et al.'s
+// simulation, where every client is always available and starts its
+// round from the newest global model: a simulated peer whose heartbeats a
+// loaded CPU delays must not drop out of the others' views, where it
+// would change their samples, and a 100-peer swarm's heartbeats (every
+// 10 s, heartbeat) would start sampled clients from stale models.
 type fixedMembers struct {
 	train.Net
 	group []peerid.ID
+	board *statusBoard
 }
 
 func (n fixedMembers) Members() []peerid.ID { return slices.Clone(n.group) }
+
+// SetStatus records st on the board and sends it as the swarm does.
+func (n fixedMembers) SetStatus(ctx context.Context, st train.Status) error {
+	n.board.set(n.Self(), st)
+	return n.Net.SetStatus(ctx, st)
+}
+
+// Statuses returns the board's statuses of the other clients.
+func (n fixedMembers) Statuses() map[peerid.ID]train.Status { return n.board.others(n.Self()) }
+
+// statusBoard holds each client's latest status; it is safe for
+// concurrent use.
+type statusBoard struct {
+	mu sync.Mutex
+	st map[peerid.ID]train.Status
+}
+
+func (b *statusBoard) set(id peerid.ID, st train.Status) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.st[id] = st
+}
+
+func (b *statusBoard) others(self peerid.ID) map[peerid.ID]train.Status {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[peerid.ID]train.Status, len(b.st))
+	for id, st := range b.st {
+		if id != self {
+			out[id] = st
+		}
+	}
+	return out
+}
