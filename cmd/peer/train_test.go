@@ -131,7 +131,7 @@ func runPeer(t *testing.T, args ...string) (string, string, error) {
 }
 
 // readSummary reads a JSON summary.
-func readSummary(t *testing.T, path string) map[string]any {
+func readTrainJSON(t *testing.T, path string) map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -173,7 +173,7 @@ func TestTrainCharLM(t *testing.T) {
 	if !strings.Contains(out, "bits/char") || !strings.Contains(errOut, "step 3  train loss") || !strings.Contains(errOut, "tokens/s") {
 		t.Errorf("stdout %q\nstderr %q", out, errOut)
 	}
-	sum := readSummary(t, js)
+	sum := readTrainJSON(t, js)
 	bpc, ok := sum["val_bits_per_char"].(float64)
 	// A uniform guess over the corpus's 30-odd bytes is about 5 bits.
 	if !ok || !(bpc > 1 && bpc < 6.5) {

@@ -25,7 +25,6 @@ import (
 	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/internal/plot"
-	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/workload"
@@ -275,14 +274,13 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		wcfg.TotalSteps = opts.Horizon(shard.Len())
 		wcfg.Schedule = openEnded(wcfg.Schedule, wcfg.TotalSteps)
 	}
-	w, err := train.NewWorker(wcfg, shard, train.WithModel(wl.ModelFunc(nn.WithBackend(opts.Backend))))
+	models, err := wl.Models(opts.Backend, opts.Init)
+	if err != nil {
+		return nil, fmt.Errorf("--init: %w", err)
+	}
+	w, err := train.NewWorker(wcfg, shard, train.WithModel(models))
 	if err != nil {
 		return nil, err
-	}
-	if opts.Init != "" {
-		if err := w.Model.LoadFile(opts.Init); err != nil {
-			return nil, fmt.Errorf("--init: %w", err)
-		}
 	}
 	// Peers of another architecture or vocabulary are not members of this
 	// peer's swarm and never enter its rounds (swarm.Config).
@@ -396,7 +394,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	if err == nil && opts.Save != "" {
 		// The worker's model is final: the modes return once training
 		// and the exchanges that write it have ended.
-		if err = w.Model.SaveFile(opts.Save); err != nil {
+		if err = wl.Save(w.Model, opts.Save); err != nil {
 			err = fmt.Errorf("--save: %w", err)
 		}
 	}
