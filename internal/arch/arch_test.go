@@ -16,7 +16,7 @@ const module = "github.com/starling-ml/starling"
 // goroutine of their own: reducers, codecs, staleness rules, layers,
 // datasets, the compute backend, the spec parser and the peer ID.
 var pure = []string{
-	"compression", "staleness", "nn", "data", "device", "aggregate/rule",
+	"compression", "staleness", "nn", "data", "device", "aggregate/rule", "workload",
 	"internal/spec", "peerid", "gossip/wire", "gossip/average",
 }
 
