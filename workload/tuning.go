@@ -33,12 +33,12 @@ type Tuning struct {
 
 // CharLMTuning trains the default CharLM (4 blocks of width 128, T = 128,
 // about 0.85 M parameters at byte level) on the Go sources for ten
-// minutes on two cores: AdamW at 2e-3 after 100 steps of linear warmup,
+// minutes on two cores: AdamW at 4e-3 after 100 steps of linear warmup,
 // cosine decay to 0, weight decay 0.1, gradients clipped to norm 1, 32
 // windows a step (4,096 tokens). A federated round is 50 local steps
 // (an epoch of a peer's shard would be hours).
 var CharLMTuning = Tuning{
-	Optimizer: "adamw", LR: 2e-3, Schedule: "warmup:100+cosine", WeightDecay: 0.1, ClipNorm: 1, Batch: 32,
+	Optimizer: "adamw", LR: 4e-3, Schedule: "warmup:100+cosine", WeightDecay: 0.1, ClipNorm: 1, Batch: 32,
 	Epochs: 0, Duration: 10 * time.Minute, EvalEvery: 200, EvalSamples: 256, LocalSteps: 50,
 }
 
