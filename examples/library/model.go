@@ -1,11 +1,11 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"math"
+
+	"github.com/starling-ml/starling/swarm"
+	"github.com/starling-ml/starling/workload"
 
 	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/train"
@@ -37,26 +37,14 @@ func modelFunc(width, blocks, classes int) train.ModelFunc {
 	}
 }
 
-// archID names m's architecture for the swarm: its Arch string and a
-// digest of every parameter's name and shape. Peers with other IDs ignore
-// this one's messages, so models of different shapes are never averaged.
-func archID(m *nn.Model) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\n", m.Arch)
-	for _, v := range m.Views() {
-		fmt.Fprintf(h, "%s %v\n", v.Name, v.Shape)
-	}
-	return "spirals-" + hex.EncodeToString(h.Sum(nil)[:8])
-}
+// archID names m's architecture for the swarm: workload.ModelID of its
+// architecture digest. Peers with other IDs ignore this one's messages,
+// so models of different shapes are never averaged.
+func archID(m *nn.Model) string { return workload.ModelID("spirals", workload.Digest(m, nil)) }
 
-// paramDigest returns the SHA-256 of m's parameters as little-endian
-// float32 bits, in hex: equal digests mean bit-identical models.
+// paramDigest returns the SHA-256 of m's parameters (swarm.Digest), in
+// hex: equal digests mean bit-identical models.
 func paramDigest(m *nn.Model) string {
-	h := sha256.New()
-	var b [4]byte
-	for _, p := range m.Params {
-		binary.LittleEndian.PutUint32(b[:], math.Float32bits(p))
-		h.Write(b[:])
-	}
-	return hex.EncodeToString(h.Sum(nil))
+	d := swarm.Digest(m.Params)
+	return hex.EncodeToString(d[:])
 }
