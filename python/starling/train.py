@@ -1,0 +1,104 @@
+"""Training helpers for PyTorch models: a DDP-style gradient averager and
+a DiLoCo outer optimizer, both over a starling.Client."""
+
+import torch
+
+
+class GradAverager:
+    """Averages the gradients of a model's parameters over the swarm after
+    each backward pass, in one all-reduce (one bucket), as
+    DistributedDataParallel does.
+
+        avg = GradAverager(model, client)   # hook=True: automatic
+        loss.backward()                      # grads are averaged when it returns
+        opt.step()
+
+    With hook=False call avg.sync() between backward() and step(). weight
+    is this peer's share in the mean (its batch size when batches differ).
+    """
+
+    def __init__(self, model, client, codec=None, hook=True, weight=1.0, timeout_s=None):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.client = client
+        self.codec = codec
+        self.weight = weight
+        self.timeout_s = timeout_s
+        self.last = None
+        self._queued = False
+        self._handles = []
+        if hook:
+            for p in self.params:
+                self._handles.append(p.register_hook(self._on_grad))
+
+    def _on_grad(self, grad):
+        # Queue the all-reduce once per backward pass, after every
+        # gradient is accumulated into .grad (the engine runs queued
+        # callbacks at the end of the pass).
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        return grad
+
+    def _finish(self):
+        self._queued = False
+        self.sync()
+
+    def sync(self):
+        """All-reduces the gradients to their mean over the group."""
+        grads = []
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        self.last = self.client.allreduce(grads, rule="mean", codec=self.codec, weight=self.weight,
+                                          timeout_s=self.timeout_s)
+        return self.last
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class DiLoCo:
+    """DiLoCo's outer optimizer (Douillard et al., 2023): each peer takes H
+    inner steps with its own optimizer; step() then all-reduces the outer
+    gradient Δ = θ_anchor − θ_local to its mean over the group and applies
+    Nesterov SGD to the anchor:
+
+        v ← μ·v + Δ;  θ_anchor ← θ_anchor − lr·(Δ + μ·v)
+
+    and resets the model to the new anchor. Every peer must start from the
+    same parameters (seed the model, or sync() once first).
+    """
+
+    def __init__(self, model, client, lr=0.7, momentum=0.9, nesterov=True, codec=None, timeout_s=None):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.client = client
+        self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
+        self.codec = codec
+        self.timeout_s = timeout_s
+        with torch.no_grad():
+            self.anchor = [p.detach().clone() for p in self.params]
+        self.velocity = [torch.zeros_like(p) for p in self.anchor]
+        self.last = None
+
+    @torch.no_grad()
+    def sync(self):
+        """Makes every peer's parameters (and anchor) their mean: a common
+        start."""
+        self.last = self.client.allreduce(self.params, rule="mean", timeout_s=self.timeout_s)
+        for a, p in zip(self.anchor, self.params):
+            a.copy_(p)
+
+    @torch.no_grad()
+    def step(self):
+        """The outer step: average the deltas, Nesterov on the anchor."""
+        deltas = [a - p.detach() for a, p in zip(self.anchor, self.params)]
+        self.last = self.client.allreduce(deltas, rule="mean", codec=self.codec, timeout_s=self.timeout_s)
+        for a, v, d, p in zip(self.anchor, self.velocity, deltas, self.params):
+            v.mul_(self.momentum).add_(d)
+            upd = d.add(v, alpha=self.momentum) if self.nesterov else v
+            a.sub_(upd, alpha=self.lr)
+            p.copy_(a)
+        return self.last
