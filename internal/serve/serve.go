@@ -72,12 +72,13 @@ func Serve(ctx context.Context, cfg Config, ready func(socket string)) error {
 		<-ctx.Done()
 		l.Close()
 	}()
+	waitTimer := &time.Timer{}
 	if cfg.ClientWait > 0 {
-		t := time.AfterFunc(cfg.ClientWait, func() {
+		waitTimer = time.AfterFunc(cfg.ClientWait, func() {
 			cfg.Log.Warn("serve: no client connected in time", "wait", cfg.ClientWait)
 			cancel()
 		})
-		defer t.Stop()
+		defer waitTimer.Stop()
 	}
 
 	var (
@@ -114,6 +115,9 @@ func Serve(ctx context.Context, cfg Config, ready func(socket string)) error {
 		}
 		busy, active, served = true, peerPID(uc), true
 		mu.Unlock()
+		if cfg.ClientWait > 0 {
+			waitTimer.Stop()
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -89,6 +89,7 @@ r = c.allreduce([a], timeout_s=60)
 say("after-death", (a == 1.5).all() and len(r["group"]) == 2, a=float(a.ravel()[0]), group=len(r["group"]))
 
 m = c.metrics()
-say("metrics", m["rounds_ok"] >= 6 and m["allreduce_seconds"] > 0, rounds_ok=m["rounds_ok"])
+sent = m["prometheus"].get("starling_node_stream_bytes_total", 0)
+say("metrics", m["rounds_ok"] == 6 and m["allreduce_seconds"] > 0 and sent > 0, rounds_ok=m["rounds_ok"], stream_bytes=sent)
 c.close()
 print(json.dumps({"done": True, "rank": rank}), flush=True)

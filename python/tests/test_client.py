@@ -1,0 +1,163 @@
+"""Unit tests of the starling package. The tests that talk to `peer serve`
+need STARLING_PEER (the Go test TestServePythonUnit builds the binary and
+sets it); the torch tests need torch. Run: python3 -m unittest discover
+-s python/tests."""
+
+import os
+import sys
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import starling  # noqa: E402
+from starling.client import _copy_in, _copy_out  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # the numpy-only tests still run
+    torch = None
+
+LOOPBACK = ["--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"]
+need_peer = unittest.skipUnless(os.environ.get("STARLING_PEER"), "STARLING_PEER not set (the Go test sets it)")
+need_torch = unittest.skipUnless(torch is not None, "torch not importable")
+
+
+class CopyTest(unittest.TestCase):
+    def test_numpy_roundtrip_converts_float64(self):
+        buf = np.zeros(6, dtype=np.float32)
+        x = np.arange(6, dtype=np.float64).reshape(2, 3) / 4
+        _copy_in(buf, x)
+        self.assertEqual(buf.tolist(), [0, 0.25, 0.5, 0.75, 1.0, 1.25])
+        y = np.zeros((2, 3))
+        _copy_out(y, buf * 2, [2, 3])
+        self.assertEqual(y.tolist(), [[0, 0.5, 1], [1.5, 2, 2.5]])
+
+    @need_torch
+    def test_torch_noncontiguous_and_bf16(self):
+        buf = np.zeros(6, dtype=np.float32)
+        x = torch.arange(6, dtype=torch.float32).reshape(3, 2).t()  # not contiguous
+        _copy_in(buf, x)
+        self.assertEqual(buf.tolist(), [0, 2, 4, 1, 3, 5])
+        z = torch.zeros(2, 3, dtype=torch.bfloat16)
+        _copy_out(z, buf, [2, 3])
+        self.assertEqual(z.float().flatten().tolist(), [0, 2, 4, 1, 3, 5])
+
+
+class FakeClient:
+    """Averages with one other peer whose tensors are zero: x → x/2."""
+
+    def __init__(self):
+        self.calls = []
+
+    def allreduce(self, tensors, rule=None, codec=None, weight=1.0, timeout_s=None):
+        self.calls.append([t.detach().clone() for t in tensors])
+        with torch.no_grad():
+            for t in tensors:
+                t.mul_(0.5)
+        return {"round": len(self.calls)}
+
+
+@need_torch
+class GradAveragerTest(unittest.TestCase):
+    def test_hook_averages_after_backward_once(self):
+        from starling.train import GradAverager
+
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        x = torch.randn(5, 4)
+        m(x).square().sum().backward()
+        want = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        fake = FakeClient()
+        GradAverager(m, fake)
+        m(x).square().sum().backward()
+        self.assertEqual(len(fake.calls), 1)  # one bucket per backward
+        for sent, w, p in zip(fake.calls[0], want, m.parameters()):
+            self.assertTrue(torch.allclose(sent, w))  # every grad complete when sent
+            self.assertTrue(torch.allclose(p.grad, w / 2))
+        m.zero_grad()
+        m(x).square().sum().backward()
+        self.assertEqual(len(fake.calls), 2)
+
+
+@need_torch
+class DiLoCoTest(unittest.TestCase):
+    def test_outer_step_is_nesterov_on_mean_delta(self):
+        from starling.train import DiLoCo
+
+        p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        m = torch.nn.Module()
+        m.p = p
+        fake = FakeClient()
+        o = DiLoCo(m, fake, lr=0.5, momentum=0.9)
+        with torch.no_grad():
+            p.sub_(torch.tensor([0.4, -0.2]))  # inner steps moved θ by −Δ
+        o.step()
+        d = torch.tensor([0.2, -0.1])  # the mean delta (the fake averages with 0)
+        v = d  # v = 0.9·0 + d
+        want = torch.tensor([1.0, 2.0]) - 0.5 * (d + 0.9 * v)
+        self.assertTrue(torch.allclose(p.detach(), want), (p, want))
+        self.assertTrue(torch.allclose(o.anchor[0], want))
+        with torch.no_grad():
+            p.sub_(torch.tensor([0.4, -0.2]))
+        o.step()
+        v2 = 0.9 * v + d
+        want2 = want - 0.5 * (d + 0.9 * v2)
+        self.assertTrue(torch.allclose(p.detach(), want2), (p, want2))
+
+
+@need_peer
+class ServeTest(unittest.TestCase):
+    def test_errors_before_and_after_join(self):
+        with starling.Client.start() as c:
+            with self.assertRaises(starling.StarlingError) as e:
+                c.allreduce([np.ones(3, dtype=np.float32)])
+            self.assertEqual(e.exception.code, "state")
+            with self.assertRaises(starling.StarlingError) as e:
+                c.join(["--no-such-flag"])
+            self.assertEqual(e.exception.code, "usage")
+            self.assertIn("no-such-flag", str(e.exception))
+            c.join(LOOPBACK + ["--min-peers", "1"])
+            with self.assertRaises(starling.StarlingError) as e:
+                c.allreduce([np.ones(3, dtype=np.int32)])
+            self.assertEqual(e.exception.code, "usage")
+            self.assertIn("int32", str(e.exception))
+            with self.assertRaises(starling.StarlingError) as e:
+                c.allreduce([np.ones(3, dtype=np.float32)], rule="nosuchrule")
+            self.assertEqual(e.exception.code, "usage")
+            with self.assertRaises(starling.StarlingError) as e:
+                starling.Client(c.socket_path, connect_timeout=5)
+            self.assertEqual(e.exception.code, "busy")
+            # Alone in the group, the mean is the tensor itself.
+            x = np.arange(7, dtype=np.float32)
+            r = c.allreduce([x, np.ones((2, 2))])
+            self.assertEqual(x.tolist(), list(range(7)))
+            self.assertEqual(len(r["group"]), 1)
+            m = c.metrics()
+            self.assertEqual(m["rounds_ok"], 1)
+            self.assertIn("libp2p_rcmgr_connections", m["prometheus"])
+
+    def test_state_download_for_a_late_joiner(self):
+        with starling.Client.start() as a:
+            info = a.join(LOOPBACK + ["--min-peers", "1"], model="state")
+            state = np.linspace(-1, 1, 1000).astype(np.float32)
+            a.publish_state(7, [state])
+            with starling.Client.start() as b:
+                b.join(LOOPBACK + ["--min-peers", "2", "--connect", info["addrs"][0]], model="state")
+                got = np.zeros(1000, dtype=np.float32)
+                v = b.fetch_state([got], min_version=7, timeout_s=30)
+                self.assertEqual(v, 7)
+                self.assertTrue((got == state).all())
+
+    def test_serve_exits_with_its_client(self):
+        c = starling.Client.start()
+        proc = c.proc
+        c._sock.close()  # as if the client died
+        c._sock = None
+        self.assertEqual(proc.wait(10), 0)
+        c.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
