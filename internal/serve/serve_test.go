@@ -46,7 +46,9 @@ func startServe(t *testing.T, once bool) (string, <-chan error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	join := func([]string) (JoinConfig, error) { return JoinConfig{Swarm: swarm.DefaultConfig()}, nil }
-	go func() { done <- Serve(ctx, Config{Socket: sock, Join: join, Once: once}, func(string) { close(ready) }) }()
+	go func() {
+		done <- Serve(ctx, Config{Socket: sock, Join: join, Once: once}, func(string) { close(ready) })
+	}()
 	select {
 	case <-ready:
 	case err := <-done:
