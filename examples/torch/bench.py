@@ -29,6 +29,7 @@ def main():
     ap.add_argument("--small-kb", type=float, default=4)
     ap.add_argument("--small-iters", type=int, default=200)
     ap.add_argument("--torch", action="store_true", help="pass torch tensors instead of numpy arrays")
+    ap.add_argument("--zero-copy", action="store_true", help="all-reduce an array in the shared memory (Client.shared): no copies")
     ap.add_argument("join", nargs="*")
     a = ap.parse_args()
     c = starling.Client.start()
@@ -45,15 +46,29 @@ def main():
         t[:] = a.rank + 1
         c.allreduce([t], rule="sum")
 
-    one(x)  # warm-up
-    c.allreduce([bar], rule="sum")
-    t0 = time.perf_counter()
-    for _ in range(a.iters):
-        c.allreduce([x], rule="mean")  # in place: the mean of equal values stays put
-    c.allreduce([bar], rule="sum")
-    per = (time.perf_counter() - t0) / a.iters
-    one(x)
-    ok = bool((np.asarray(x) == want).all())
+    if a.zero_copy:
+        x = c.shared(n)
+        x[:] = a.rank + 1
+        c.allreduce_shared(n, rule="sum")  # warm-up
+        c.allreduce([bar], rule="sum")  # bar went through the shared memory's start
+        x = c.shared(n)
+        x[0] = a.rank + 1
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            out = c.allreduce_shared(n, rule="sum")  # src stays: the sum stays put
+        c.allreduce([bar], rule="sum")
+        per = (time.perf_counter() - t0) / a.iters
+        ok = bool((out[1:] == want).all())  # out[0] held the barrier since
+    else:
+        one(x)  # warm-up
+        c.allreduce([bar], rule="sum")
+        t0 = time.perf_counter()
+        for _ in range(a.iters):
+            c.allreduce([x], rule="mean")  # in place: the mean of equal values stays put
+        c.allreduce([bar], rule="sum")
+        per = (time.perf_counter() - t0) / a.iters
+        one(x)
+        ok = bool((np.asarray(x) == want).all())
     s = np.full(max(1, int(a.small_kb * 1000) // 4), a.rank + 1, dtype=np.float32)
     for _ in range(5):
         c.allreduce([s], rule="mean")

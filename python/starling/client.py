@@ -142,6 +142,7 @@ class Client:
         self._arena = None
         self._sock = None
         self.info = None
+        self.last = None
         deadline = time.monotonic() + connect_timeout
         last = None
         while True:
@@ -310,6 +311,30 @@ class Client:
             _copy_out(x, a.dst[off:off + n], s)
             off += n
         return resp
+
+    def shared(self, nvalues):
+        """Returns a float32 numpy array of nvalues that lives in the shared
+        memory: fill it and call allreduce_shared, and no copy is made on
+        either side. The array is valid until a call needs more room than
+        the shared memory has (then it is remapped: call shared again)."""
+        return self._ensure(nvalues).src[:nvalues]
+
+    def allreduce_shared(self, nvalues, shapes=None, rule=None, codec=None, weight=1.0, timeout_s=None):
+        """All-reduces the first nvalues of shared() and returns the result,
+        a read-only view of the shared memory valid until the next call.
+        shapes (default: one flat tensor) is what the peers compare."""
+        a = self._ensure(nvalues)
+        t = timeout_s or DEFAULT_TIMEOUT_S
+        req = {"op": "allreduce", "src": 0, "dst": a.half, "count": int(nvalues),
+               "shapes": shapes or [[int(nvalues)]], "weight": float(weight), "timeout_s": t}
+        if rule:
+            req["rule"] = rule
+        if codec:
+            req["codec"] = codec
+        self.last = self._call(req, t)
+        out = a.dst[:nvalues]
+        out.flags.writeable = False
+        return out
 
     def average(self, tensors, codec=None, timeout_s=None):
         """All-reduces tensors to their plain mean over the group."""
