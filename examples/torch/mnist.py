@@ -99,7 +99,7 @@ def main():
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--mode", choices=["dp", "diloco"], default="dp")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (any device torch knows)")
-    ap.add_argument("--steps", type=int, default=600, help="local optimiser steps")
+    ap.add_argument("--steps", type=int, default=1000, help="local optimiser steps")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam(W) rate")
     ap.add_argument("--hidden", type=int, default=256)

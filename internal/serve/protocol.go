@@ -39,8 +39,12 @@ type Request struct {
 	Weight float64 `json:"weight,omitempty"`
 	Rule   string  `json:"rule,omitempty"`
 	Codec  string  `json:"codec,omitempty"`
-	// publish, fetch
-	Version uint64 `json:"version,omitempty"`
+	// publish, fetch, announce (Version, and Base ≤ Version the
+	// version a delta was computed from; Kind model or delta; Loss)
+	Version uint64  `json:"version,omitempty"`
+	Base    uint64  `json:"base,omitempty"`
+	Kind    string  `json:"kind,omitempty"`
+	Loss    float64 `json:"loss,omitempty"`
 	// Every blocking op: how long it may take (0: the op's default).
 	TimeoutS float64 `json:"timeout_s,omitempty"`
 }
@@ -66,8 +70,10 @@ type Response struct {
 	Algorithm string   `json:"algorithm,omitempty"`
 	Attempts  int      `json:"attempts,omitempty"`
 	Total     float64  `json:"weight,omitempty"`
-	// fetch
+	// fetch: the state's version; next: the announced vector's version,
+	// with ID its peer, Round its base, Total its samples and Kind.
 	StateVersion uint64 `json:"state_version,omitempty"`
+	Kind         string `json:"kind,omitempty"`
 	// metrics
 	Metrics map[string]any `json:"metrics,omitempty"`
 }

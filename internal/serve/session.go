@@ -48,6 +48,8 @@ type session struct {
 	models string
 
 	runners map[string]*aggregate.Runner
+	async   *swarm.StreamNet // announce and next (nil until first used)
+	seq     uint64           // announcements made
 
 	shm  []byte
 	vals []float32 // shm as float32
@@ -134,12 +136,16 @@ func (s *session) handle(ctx context.Context, r Request) Response {
 		return s.doPublish(r)
 	case "fetch":
 		return s.doFetch(ctx, r)
+	case "announce":
+		return s.doAnnounce(ctx, r)
+	case "next":
+		return s.doNext(ctx, r)
 	case "metrics":
 		return s.doMetrics()
 	case "leave":
 		return Response{OK: true}
 	}
-	return fail(CodeUsage, "unknown op %q (want join, wait, shm, allreduce, publish, fetch, metrics, leave)", r.Op)
+	return fail(CodeUsage, "unknown op %q (want join, wait, shm, allreduce, publish, fetch, announce, next, metrics, leave)", r.Op)
 }
 
 func timeout(r Request, def time.Duration) time.Duration {
@@ -478,6 +484,10 @@ func (s *session) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		s.peer.Control.Beat(ctx)
 		cancel()
+		if s.async != nil {
+			s.async.T.Close()
+			s.async = nil
+		}
 		s.peer.Close()
 		s.peer = nil
 	}

@@ -364,6 +364,34 @@ class Client:
             off += n
         return resp["state_version"]
 
+    def announce(self, tensors, version, base=0, kind="model", samples=1, loss=0.0, timeout_s=30.0):
+        """Publishes tensors (a model, or a delta from version base) to the
+        other peers for asynchronous mixing (FedAsync, FedBuff): served
+        over the peer's tensor streams, announced on its control plane."""
+        a, shapes, total = self._pack(list(tensors))
+        return self._call({"op": "announce", "src": 0, "count": total, "version": int(version), "base": int(base),
+                           "kind": kind, "weight": float(samples), "loss": float(loss), "timeout_s": timeout_s}, timeout_s)
+
+    def next_announced(self, tensors, timeout_s=30.0):
+        """Waits for the next vector another peer announced, writes it into
+        tensors (which give the shapes) and returns {"peer", "version",
+        "base", "samples", "kind"}. A vector of another length raises code
+        mismatch; none within timeout_s raises code timeout."""
+        tensors = list(tensors)
+        shapes = [_shape(t) for t in tensors]
+        for i, t in enumerate(tensors):
+            _check_dtype(i, t)
+        total = sum(_numel(s) for s in shapes)
+        a = self._ensure(total)
+        resp = self._call({"op": "next", "dst": a.half, "count": total, "timeout_s": timeout_s}, timeout_s)
+        off = 0
+        for x, s in zip(tensors, shapes):
+            n = _numel(s)
+            _copy_out(x, a.dst[off:off + n], s)
+            off += n
+        return {"peer": resp.get("id"), "version": resp.get("state_version", 0), "base": resp.get("round", 0),
+                "samples": resp.get("weight", 0), "kind": resp.get("kind", "model")}
+
     def metrics(self):
         """The peer's metrics: rounds, seconds in all-reduce, members,
         group, the last round, and its Prometheus counters and gauges."""

@@ -102,3 +102,49 @@ class DiLoCo:
             a.sub_(upd, alpha=self.lr)
             p.copy_(a)
         return self.last
+
+
+class FedAsync:
+    """FedAsync (Xie et al., 2019) between peers: every publish_every local
+    steps, step() announces this peer's model and mixes in the models the
+    others announced meanwhile, each with weight α·(τ+1)^(−a), τ its
+    staleness (this peer's version − the model's, at least 0):
+
+        θ ← (1 − α_τ)·θ + α_τ·θ_peer
+
+    wait_s bounds how long step() waits for the first peer model (0: take
+    only what already arrived).
+    """
+
+    def __init__(self, model, client, alpha=0.6, a=0.5, wait_s=0.0):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.client = client
+        self.alpha, self.a, self.wait_s = alpha, a, wait_s
+        self.version = 0
+        self.mixed = 0
+        self._buf = [torch.zeros_like(p, device="cpu") for p in self.params]
+
+    def weight(self, staleness):
+        return self.alpha * (max(staleness, 0) + 1) ** (-self.a)
+
+    @torch.no_grad()
+    def step(self, samples=1):
+        self.version += 1
+        self.client.announce(self.params, self.version, samples=samples)
+        wait = self.wait_s
+        n = 0
+        while True:
+            try:
+                meta = self.client.next_announced(self._buf, timeout_s=max(wait, 0.05))
+            except Exception as e:  # noqa: BLE001 — StarlingError: timeout ends the drain
+                if getattr(e, "code", "") == "timeout":
+                    break
+                raise
+            w = self.weight(self.version - meta["version"])
+            for p, b in zip(self.params, self._buf):
+                p.mul_(1 - w).add_(b.to(p.device), alpha=w)
+            self.version = max(self.version, meta["version"])
+            n += 1
+            wait = 0.0
+        self.mixed += n
+        return n

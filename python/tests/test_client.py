@@ -107,6 +107,41 @@ class DiLoCoTest(unittest.TestCase):
         self.assertTrue(torch.allclose(p.detach(), want2), (p, want2))
 
 
+class FakeAsync:
+    """Another peer announced the model [10, 10] at version 1."""
+
+    def __init__(self):
+        self.announced, self.queue = [], [([10.0, 10.0], 1)]
+
+    def announce(self, tensors, version, samples=1):
+        self.announced.append(([t.tolist() for t in tensors], version))
+
+    def next_announced(self, tensors, timeout_s=30.0):
+        if not self.queue:
+            raise starling.StarlingError("none", "timeout")
+        vals, v = self.queue.pop(0)
+        tensors[0].copy_(torch.tensor(vals))
+        return {"peer": "p", "version": v, "base": 0, "samples": 1, "kind": "model"}
+
+
+@need_torch
+class FedAsyncTest(unittest.TestCase):
+    def test_mixes_with_staleness_weight(self):
+        from starling.train import FedAsync
+
+        m = torch.nn.Module()
+        m.p = torch.nn.Parameter(torch.tensor([0.0, 2.0]))
+        fake = FakeAsync()
+        f = FedAsync(m, fake, alpha=0.6, a=0.5)
+        f.version = 3  # this peer is at 4 once it publishes: τ = 3
+        self.assertEqual(f.step(), 1)
+        self.assertEqual(fake.announced, [([[0.0, 2.0]], 4)])
+        w = 0.6 * 4 ** -0.5
+        want = torch.tensor([0.0, 2.0]) * (1 - w) + w * 10
+        self.assertTrue(torch.allclose(m.p.detach(), want), (m.p, want))
+        self.assertEqual(f.step(), 0)  # nothing new: no mixing
+
+
 @need_peer
 class ServeTest(unittest.TestCase):
     def test_errors_before_and_after_join(self):
@@ -149,6 +184,26 @@ class ServeTest(unittest.TestCase):
                 v = b.fetch_state([got], min_version=7, timeout_s=30)
                 self.assertEqual(v, 7)
                 self.assertTrue((got == state).all())
+
+    def test_announce_and_next(self):
+        with starling.Client.start() as a:
+            info = a.join(LOOPBACK + ["--min-peers", "1"], model="async")
+            with starling.Client.start() as b:
+                b.join(LOOPBACK + ["--min-peers", "2", "--connect", info["addrs"][0]], model="async")
+                a.wait(30)
+                got = np.zeros((4, 5), dtype=np.float32)
+                with self.assertRaises(starling.StarlingError) as e:
+                    b.next_announced([got], timeout_s=0.2)
+                self.assertEqual(e.exception.code, "timeout")
+                model = np.arange(20, dtype=np.float32).reshape(4, 5)
+                a.announce([model], version=3, samples=32)
+                meta = b.next_announced([got], timeout_s=30)
+                self.assertEqual((meta["peer"], meta["version"], meta["samples"]), (info["id"], 3, 32))
+                self.assertTrue((got == model).all())
+                a.announce([np.ones(7, dtype=np.float32)], version=4)
+                with self.assertRaises(starling.StarlingError) as e:
+                    b.next_announced([got], timeout_s=30)
+                self.assertEqual(e.exception.code, "mismatch")
 
     def test_serve_exits_with_its_client(self):
         c = starling.Client.start()
