@@ -148,3 +148,59 @@ class FedAsync:
             wait = 0.0
         self.mixed += n
         return n
+
+
+class FedBuff:
+    """FedBuff (Nguyen et al., 2022) between peers: step() announces this
+    peer's delta since its last step (θ − θ_base) and adds it, and the
+    deltas the others announced, to a buffer; once the buffer holds k
+    deltas, the model moves by server_lr times their mean, weighted by
+    (τ+1)^(−a) for staleness τ, and the buffer empties.
+    """
+
+    def __init__(self, model, client, k=3, server_lr=1.0, a=0.5, wait_s=0.0):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.client = client
+        self.k, self.server_lr, self.a, self.wait_s = k, server_lr, a, wait_s
+        self.version = 0
+        self.applied = 0
+        with torch.no_grad():
+            self.base = [p.detach().clone() for p in self.params]
+        self._sum = [torch.zeros_like(p) for p in self.params]
+        self._n = 0
+        self._buf = [torch.zeros_like(p, device="cpu") for p in self.params]
+
+    def _add(self, deltas, w):
+        for s_, d in zip(self._sum, deltas):
+            s_.add_(d.to(s_.device), alpha=w)
+        self._n += 1
+
+    @torch.no_grad()
+    def step(self):
+        deltas = [p.detach() - b for p, b in zip(self.params, self.base)]
+        self.client.announce(deltas, self.version + 1, base=self.version, kind="delta")
+        # This peer's own delta is undone: the buffer's mean replaces it.
+        for p, b in zip(self.params, self.base):
+            p.copy_(b)
+        self._add(deltas, 1.0)
+        wait = self.wait_s
+        while True:
+            try:
+                meta = self.client.next_announced(self._buf, timeout_s=max(wait, 0.05))
+            except Exception as e:  # noqa: BLE001 — StarlingError: timeout ends the drain
+                if getattr(e, "code", "") == "timeout":
+                    break
+                raise
+            if meta["kind"] != "delta":
+                continue
+            self._add(self._buf, (max(self.version - meta["base"], 0) + 1) ** (-self.a))
+            wait = 0.0
+        if self._n >= self.k:
+            for p, s_ in zip(self.params, self._sum):
+                p.add_(s_, alpha=self.server_lr / self._n)
+                s_.zero_()
+            self._n = 0
+            self.version += 1
+            self.applied += 1
+        for b, p in zip(self.base, self.params):
+            b.copy_(p)

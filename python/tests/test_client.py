@@ -113,7 +113,7 @@ class FakeAsync:
     def __init__(self):
         self.announced, self.queue = [], [([10.0, 10.0], 1)]
 
-    def announce(self, tensors, version, samples=1):
+    def announce(self, tensors, version, samples=1, **kw):
         self.announced.append(([t.tolist() for t in tensors], version))
 
     def next_announced(self, tensors, timeout_s=30.0):
@@ -140,6 +140,39 @@ class FedAsyncTest(unittest.TestCase):
         want = torch.tensor([0.0, 2.0]) * (1 - w) + w * 10
         self.assertTrue(torch.allclose(m.p.detach(), want), (m.p, want))
         self.assertEqual(f.step(), 0)  # nothing new: no mixing
+
+
+@need_torch
+class FedBuffTest(unittest.TestCase):
+    def test_applies_the_mean_of_k_deltas(self):
+        from starling.train import FedBuff
+
+        m = torch.nn.Module()
+        m.p = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
+        fake = FakeAsync()
+        fake.queue = []
+        f = FedBuff(m, fake, k=2, server_lr=1.0, a=0.5)
+        with torch.no_grad():
+            m.p.add_(torch.tensor([2.0, 0.0]))  # local delta [2, 0]
+        f.step()  # one delta buffered: the model goes back to its base
+        self.assertEqual(m.p.tolist(), [1.0, 1.0])
+        self.assertEqual(fake.announced[0][1], 1)
+        fake.queue = [([0.0, 4.0], 1)]
+        fake.next_announced = self._delta(fake.next_announced)
+        with torch.no_grad():
+            m.p.add_(torch.tensor([0.0, 0.0]))
+        f.step()  # own zero delta + the other's [0, 4] (τ = 0): k = 3 ≥ 2
+        want = torch.tensor([1.0, 1.0]) + (torch.tensor([2.0, 0.0]) + torch.tensor([0.0, 4.0])) / 3
+        self.assertTrue(torch.allclose(m.p.detach(), want), (m.p, want))
+        self.assertEqual(f.applied, 1)
+
+    @staticmethod
+    def _delta(nxt):
+        def f(tensors, timeout_s=30.0):
+            meta = nxt(tensors, timeout_s)
+            meta["kind"], meta["base"] = "delta", 0
+            return meta
+        return f
 
 
 @need_peer
