@@ -7,8 +7,9 @@
 # Each repeat (REPEAT, default 3) runs, one after the other: the Go bench
 # at MB and at 4 KB (SMALL_ITERS all-reduces), then examples/torch/bench.py
 # through launch.py (the same sizes, from numpy arrays; TORCH=1 passes torch
-# tensors, ZERO_COPY=1 all-reduces Client.shared memory in place). It prints every result line, then the medians: busbw of each
-# and their ratio, and the 4 KB latency each adds. Needs python3 with numpy
+# tensors, ZERO_COPY=1 all-reduces Client.shared memory in place). It
+# prints every result line, then the medians: busbw of each and their
+# ratio, and the 4 KB latency of each. Needs python3 with numpy
 # (/usr/bin/python3 on Debian: python3-numpy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
