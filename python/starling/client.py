@@ -274,6 +274,8 @@ class Client:
         return a
 
     def _pack(self, tensors):
+        if not tensors:
+            raise StarlingError("no tensors given", "usage")
         shapes = []
         for i, t in enumerate(tensors):
             _check_dtype(i, t)

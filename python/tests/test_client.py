@@ -192,6 +192,9 @@ class ServeTest(unittest.TestCase):
             self.assertEqual(e.exception.code, "usage")
             self.assertIn("int32", str(e.exception))
             with self.assertRaises(starling.StarlingError) as e:
+                c.allreduce([])
+            self.assertEqual(e.exception.code, "usage")
+            with self.assertRaises(starling.StarlingError) as e:
                 c.allreduce([np.ones(3, dtype=np.float32)], rule="nosuchrule")
             self.assertEqual(e.exception.code, "usage")
             with self.assertRaises(starling.StarlingError) as e:
