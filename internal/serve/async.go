@@ -18,8 +18,12 @@ import (
 // memory and returns its metadata. The mixing (staleness weights, FedBuff's
 // buffer) is the client's.
 
-// maxAsyncFetch bounds what "next" pulls (2 GiB).
-const maxAsyncFetch = 2 << 30
+// maxAsyncFetch bounds what "next" pulls (2 GiB); fetchTimeout bounds
+// the pull once an announcement is there.
+const (
+	maxAsyncFetch = 2 << 30
+	fetchTimeout  = time.Minute
+)
 
 func (s *session) streamNet() (*swarm.StreamNet, error) {
 	if s.async != nil {
@@ -110,9 +114,13 @@ func (s *session) doNext(ctx context.Context, r Request) Response {
 	if a.Codec != compression.IDFP32 || int64(a.Elems) != r.Count {
 		return Response{Code: CodeMismatch, ID: resp.ID, Error: fmt.Sprintf("next: peer %s announced %d values (codec %d), this peer's tensors hold %d", a.Peer, a.Elems, a.Codec, r.Count)}
 	}
-	buf, err := sn.Fetch(cctx, a, f32bytes(dst)[:0])
+	// The wait was for the announcement; the pull has its own deadline.
+	fctx, fcancel := context.WithTimeout(ctx, fetchTimeout)
+	defer fcancel()
+	buf, err := sn.Fetch(fctx, a, f32bytes(dst)[:0])
 	if err != nil {
-		return fail(CodeFailed, "next: fetching %s's version %d: %v", a.Peer, a.Version, err)
+		// The peer may have left since: the client skips it and goes on.
+		return Response{Code: CodeGone, ID: string(a.Peer), Error: fmt.Sprintf("next: fetching %s's version %d: %v", a.Peer, a.Version, err)}
 	}
 	if len(buf) != 4*len(dst) {
 		return fail(CodeMismatch, "next: %s sent %d bytes, want %d", a.Peer, len(buf), 4*len(dst))

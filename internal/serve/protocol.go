@@ -87,6 +87,7 @@ const (
 	CodeExcluded = "excluded" // the others left this peer out of the round
 	CodeTimeout  = "timeout"  // the op's deadline passed
 	CodeFailed   = "failed"   // the round failed (too few peers, …)
+	CodeGone     = "gone"     // next: the announced vector could not be pulled (its peer left?)
 )
 
 // WriteFrame writes v as one frame.

@@ -24,7 +24,7 @@ DEFAULT_TIMEOUT_S = 300.0
 
 class StarlingError(Exception):
     """An error `peer serve` reported (code: busy, usage, state, mismatch,
-    excluded, timeout, failed) or a failure to reach it (code: io)."""
+    excluded, timeout, failed, gone) or a failure to reach it (code: io)."""
 
     def __init__(self, message, code="io"):
         super().__init__(message)
@@ -378,7 +378,8 @@ class Client:
         """Waits for the next vector another peer announced, writes it into
         tensors (which give the shapes) and returns {"peer", "version",
         "base", "samples", "kind"}. A vector of another length raises code
-        mismatch; none within timeout_s raises code timeout."""
+        mismatch; none within timeout_s raises code timeout; one that could
+        not be pulled (its peer left) raises code gone."""
         tensors = list(tensors)
         shapes = [_shape(t) for t in tensors]
         for i, t in enumerate(tensors):

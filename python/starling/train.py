@@ -122,6 +122,7 @@ class FedAsync:
         self.alpha, self.a, self.wait_s = alpha, a, wait_s
         self.version = 0
         self.mixed = 0
+        self.skipped = 0
         self._buf = [torch.zeros_like(p, device="cpu") for p in self.params]
 
     def weight(self, staleness):
@@ -137,8 +138,12 @@ class FedAsync:
             try:
                 meta = self.client.next_announced(self._buf, timeout_s=max(wait, 0.05))
             except Exception as e:  # noqa: BLE001 — StarlingError: timeout ends the drain
-                if getattr(e, "code", "") == "timeout":
+                code = getattr(e, "code", "")
+                if code == "timeout":
                     break
+                if code in ("gone", "mismatch"):  # a peer that left, or trains another shape
+                    self.skipped += 1
+                    continue
                 raise
             w = self.weight(self.version - meta["version"])
             for p, b in zip(self.params, self._buf):
@@ -164,6 +169,7 @@ class FedBuff:
         self.k, self.server_lr, self.a, self.wait_s = k, server_lr, a, wait_s
         self.version = 0
         self.applied = 0
+        self.skipped = 0
         with torch.no_grad():
             self.base = [p.detach().clone() for p in self.params]
         self._sum = [torch.zeros_like(p) for p in self.params]
@@ -188,8 +194,12 @@ class FedBuff:
             try:
                 meta = self.client.next_announced(self._buf, timeout_s=max(wait, 0.05))
             except Exception as e:  # noqa: BLE001 — StarlingError: timeout ends the drain
-                if getattr(e, "code", "") == "timeout":
+                code = getattr(e, "code", "")
+                if code == "timeout":
                     break
+                if code in ("gone", "mismatch"):  # a peer that left, or trains another shape
+                    self.skipped += 1
+                    continue
                 raise
             if meta["kind"] != "delta":
                 continue
