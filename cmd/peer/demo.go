@@ -22,6 +22,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rounds := fs.Int("rounds", def.Rounds, "federated rounds")
 	partition := fs.String("partition", def.Partition, "data split: iid, shards or dirichlet:α")
 	timeout := fs.Duration("timeout", def.Timeout, "stop the demo after this long")
+	uiAddr := fs.String("ui", def.UI, "serve a live dashboard of the swarm on this address and print its URL (\"\": none)")
 	var extra cli.List
 	fs.Var(&extra, "peer-flag", "extra `peer run` flag for every peer, e.g. --peer-flag=--strategy=fedprox (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -35,7 +36,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	o := def
-	o.Exe, o.Peers, o.Out, o.Rounds, o.Partition, o.Timeout, o.Extra = exe, *peers, *out, *rounds, *partition, *timeout, extra
+	o.Exe, o.Peers, o.Out, o.Rounds, o.Partition, o.Timeout, o.Extra, o.UI = exe, *peers, *out, *rounds, *partition, *timeout, extra, *uiAddr
 	res, err := demo.Run(ctx, o, stdout, stderr)
 	if res != nil && len(res.Curve) > 0 {
 		msg := fmt.Sprintf("final test accuracy %.2f%% after %d rounds in %.0fs", 100*res.FinalAccuracy, len(res.Curve), res.WallS)

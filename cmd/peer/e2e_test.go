@@ -24,6 +24,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/starling-ml/starling/internal/peerrun"
+	"github.com/starling-ml/starling/internal/ui"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/train"
 )
@@ -426,11 +427,22 @@ func TestRunBadInput(t *testing.T) {
 
 func TestRunServesMetrics(t *testing.T) {
 	bin := binary(t)
-	port := freePort(t)
+	port, uiPort := freePort(t), freePort(t)
 	p := start(t, bin, append(common(500), "--listen", "/ip4/127.0.0.1/tcp/0", "--min-peers", "1",
-		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port))...)
+		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port), "--ui", fmt.Sprintf("127.0.0.1:%d", uiPort))...)
 	p.waitRound(t, 2, 60*time.Second)
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	// The dashboard's state is live: the rounds reported so far.
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/api/state", uiPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st ui.State
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || st.Round < 2 || len(st.Live.Members) != 1 || len(st.Curves) != 1 || st.Rounds != 500 {
+		t.Errorf("dashboard state: round %d of %d, members %v, %d curves, %v", st.Round, st.Rounds, st.Live.Members, len(st.Curves), err)
+	}
+	resp, err = http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
 	if err != nil {
 		t.Fatal(err)
 	}

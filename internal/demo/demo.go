@@ -27,6 +27,7 @@ import (
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/internal/progress"
+	"github.com/starling-ml/starling/internal/ui"
 	"github.com/starling-ml/starling/node"
 )
 
@@ -40,12 +41,15 @@ type Options struct {
 	Partition string   // data split
 	Extra     []string // more `peer run` flags, passed to every peer
 	Timeout   time.Duration
+	// UI serves a live dashboard of the swarm on this address ("" for
+	// none; port 0 picks one); its URL is printed.
+	UI string
 }
 
 // DefaultOptions returns the demo the README runs: 4 peers, non-IID MNIST
 // (Dirichlet α=0.5), FedAvg of the 2NN MLP.
 func DefaultOptions() Options {
-	return Options{Peers: 4, Out: filepath.Join("out", "demo"), Rounds: 15, Target: 0.97, Partition: "dirichlet:0.5", Timeout: 15 * time.Minute}
+	return Options{Peers: 4, Out: filepath.Join("out", "demo"), Rounds: 15, Target: 0.97, Partition: "dirichlet:0.5", Timeout: 15 * time.Minute, UI: "127.0.0.1:0"}
 }
 
 // Result is the demo's summary.json.
@@ -185,10 +189,26 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, err
 	go func() { wg.Wait(); close(lines) }()
 
 	res := &Result{Peers: o.Peers, Partition: o.Partition, Rounds: o.Rounds, Target: o.Target, SecondsToTarget: -1}
+	var board *ui.Board
+	if o.UI != "" {
+		board = ui.New(fmt.Sprintf("demo: %d peers, FedAvg on MNIST (%s)", o.Peers, o.Partition), o.Rounds, nil, nil)
+		url, err := ui.Serve(ctx, o.UI, board)
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("demo: %w", err)
+		}
+		fmt.Fprintf(stdout, "live dashboard: %s\n", url)
+	}
 	bar := progress.New(stderr)
 	byRound := map[int]peerrun.Progress{}
 	for l := range lines {
 		p := l.p
+		if board != nil && p.Round > 0 {
+			board.Point(p.Peer, ui.Point{Round: p.Round, Seconds: time.Since(start).Seconds(), Accuracy: p.Accuracy, Loss: p.Loss, Peers: p.Peers})
+			if p.Note != "" {
+				board.Event(p.Peer, fmt.Sprintf("round %d", p.Round), p.Note)
+			}
+		}
 		if _, seen := byRound[p.Round]; seen || p.Round == 0 {
 			continue
 		}
@@ -200,6 +220,9 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, err
 		bar.Update(p.Round, o.Rounds, fmt.Sprintf("round %d/%d  test accuracy %.2f%%  peers %d  %.0fs", p.Round, o.Rounds, 100*p.Accuracy, p.Peers, p.Seconds))
 	}
 	bar.Done()
+	if board != nil {
+		board.Done()
+	}
 	for _, f := range logs {
 		f.Close()
 	}

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/starling-ml/starling/internal/ui"
+	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -50,10 +52,13 @@ func (m *metrics) progress(p Progress) {
 	m.last = now
 }
 
-// recorder forwards to an inner Recorder and counts events.
+// recorder forwards to an inner Recorder, counts events and shows them on
+// the dashboard (board may be nil).
 type recorder struct {
 	train.Recorder
-	m *metrics
+	m     *metrics
+	board *ui.Board
+	self  string
 }
 
 func (r recorder) Event(e train.Event) {
@@ -61,5 +66,52 @@ func (r recorder) Event(e train.Event) {
 	if e.Kind == "merge" {
 		r.m.staleness.Observe(float64(e.Staleness))
 	}
+	if r.board != nil {
+		switch {
+		case e.Kind == "merge":
+			r.board.Merge(e.Staleness)
+		case e.Kind == "round" || e.Kind == "publish" || e.Kind == "exchange" || e.Kind == "step":
+			// routine: shown by the curves, the byte counts and the histogram
+		default: // failed rounds, drops, admissions, exclusions
+			peer := e.Peer
+			if peer == "" {
+				peer = r.self
+			}
+			r.board.Event(peer, e.Kind, e.Detail)
+		}
+	}
 	r.Recorder.Event(e)
+}
+
+// liveView is the dashboard's view of the swarm from peer p: its members,
+// its connections and the bytes its streams moved.
+func liveView(p *swarm.Peer) ui.Live {
+	l := ui.Live{Counted: true}
+	for _, m := range p.Members() {
+		l.Members = append(l.Members, string(m))
+	}
+	self := string(p.ID())
+	for _, q := range p.Node.Peers() {
+		l.Links = append(l.Links, ui.Link{From: self, To: q.String()})
+	}
+	fams, _ := p.Node.Registry().Gather()
+	for _, f := range fams {
+		if f.GetName() != "starling_node_stream_bytes_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() != "direction" {
+					continue
+				}
+				switch lp.GetValue() {
+				case "sent":
+					l.BytesSent += int64(m.GetCounter().GetValue())
+				case "received":
+					l.BytesRecv += int64(m.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	return l
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/internal/plot"
+	"github.com/starling-ml/starling/internal/ui"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/trace"
 	"github.com/starling-ml/starling/train"
@@ -80,6 +81,9 @@ type Options struct {
 	Checkpoint string // path of this peer's checkpoint file ("" for none)
 	Resume     bool   // continue from Checkpoint
 	Out        string // folder for summary.json and curve.csv ("" for none)
+	// UI serves a live dashboard of this peer on this address ("" for
+	// none; host:0 picks a port).
+	UI string
 	// Trace receives the peer's timeline in the Chrome trace event format
 	// (package trace); "" for none.
 	Trace string
@@ -351,6 +355,19 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		return nil, err
 	}
 	rec := &train.MemRecorder{MinGap: time.Second}
+	var board *ui.Board
+	if opts.UI != "" {
+		board = ui.New(fmt.Sprintf("peer %s: %s, %s", p.ID(), opts.Mode, wl.ID()), 0, func() ui.Live { return liveView(p) }, nil)
+		if wl.Text() {
+			board.SetMetric("bits/char")
+		}
+		url, err := ui.Serve(ctx, opts.UI, board)
+		if err != nil {
+			return nil, fmt.Errorf("--ui: %w", err)
+		}
+		defer board.Done()
+		fmt.Fprintf(stderr, "dashboard at %s\n", url)
+	}
 	start := time.Now()
 	sum := &Summary{Peer: string(p.ID()), Mode: opts.Mode, Model: w.Model.Arch, ModelID: wl.ID(), ShardSize: shard.Len()}
 	switch opts.Mode {
@@ -369,6 +386,13 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}
 		if pr.Seconds == 0 {
 			pr.Seconds = time.Since(start).Seconds()
+		}
+		if board != nil {
+			board.Point(pr.Peer, ui.Point{Round: pr.Round, Seconds: pr.Seconds, Accuracy: pr.Accuracy, Loss: pr.Loss, Peers: pr.Peers})
+			board.SetRounds(pr.Rounds)
+			if pr.Note != "" {
+				board.Event(pr.Peer, fmt.Sprintf("round %d", pr.Round), pr.Note)
+			}
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -399,7 +423,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		fmt.Fprintf(stdout, "%s %d/%d  test acc %.2f%%  loss %.4f  peers %d  %.0fs%s\n", roundWord(opts.Mode), pr.Round, pr.Rounds, 100*pr.Accuracy, pr.Loss, pr.Peers, pr.Seconds, note)
 	}
 	env := &Env{
-		Opts: &opts, Peer: p, Worker: w, Workload: wl, Test: wl.Test, Recorder: recorder{rec, met}, Checkpoint: ck,
+		Opts: &opts, Peer: p, Worker: w, Workload: wl, Test: wl.Test, Recorder: recorder{rec, met, board, string(p.ID())}, Checkpoint: ck,
 		Report: report, Log: opts.Log,
 		Save: func(c *train.Checkpoint) error {
 			if opts.Checkpoint == "" {
