@@ -72,7 +72,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	initFile := fs.String("init", "", "start from these weights: a safetensors state dict of the model (from --save, peer train --save or torch)")
 	save := fs.String("save", "", "write the final model to this file as a PyTorch state dict (safetensors)")
 	// Federated.
-	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H]")
+	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H], streaming-diloco[:h=H,fragments=F,alpha=α,overlap=τ]")
 	rounds := fs.Int("rounds", 20, "federated rounds")
 	fraction := fs.Float64("fraction", 1, "fraction C of live peers sampled per round")
 	epochs := fs.Int("local-epochs", 1, "local epochs E per round")
@@ -86,7 +86,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 	var compress compression.Spec
-	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
+	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models; federated streaming-diloco: codec of the outer gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
 	d := peerrun.DefaultSyncOptions()
 	jobSteps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip: local steps of this peer (0: until --duration)")
 	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip: evaluate, report and checkpoint every N steps")
@@ -132,7 +132,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		o.Fed.Rounds, o.Fed.Fraction, o.Fed.Seed, o.Fed.RoundTimeout = *rounds, *fraction, *seed, *roundTimeout
 		if *steps > 0 {
 			o.Fed.LocalSteps, o.Fed.LocalEpochs = *steps, 0
-		} else if o.Fed.Strategy != "diloco" {
+		} else if !strings.Contains(o.Fed.Strategy, "diloco") {
 			o.Fed.LocalEpochs = *epochs
 		}
 		o.Sync, o.Async = buildSync(), buildAsync()
@@ -179,7 +179,7 @@ func applyTuning(fs *flag.FlagSet, o *peerrun.Options) error {
 		w.Schedule = tu.Schedule
 	}
 	// DiLoCo's H is its own (--strategy diloco:h=H).
-	if !set["local-steps"] && !set["local-epochs"] && o.Fed.Strategy != "diloco" {
+	if !set["local-steps"] && !set["local-epochs"] && !strings.Contains(o.Fed.Strategy, "diloco") {
 		o.Fed.LocalSteps, o.Fed.LocalEpochs = tu.LocalSteps, 0
 	}
 	return nil

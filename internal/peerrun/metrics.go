@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -62,4 +63,36 @@ func (r recorder) Event(e train.Event) {
 		r.m.staleness.Observe(float64(e.Staleness))
 	}
 	r.Recorder.Event(e)
+}
+
+// tensorBytesSent returns the bytes this peer wrote to tensor streams (the
+// all-reduce's chunks and published models; not the control plane's
+// gossip nor state transfers), read from the node's
+// starling_node_stream_bytes_total; 0 if the registry has none.
+func tensorBytesSent(g prometheus.Gatherer) int64 {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for _, mf := range mfs {
+		if mf.GetName() != "starling_node_stream_bytes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			dir, proto := "", ""
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "direction":
+					dir = l.GetValue()
+				case "protocol":
+					proto = l.GetValue()
+				}
+			}
+			if dir == "sent" && proto == string(node.ProtocolID) {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return int64(total)
 }
