@@ -73,6 +73,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	save := fs.String("save", "", "write the final model to this file as a PyTorch state dict (safetensors)")
 	// Federated.
 	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H], streaming-diloco[:h=H,fragments=F,alpha=α,overlap=τ]")
+	overlap := fs.Int("overlap", 0, "streaming-diloco: inner steps τ that a fragment's all-reduce overlaps before its result is merged (as overlap=τ in --strategy; must be below h/fragments)")
 	rounds := fs.Int("rounds", 20, "federated rounds")
 	fraction := fs.Float64("fraction", 1, "fraction C of live peers sampled per round")
 	epochs := fs.Int("local-epochs", 1, "local epochs E per round")
@@ -130,6 +131,12 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 			return o, err
 		}
 		o.Fed.Rounds, o.Fed.Fraction, o.Fed.Seed, o.Fed.RoundTimeout = *rounds, *fraction, *seed, *roundTimeout
+		if *overlap > 0 {
+			if o.Fed.Strategy != "streaming-diloco" {
+				return o, fmt.Errorf("--overlap applies to --strategy streaming-diloco, not %s", o.Fed.Strategy)
+			}
+			o.Fed.Overlap = *overlap
+		}
 		if *steps > 0 {
 			o.Fed.LocalSteps, o.Fed.LocalEpochs = *steps, 0
 		} else if !strings.Contains(o.Fed.Strategy, "diloco") {
@@ -296,9 +303,9 @@ func checkModeFlags(fs *flag.FlagSet) error {
 // modeOnlyFlags names flags that only one mode reads.
 var modeOnlyFlags = map[string][]string{
 	"strategy": {"federated"}, "rounds": {"federated"}, "fraction": {"federated"},
-	"local-epochs": {"federated"}, "local-steps": {"federated"}, "round-timeout": {"federated"},
+	"local-epochs": {"federated"}, "local-steps": {"federated"}, "round-timeout": {"federated"}, "overlap": {"federated"},
 	"steps": {"sync", "async", "gossip"}, "eval-every": {"sync", "async", "gossip"},
-	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async"},
+	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async", "federated"}, // federated: streaming-diloco alone (peerrun.Options.Validate)
 	"async": {"async"}, "policy": {"async"}, "alpha": {"async"}, "buffer-k": {"async"},
 	"server-lr": {"async"}, "publish-every": {"async"}, "round-time": {"async"},
 	"gossip": {"gossip"}, "gossip-every": {"gossip"}, "gossip-period": {"gossip"},
