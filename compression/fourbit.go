@@ -72,10 +72,11 @@ func (c Int4) spec() string { return fmt.Sprintf("int4:block=%d", fourBitBlock(c
 // fp4Values are the E2M1 magnitudes by code; code|8 is the negative.
 var fp4Values = [8]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6}
 
-// fp4Code maps ⌊4·|x|/scale⌋ (0…24) to the nearest E2M1 code: the
-// midpoints between the magnitudes (¼, ¾, 1¼, 1¾, 2½, 3½, 5) are all
-// multiples of ¼, so the floor of 4·|x|/scale decides.
-var fp4Code = func() (t [25]byte) {
+// fp4Code maps ⌊4·|x|/scale⌋ (0…24, and up to 31 for the rounding of
+// the product) to the nearest E2M1 code: the midpoints between the
+// magnitudes (¼, ¾, 1¼, 1¾, 2½, 3½, 5) are all multiples of ¼, so the
+// floor of 4·|x|/scale decides.
+var fp4Code = func() (t [32]byte) {
 	mids := [7]int{1, 3, 5, 7, 10, 14, 20} // 4·midpoint
 	for k := range t {
 		for _, m := range mids {
@@ -158,12 +159,12 @@ func encodeFourBit(dst []byte, src []float32, id ID, block int) []byte {
 	return out
 }
 
-// fp4Encode returns the E2M1 code of v·inv/4 (inv is 4/scale).
+// fp4Encode returns the E2M1 code of v·inv/4 (inv is 4/scale, and
+// |v|·inv ≤ 24 up to rounding, so the index stays below 32).
 func fp4Encode(v, inv float32) byte {
 	b := math.Float32bits(v)
 	y := math.Float32frombits(b&0x7fffffff) * inv
-	k := min(int32(y), 24)
-	return fp4Code[k] | byte(b>>28)&8
+	return fp4Code[uint32(y)&31] | byte(b>>28)&8
 }
 
 func fp4Encode64(v float32, inv float64) byte {
