@@ -16,7 +16,7 @@ var benchSizes = []int{1 << 16, 1 << 20, 1 << 24}
 var benchData = sync.OnceValue(func() []float32 { return gradLike(1<<24, 42) })
 
 var benchSpecs = []string{
-	"fp32", "fp16", "bf16", "int8", "topk:0.01,entropy=none", "randk:0.01", "sign", "powersgd:rank=4",
+	"fp32", "fp16", "bf16", "int8", "topk:0.01,entropy=none", "randk:0.01", "sign", "powersgd:rank=4", "fp4", "int4",
 }
 
 func BenchmarkEncode(b *testing.B) {

@@ -15,6 +15,8 @@ const (
 	IDRandK    ID = 5 // random-k sparsification
 	IDSign     ID = 6 // 1 bit per value plus a scale (EF-SignSGD)
 	IDPowerSGD ID = 7 // low-rank P/Q factors of a matrix
+	IDFP4      ID = 8 // 4-bit floats (E2M1) with a per-block scale
+	IDInt4     ID = 9 // 4-bit integers with a per-block absmax scale
 
 	// IDEntropy is set on top of another id when the encoded bytes were
 	// further wrapped by the entropy stage (zstd or S2).

@@ -38,6 +38,8 @@
 //	randk:f      f·4                       drops all but k random x               5
 //	sign:1024    1/8 + 4/1024              x ↦ ±mean|x| of its block              6
 //	powersgd:r   4·r·(rows+cols)/(rows·cols) rank-r projection per matrix       7
+//	fp4:64       1/2 + 4/64                ≤ absmax(block)/6 (E2M1 ±{0,½,1,1½,2,3,4,6}) 8
+//	int4:64      1/2 + 4/64                ≤ absmax(block)/14                      9
 //
 // Measured (BenchmarkEncode, BenchmarkDecode; 16 M gradient-like values, one
 // core of a shared 2-core AMD EPYC VM, best of 3): fp16 13.6 / 11.0 GB/s
@@ -46,11 +48,14 @@
 // rank 4 1.35 / 0.45 (one 4096² matrix). fp16, bf16 and int8 run AVX2/F16C
 // kernels (kernels_amd64.s) that give bit-for-bit the pure-Go loops' result;
 // build with -tags purego for the pure-Go loops alone (fp16 encode 1.6 GB/s).
+// fp4 and int4 (pure Go, 1 M values, 20 runs, same machine, noisy):
+// 2.45 / 3.3 and 4.7 / 3.1 GB/s encode / decode, ratio 7.1. Both sum in
+// their own format at a reducing hop of an all-reduce (a 4-bit all-reduce).
 //
 // The stateful codecs (ErrorFeedback, PowerSGD, RandK) implement Stateful to
 // save their state with a checkpoint. TopK, RandK, PowerSGD, ErrorFeedback,
 // Entropy, Decoder and Combiner hold scratch and must not be used from two
-// goroutines at once; FP32, FP16, BF16, Int8 and Sign are stateless values
+// goroutines at once; FP32, FP16, BF16, Int8, Sign, FP4 and Int4 are stateless values
 // safe for concurrent use. Every Decode is pure.
 //
 // # Error feedback

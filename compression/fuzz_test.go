@@ -68,6 +68,8 @@ func FuzzDecodeTopK(f *testing.F)     { fuzzDecoder(f, &TopK{Frac: 0.1}) }
 func FuzzDecodeRandK(f *testing.F)    { fuzzDecoder(f, &RandK{Frac: 0.1}) }
 func FuzzDecodeSign(f *testing.F)     { fuzzDecoder(f, Sign{Block: 10}) }
 func FuzzDecodePowerSGD(f *testing.F) { fuzzDecoder(f, &PowerSGD{Rank: 2}) }
+func FuzzDecodeFP4(f *testing.F)      { fuzzDecoder(f, FP4{Block: 7}) }
+func FuzzDecodeInt4(f *testing.F)     { fuzzDecoder(f, Int4{Block: 16}) }
 
 func FuzzDecodeEntropyZstd(f *testing.F) {
 	e, _ := NewEntropy(&TopK{Frac: 0.3}, EntropyZstd)
@@ -212,8 +214,13 @@ func FuzzRoundTrip(f *testing.F) {
 		if len(b) > MaxEncodedLen(c.ID(), len(x)) {
 			t.Fatalf("%s: %d bytes > MaxEncodedLen", c.Name(), len(b))
 		}
-		if q, ok := c.(Int8); ok {
+		switch q := c.(type) {
+		case Int8:
 			checkInt8Bound(t, x, y, q.block())
+		case FP4:
+			checkFourBitBound(t, x, y, fourBitBlock(q.Block), 6)
+		case Int4:
+			checkFourBitBound(t, x, y, fourBitBlock(q.Block), 14)
 		}
 		for i, v := range x {
 			a := math.Abs(float64(v))
@@ -265,15 +272,52 @@ func checkInt8Bound(t *testing.T, x, y []float32, block int) {
 	}
 }
 
+// checkFourBitBound checks |x̂ − x| ≤ absmax/div (FP4: 6, the half step
+// between 4 and 6; Int4: 14, half a step of absmax/7) plus float32
+// rounding and the subnormal spacing, in every block of finite values, and
+// that the sign is kept.
+func checkFourBitBound(t *testing.T, x, y []float32, block int, div float64) {
+	t.Helper()
+	for lo := 0; lo < len(x); lo += block {
+		hi := min(lo+block, len(x))
+		var absmax float64
+		finite := true
+		for _, v := range x[lo:hi] {
+			a := math.Abs(float64(v))
+			finite = finite && !math.IsNaN(a) && !math.IsInf(a, 0)
+			absmax = math.Max(absmax, a)
+		}
+		if !finite {
+			for i := lo; i < hi; i++ {
+				if !math.IsNaN(float64(y[i])) {
+					t.Fatalf("value %d of a non-finite block decodes to %g, want NaN", i, y[i])
+				}
+			}
+			continue
+		}
+		bound := absmax/div + absmax*0x1p-20 + 16*0x1p-149
+		for i := lo; i < hi; i++ {
+			if e := math.Abs(float64(y[i]) - float64(x[i])); e > bound || y[i]*x[i] < 0 {
+				t.Fatalf("4-bit value %d: %g became %g, error %g > %g (absmax %g)", i, x[i], y[i], e, bound, absmax)
+			}
+		}
+	}
+}
+
 // Huge block sizes in the header are one block, not an overflow.
 func TestHugeBlockHeader(t *testing.T) {
-	for _, id := range []ID{IDInt8, IDSign} {
+	for _, id := range []ID{IDInt8, IDSign, IDFP4, IDInt4} {
 		x := gradLike(5, 1)
 		var b []byte
-		if id == IDInt8 {
+		switch id {
+		case IDInt8:
 			b = Int8{Block: 8}.Encode(nil, x)
-		} else {
+		case IDSign:
 			b = Sign{Block: 8}.Encode(nil, x)
+		case IDFP4:
+			b = FP4{Block: 8}.Encode(nil, x)
+		case IDInt4:
+			b = Int4{Block: 8}.Encode(nil, x)
 		}
 		// Replace the block uvarint (8) with 2⁶⁴−1.
 		huge := append([]byte{b[0], b[1]}, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01)

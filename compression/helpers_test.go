@@ -48,7 +48,7 @@ func specials() []float32 {
 func allCodecs() []Codec {
 	return []Codec{
 		FP32{}, FP16{}, BF16{}, Int8{Block: 64}, &TopK{Frac: 0.05}, &RandK{Frac: 0.05, Seed: 3},
-		Sign{Block: 100}, &PowerSGD{Rank: 2, Seed: 1},
+		Sign{Block: 100}, &PowerSGD{Rank: 2, Seed: 1}, FP4{Block: 33}, Int4{Block: 16},
 	}
 }
 

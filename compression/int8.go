@@ -71,7 +71,7 @@ func (c Int8) Encode(dst []byte, src []float32) []byte {
 		if mx != 0 {
 			inv = 127 / absmax
 		}
-		putFloat(scales, b, absmax/127)
+		putFloat(scales, b, scaleFor(absmax, 127))
 		if math.IsInf(float64(inv), 0) {
 			// absmax below 127/MaxFloat32: the float32 reciprocal
 			// overflows, so quantise this (rare) block in float64.
@@ -81,6 +81,17 @@ func (c Int8) Encode(dst []byte, src []float32) []byte {
 		quantise(q[lo:hi], x, inv)
 	}
 	return out
+}
+
+// scaleFor returns absmax/top rounded so that top·scale does not exceed
+// absmax in float32: a block whose absmax is near MaxFloat32 then decodes
+// its largest code to a finite value, not to Inf.
+func scaleFor(absmax, top float32) float32 {
+	s := absmax / top
+	if s*top > absmax {
+		s = math.Nextafter32(s, 0)
+	}
+	return s
 }
 
 // The bulk loops; kernels_amd64.go swaps in AVX2 versions.

@@ -169,7 +169,7 @@ func mergeWalk(a, b *sparseIter, f func(i int, v float32)) error {
 
 // HopCodec returns the codec with which a hop of an all-reduce re-encodes a
 // partial sum of vectors that leaf encoded: Desc.Hop of leaf's codec (the
-// dense codecs themselves, Sign Int8, the others FP32). Error feedback is
+// dense codecs and the 4-bit ones themselves, Sign Int8, the others FP32). Error feedback is
 // not carried over (a hop has no residual of its own); the entropy stage is.
 func HopCodec(leaf Codec) Codec {
 	var mode EntropyMode

@@ -37,6 +37,23 @@ func hopBound(hop Codec, v []float32) []float64 {
 				b[i] = absmax/254 + absmax*0x1p-20
 			}
 		}
+	case FP4, Int4:
+		div, block := 6.0, 0
+		if q, ok := c.(FP4); ok {
+			block = fourBitBlock(q.Block)
+		} else {
+			div, block = 14, fourBitBlock(c.(Int4).Block)
+		}
+		for lo := 0; lo < len(v); lo += block {
+			hi := min(lo+block, len(v))
+			var absmax float64
+			for _, x := range v[lo:hi] {
+				absmax = math.Max(absmax, math.Abs(float64(x)))
+			}
+			for i := lo; i < hi; i++ {
+				b[i] = absmax/div + absmax*0x1p-20
+			}
+		}
 	default:
 		panic(fmt.Sprintf("no bound for %T", hop))
 	}

@@ -82,6 +82,8 @@ func maxHeader(n int) int { return headerLen(n) + maxUvarintLen64 }
 var (
 	fracParam = Param{Key: "frac", Main: true, Kind: FracParam, Default: DefaultFrac, Min: 0, Max: 1}
 	seedParam = Param{Key: "seed", Kind: UintParam}
+	// fourBitParam is FP4's and Int4's block size.
+	fourBitParam = Param{Key: "block", Main: true, Kind: IntParam, Default: DefaultFourBitBlock, Min: 1, Max: maxBlock}
 )
 
 // descs is the codec table, indexed by id.
@@ -139,6 +141,23 @@ var descs = [...]Desc{
 		Lossy:  true, Hop: IDFP32,
 		MaxEncodedLen: func(n int) int { return maxHeader(n) + min(n, maxTensors)*3*maxUvarintLen64 + 4*n },
 		build:         func(v values) Codec { return &PowerSGD{Rank: v.get("rank").i, Seed: v.get("seed").u} },
+	},
+	// The 4-bit codecs sum in their own format at a reducing hop (a 4-bit
+	// all-reduce, as Streaming DiLoCo's): each hop adds at most its
+	// block's half step of error (reduce_test's hopBound).
+	IDFP4: {
+		ID: IDFP4, Name: "fp4", Doc: "4-bit floats E2M1 with a per-block absmax scale",
+		Params: []Param{fourBitParam},
+		Lossy:  true, Hop: IDFP4,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 4*n + (n+1)/2 },
+		build:         func(v values) Codec { return FP4{Block: v.get("block").i} },
+	},
+	IDInt4: {
+		ID: IDInt4, Name: "int4", Doc: "int4 blockwise (−7…7) with a per-block absmax scale",
+		Params: []Param{fourBitParam},
+		Lossy:  true, Hop: IDInt4,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 4*n + (n+1)/2 },
+		build:         func(v values) Codec { return Int4{Block: v.get("block").i} },
 	},
 }
 
@@ -247,6 +266,8 @@ func Dense(c Codec) bool {
 //	randk     frac*=0.01, seed=0        k stratified random values
 //	sign      block*=1024 | all         1 bit per value, mean |x| per block
 //	powersgd  rank*=4, seed=0           rank-r PowerSGD (SetLayout for shapes)
+//	fp4       block*=64                 4-bit floats E2M1, absmax/6 per block
+//	int4      block*=64                 4-bit integers −7…7, absmax/7 per block
 //
 // Examples: "topk:0.01,ef", "int8:block=256", "sign:ef", "powersgd:rank=2,ef".
 

@@ -114,8 +114,8 @@ func TestNewDecodesAnyParameters(t *testing.T) {
 			}
 		}
 	}
-	if _, err := New(9, ""); !errors.Is(err, ErrUnknownCodec) {
-		t.Fatalf("New(9): %v", err)
+	if _, err := New(ID(len(descs)), ""); !errors.Is(err, ErrUnknownCodec) {
+		t.Fatalf("New(%d): %v", len(descs), err)
 	}
 	if _, err := New(IDTopK, "entropy=s2"); !errors.Is(err, ErrBadSpec) {
 		t.Fatalf("New with entropy param: %v", err)

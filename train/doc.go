@@ -1,5 +1,7 @@
 // Package train holds Starling's training strategies: Local (one peer
-// alone), Federated (FedAvg, FedProx, FedOpt, DiLoCo), Sync (data-parallel
+// alone), Federated (FedAvg, FedProx, FedOpt, DiLoCo, and Streaming DiLoCo
+// through Streaming: one strided fragment of the model per sync, outer
+// gradients in any codec, optional overlap), Sync (data-parallel
 // SGD), RunAsync (FedAsync, FedBuff) and RunGossip (AD-PSGD, SGP). A
 // Worker is one peer's model, optimiser and data shard; the strategies
 // drive it and reach the network only through their own interfaces (Net,

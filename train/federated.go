@@ -19,7 +19,8 @@ import (
 // FedConfig configures serverless federated learning. Every peer of a
 // federation must use the same settings.
 type FedConfig struct {
-	// Strategy is fedavg, fedprox, fedadam, fedyogi, fedadagrad or diloco.
+	// Strategy is fedavg, fedprox, fedadam, fedyogi, fedadagrad, diloco or
+	// streaming-diloco (Streaming).
 	Strategy string
 	// Rounds is the number of rounds to run.
 	Rounds int
@@ -39,6 +40,16 @@ type FedConfig struct {
 	ServerLR float32
 	// ServerMomentum is DiLoCo's outer Nesterov momentum (0.9).
 	ServerMomentum float32
+	// Fragments is Streaming DiLoCo's F: the model's tensors form F
+	// strided fragments, synchronised one at a time (1 is DiLoCo sending
+	// outer gradients).
+	Fragments int
+	// Alpha is Streaming DiLoCo's mixing factor α: after a fragment's
+	// outer step the local fragment becomes α·local + (1−α)·global.
+	Alpha float32
+	// Overlap is Streaming DiLoCo's τ: the inner steps a fragment's
+	// all-reduce overlaps before its result is merged (< H/F).
+	Overlap int
 	// Seed drives client sampling; all peers must share it.
 	Seed uint64
 	// RoundTimeout bounds one round: fetching state, local training and the
@@ -72,7 +83,9 @@ func DefaultFedConfig() FedConfig {
 
 // ParseStrategy sets Strategy and its parameters from a flag value such as
 // "fedavg", "fedprox:mu=0.01", "fedadam:lr=0.01", "fedyogi", "fedadagrad",
-// "diloco:h=50,lr=0.7,momentum=0.9", filling the papers' defaults.
+// "diloco:h=50,lr=0.7,momentum=0.9",
+// "streaming-diloco:h=100,fragments=4,alpha=0.5,overlap=0,lr=0.7,momentum=0.9",
+// filling the papers' defaults.
 func (c *FedConfig) ParseStrategy(s string) error {
 	t, err := spec.One(s)
 	if err != nil {
@@ -101,8 +114,16 @@ func (c *FedConfig) ParseStrategy(s string) error {
 		c.ServerMomentum = float32(r.Float("momentum", 0.9, spec.In(0, 1, true, false)))
 		c.LocalSteps, c.LocalEpochs = r.Int("h", 50, 1, math.MaxInt32), 0
 		c.ResetClientOpt = false
+	case "streaming-diloco":
+		c.ServerLR = lr(0.7)
+		c.ServerMomentum = float32(r.Float("momentum", 0.9, spec.In(0, 1, true, false)))
+		c.LocalSteps, c.LocalEpochs = r.Int("h", 100, 1, math.MaxInt32), 0
+		c.Fragments = r.Int("fragments", 4, 1, 1<<16)
+		c.Alpha = float32(r.Float("alpha", 0.5, spec.In(0, 1, true, true)))
+		c.Overlap = r.Int("overlap", 0, 0, math.MaxInt32)
+		c.ResetClientOpt = false
 	default:
-		return fmt.Errorf("%w: %w", ErrStrategy, t.Errorf("unknown strategy %q (want fedavg, fedprox, fedadam, fedyogi, fedadagrad or diloco)", t.Name))
+		return fmt.Errorf("%w: %w", ErrStrategy, t.Errorf("unknown strategy %q (want fedavg, fedprox, fedadam, fedyogi, fedadagrad, diloco or streaming-diloco)", t.Name))
 	}
 	if err := r.Done(); err != nil {
 		return fmt.Errorf("%w: %w", ErrStrategy, err)
@@ -126,6 +147,16 @@ func (c FedConfig) Validate() error {
 	case c.RoundTimeout <= 0:
 		return fmt.Errorf("%w: round timeout must be positive", ErrStrategy)
 	}
+	if c.Strategy == "streaming-diloco" {
+		switch {
+		case c.Fragments < 1 || c.LocalSteps < c.Fragments:
+			return fmt.Errorf("%w: streaming-diloco needs 1 ≤ fragments ≤ h, got fragments=%d, h=%d", ErrStrategy, c.Fragments, c.LocalSteps)
+		case c.Overlap < 0 || c.Overlap >= c.LocalSteps/c.Fragments:
+			return fmt.Errorf("%w: streaming-diloco overlap %d must be below h/fragments = %d", ErrStrategy, c.Overlap, c.LocalSteps/c.Fragments)
+		case !(c.Alpha >= 0 && c.Alpha <= 1):
+			return fmt.Errorf("%w: streaming-diloco alpha %v not in [0, 1]", ErrStrategy, c.Alpha)
+		}
+	}
 	return nil
 }
 
@@ -136,7 +167,7 @@ func (c FedConfig) newServerOpt(n int) (ServerOpt, error) {
 		return &FedAvgServer{LR: c.ServerLR}, nil
 	case "fedadam", "fedyogi", "fedadagrad":
 		return NewFedOptServer(strings.TrimPrefix(c.Strategy, "fed"), c.ServerLR, n)
-	case "diloco":
+	case "diloco", "streaming-diloco":
 		return NewNesterovServer(c.ServerLR, c.ServerMomentum, n), nil
 	}
 	return nil, fmt.Errorf("%w: unknown strategy %q", ErrStrategy, c.Strategy)
@@ -329,6 +360,9 @@ type RoundInfo struct {
 // statuses, decides with the pure functions of fedplan.go (quorate,
 // planRound, planAlign, judgeRound, finalFrom) and does what they say.
 func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
+	if cfg.Strategy == "streaming-diloco" {
+		return Streaming(ctx, w, net, cfg, rec, onRound)
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

@@ -49,8 +49,9 @@ func readSummary(t *testing.T, dir string) peerrun.Summary {
 }
 
 // TestCharLMModes runs two peer processes training a tiny charlm in each
-// mode (federated FedAvg and DiLoCo, sync, async FedAsync and FedBuff,
-// gossip AD-PSGD): both finish, report finite validation bits per
+// mode (federated FedAvg, DiLoCo and Streaming DiLoCo with fp4 outer
+// gradients, sync in fp32 and fp4, async FedAsync and FedBuff in fp32 and
+// int4, gossip AD-PSGD): both finish, report finite validation bits per
 // character in summary.json, and agree on the model id. The federated
 // swarm's --save then starts a single peer with --init (and another
 // seed), whose first evaluation, after one step at a negligible rate,
@@ -66,8 +67,11 @@ func TestCharLMModes(t *testing.T) {
 		{"fedavg", []string{"--rounds", "2", "--local-steps", "5", "--schedule", "constant", "--lr", "0.01"}},
 		{"diloco", []string{"--strategy", "diloco:h=3", "--rounds", "2"}},
 		{"sync", []string{"--mode", "sync", "--steps", "6", "--eval-every", "3"}},
+		{"sync-fp4", []string{"--mode", "sync", "--steps", "6", "--eval-every", "3", "--compress", "fp4"}},
+		{"streaming-fp4", []string{"--strategy", "streaming-diloco:h=4,fragments=2,overlap=1", "--rounds", "2", "--compress", "fp4"}},
 		{"fedasync", append([]string{"--mode", "async", "--publish-every", "5"}, streaming...)},
 		{"fedbuff", append([]string{"--mode", "async", "--async", "fedbuff", "--buffer-k", "2", "--publish-every", "5"}, streaming...)},
+		{"fedbuff-int4", append([]string{"--mode", "async", "--async", "fedbuff", "--buffer-k", "2", "--buffer-rule", "mean", "--publish-every", "5", "--compress", "int4"}, streaming...)},
 		{"adpsgd", append([]string{"--mode", "gossip", "--gossip-every", "5"}, streaming...)},
 	}
 	saved := filepath.Join(t.TempDir(), "swarm.safetensors")
@@ -109,7 +113,7 @@ func TestCharLMModes(t *testing.T) {
 				if _, err := fmt.Sscanf(last.Note, "%d exchanges", &k); err == nil && k > 0 {
 					exchanged = true
 				}
-				if last.Peers == 2 && (m.name == "fedavg" || m.name == "diloco" || m.name == "sync") {
+				if last.Peers == 2 && !slices.Contains([]string{"fedasync", "fedbuff", "fedbuff-int4", "adpsgd"}, m.name) {
 					exchanged = true
 				}
 				if m.name == "fedavg" && i == 0 {

@@ -386,7 +386,7 @@ func TestRunBadInput(t *testing.T) {
 		"bad config":         {[]string{"run", "--config", badCfg}, "not a JSON object"},
 		"conflicting modes":  {[]string{"run", "--mode", "sync", "--strategy", "fedprox"}, "conflicting"},
 		"unknown mode":       {[]string{"run", "--mode", "telepathy"}, "unknown --mode"},
-		"compress federated": {[]string{"run", "--compress", "fp16"}, "--compress applies to --mode sync|async"},
+		"compress federated": {[]string{"run", "--compress", "fp16"}, "--compress applies to --mode sync, async and federated with --strategy streaming-diloco"},
 		"endless async":      {[]string{"run", "--mode", "async", "--steps", "0"}, "needs a --duration"},
 		"bad policy":         {[]string{"run", "--mode", "async", "--policy", "hinge:x"}, "policy"},
 		"bad gossip":         {[]string{"run", "--mode", "gossip", "--gossip", "flood"}, "gossip algorithm"},
@@ -406,6 +406,9 @@ func TestRunBadInput(t *testing.T) {
 		"buffer rule":      {[]string{"run", "--mode", "async", "--async", "fedbuff", "--buffer-rule", "krum:f=1"}, "not coordinate-wise"},
 		"robust sparse":    {[]string{"run", "--mode", "async", "--async", "fedbuff", "--buffer-rule", "median", "--compress", "topk:0.01,ef"}, "sends models"},
 		"buffer rule sync": {[]string{"run", "--mode", "sync", "--buffer-rule", "median"}, "--buffer-rule applies to --mode async"},
+		"overlap fedavg":   {[]string{"run", "--overlap", "2"}, "--overlap applies to --strategy streaming-diloco"},
+		"overlap too long": {[]string{"run", "--strategy", "streaming-diloco:h=8,fragments=4", "--overlap", "2"}, "overlap 2 must be below h/fragments = 2"},
+		"streaming ef":     {[]string{"run", "--strategy", "streaming-diloco", "--compress", "fp4:ef"}, "no error-feedback residual"},
 	}
 	for name, c := range cases {
 		var out, errb strings.Builder

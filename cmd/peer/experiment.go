@@ -102,7 +102,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	syncAlgo := fs.String("sync-algo", def.SyncAlgorithm, "sync: all-reduce algorithm (auto, tree, butterfly, ring); butterfly suits the simulated network, where every pair of peers has a link of its own")
 	clipPeers := fs.Float64("clip-peers", def.Async.ClipFactor, "fedasync, adpsgd, sgp: "+clipPeersUsage)
 	var codec compression.Spec
-	fs.TextVar(&codec, "compress", def.Compress, "sync: codec of the gradient all-reduce; fedasync/fedbuff: codec of published vectors (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
+	fs.TextVar(&codec, "compress", def.Compress, "sync: codec of the gradient all-reduce; fedasync/fedbuff: codec of published vectors (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
 	fs.TextVar(&codec, "codec", def.Compress, "the older name of --compress")
 	stall := fs.Duration("stall-timeout", def.StallTimeout, "all-reduce (sync): how long a silent peer is waited for before it is dropped, as peer run --stall-timeout")
 	every := fs.Int("gossip-every", def.Gossip.Every, "adpsgd/sgp: local steps between exchanges")

@@ -72,7 +72,8 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	initFile := fs.String("init", "", "start from these weights: a safetensors state dict of the model (from --save, peer train --save or torch)")
 	save := fs.String("save", "", "write the final model to this file as a PyTorch state dict (safetensors)")
 	// Federated.
-	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H]")
+	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H], streaming-diloco[:h=H,fragments=F,alpha=α,overlap=τ]")
+	overlap := fs.Int("overlap", 0, "streaming-diloco: inner steps τ that a fragment's all-reduce overlaps before its result is merged (as overlap=τ in --strategy; must be below h/fragments)")
 	rounds := fs.Int("rounds", 20, "federated rounds")
 	fraction := fs.Float64("fraction", 1, "fraction C of live peers sampled per round")
 	epochs := fs.Int("local-epochs", 1, "local epochs E per round")
@@ -88,7 +89,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 	var compress compression.Spec
-	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models (fp32, fp16, bf16, int8[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
+	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models; federated streaming-diloco: codec of the outer gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
 	d := peerrun.DefaultSyncOptions()
 	jobSteps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip: local steps of this peer (0: until --duration)")
 	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip: evaluate, report and checkpoint every N steps")
@@ -132,9 +133,15 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 			return o, err
 		}
 		o.Fed.Rounds, o.Fed.Fraction, o.Fed.Seed, o.Fed.RoundTimeout = *rounds, *fraction, *seed, *roundTimeout
+		if *overlap > 0 {
+			if o.Fed.Strategy != "streaming-diloco" {
+				return o, fmt.Errorf("--overlap applies to --strategy streaming-diloco, not %s", o.Fed.Strategy)
+			}
+			o.Fed.Overlap = *overlap
+		}
 		if *steps > 0 {
 			o.Fed.LocalSteps, o.Fed.LocalEpochs = *steps, 0
-		} else if o.Fed.Strategy != "diloco" {
+		} else if !strings.Contains(o.Fed.Strategy, "diloco") {
 			o.Fed.LocalEpochs = *epochs
 		}
 		o.Sync, o.Async = buildSync(), buildAsync()
@@ -181,7 +188,7 @@ func applyTuning(fs *flag.FlagSet, o *peerrun.Options) error {
 		w.Schedule = tu.Schedule
 	}
 	// DiLoCo's H is its own (--strategy diloco:h=H).
-	if !set["local-steps"] && !set["local-epochs"] && o.Fed.Strategy != "diloco" {
+	if !set["local-steps"] && !set["local-epochs"] && !strings.Contains(o.Fed.Strategy, "diloco") {
 		o.Fed.LocalSteps, o.Fed.LocalEpochs = tu.LocalSteps, 0
 	}
 	return nil
@@ -298,9 +305,9 @@ func checkModeFlags(fs *flag.FlagSet) error {
 // modeOnlyFlags names flags that only one mode reads.
 var modeOnlyFlags = map[string][]string{
 	"strategy": {"federated"}, "rounds": {"federated"}, "fraction": {"federated"},
-	"local-epochs": {"federated"}, "local-steps": {"federated"}, "round-timeout": {"federated"},
+	"local-epochs": {"federated"}, "local-steps": {"federated"}, "round-timeout": {"federated"}, "overlap": {"federated"},
 	"steps": {"sync", "async", "gossip"}, "eval-every": {"sync", "async", "gossip"},
-	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async"},
+	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async", "federated"}, // federated: streaming-diloco alone (peerrun.Options.Validate)
 	"async": {"async"}, "policy": {"async"}, "alpha": {"async"}, "buffer-k": {"async"},
 	"server-lr": {"async"}, "publish-every": {"async"}, "round-time": {"async"},
 	"gossip": {"gossip"}, "gossip-every": {"gossip"}, "gossip-period": {"gossip"},

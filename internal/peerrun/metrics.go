@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/starling-ml/starling/internal/ui"
+	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
@@ -94,24 +95,50 @@ func liveView(p *swarm.Peer) ui.Live {
 	for _, q := range p.Node.Peers() {
 		l.Links = append(l.Links, ui.Link{From: self, To: q.String()})
 	}
-	fams, _ := p.Node.Registry().Gather()
-	for _, f := range fams {
-		if f.GetName() != "starling_node_stream_bytes_total" {
+	l.BytesSent, l.BytesRecv = streamBytes(p.Node.Registry(), "")
+	return l
+}
+
+// tensorBytesSent returns the bytes this peer wrote to tensor streams (the
+// all-reduce's chunks and published models; not the control plane's
+// gossip nor state transfers).
+func tensorBytesSent(g prometheus.Gatherer) int64 {
+	sent, _ := streamBytes(g, string(node.ProtocolID))
+	return sent
+}
+
+// streamBytes sums the node's starling_node_stream_bytes_total by
+// direction over the streams of protocol proto ("" for all); 0 if the
+// registry has none.
+func streamBytes(g prometheus.Gatherer, proto string) (sent, recv int64) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0, 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "starling_node_stream_bytes_total" {
 			continue
 		}
-		for _, m := range f.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() != "direction" {
-					continue
+		for _, m := range mf.GetMetric() {
+			dir, pr := "", ""
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "direction":
+					dir = l.GetValue()
+				case "protocol":
+					pr = l.GetValue()
 				}
-				switch lp.GetValue() {
-				case "sent":
-					l.BytesSent += int64(m.GetCounter().GetValue())
-				case "received":
-					l.BytesRecv += int64(m.GetCounter().GetValue())
-				}
+			}
+			if proto != "" && pr != proto {
+				continue
+			}
+			switch dir {
+			case "sent":
+				sent += int64(m.GetCounter().GetValue())
+			case "received":
+				recv += int64(m.GetCounter().GetValue())
 			}
 		}
 	}
-	return l
+	return sent, recv
 }

@@ -75,7 +75,8 @@ type Options struct {
 	// Async holds the settings of --mode async and --mode gossip.
 	Async AsyncOptions
 	// Compress is the codec of what this peer sends: sync's gradient
-	// all-reduce, async's published models. The zero Spec sends float32.
+	// all-reduce, async's published models, streaming-diloco's outer
+	// gradients. The zero Spec sends float32.
 	Compress compression.Spec
 
 	Checkpoint string // path of this peer's checkpoint file ("" for none)
@@ -157,10 +158,14 @@ type Summary struct {
 	FinalAccuracy float64 `json:"final_accuracy"`
 	// FinalLoss is the last evaluation's test loss; for a language model
 	// ValBitsPerChar is the same in bits per character.
-	FinalLoss      float64    `json:"final_loss"`
-	ValBitsPerChar float64    `json:"val_bits_per_char,omitempty"`
-	WallS          float64    `json:"wall_s"`
-	Curve          []Progress `json:"curve"`
+	FinalLoss      float64 `json:"final_loss"`
+	ValBitsPerChar float64 `json:"val_bits_per_char,omitempty"`
+	WallS          float64 `json:"wall_s"`
+	// TensorBytesSent is what the peer wrote to tensor streams during
+	// training: the all-reduce's chunks (federated, sync) or published
+	// models (async); gossip and state transfers aside.
+	TensorBytesSent int64      `json:"tensor_bytes_sent"`
+	Curve           []Progress `json:"curve"`
 }
 
 // ModeFunc runs one strategy family until it is done or ctx ends.
@@ -235,8 +240,11 @@ func (o *Options) Validate() error {
 			return err
 		}
 	}
-	if !o.Compress.IsZero() && o.Mode != "sync" && o.Mode != "async" {
-		return fmt.Errorf("%w: --compress applies to --mode sync and async, not %s", ErrUsage, o.Mode)
+	if !o.Compress.IsZero() && o.Mode != "sync" && o.Mode != "async" && !o.streaming() {
+		return fmt.Errorf("%w: --compress applies to --mode sync, async and federated with --strategy streaming-diloco, not %s", ErrUsage, o.Mode)
+	}
+	if o.streaming() && o.Compress.ErrorFeedback() {
+		return fmt.Errorf("%w: --compress %s: streaming-diloco's fragments differ in length, so its all-reduce keeps no error-feedback residual (drop ,ef)", ErrUsage, o.Compress)
 	}
 	if o.Mode == "federated" {
 		if err := o.Fed.Validate(); err != nil {
@@ -246,12 +254,18 @@ func (o *Options) Validate() error {
 	return o.Swarm.Validate()
 }
 
+// streaming reports a federated run of Streaming DiLoCo, whose all-reduce
+// carries outer gradients that --compress may quantise.
+func (o *Options) streaming() bool {
+	return o.Mode == "federated" && o.Fed.Strategy == "streaming-diloco"
+}
+
 // Run runs `peer run` with opts until training ends or ctx is cancelled.
 func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	if opts.Mode == "sync" {
+	if opts.Mode == "sync" || opts.streaming() {
 		opts.Swarm.Aggregate.Compress = opts.Compress
 	}
 	if err := opts.Validate(); err != nil {
@@ -435,6 +449,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	}
 	err = mode(ctx, env)
 	sum.WallS = time.Since(start).Seconds()
+	sum.TensorBytesSent = tensorBytesSent(p.Node.Registry())
 	if err == nil && opts.Save != "" {
 		// The worker's model is final: the modes return once training
 		// and the exchanges that write it have ended.

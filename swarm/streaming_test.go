@@ -1,0 +1,119 @@
+package swarm
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/train"
+)
+
+// cutMidway is a train.Net whose peer vanishes (no goodbye) 60 ms into
+// the all-reduce of round at: with 50 ms links, after its first hop's
+// chunks left and before the round can complete.
+type cutMidway struct {
+	train.Net
+	at  uint64
+	cut func()
+}
+
+func (c cutMidway) AllReduce(ctx context.Context, round uint64, group []peerid.ID, dst, src []float32, weight float64) ([]peerid.ID, error) {
+	if round == c.at {
+		time.AfterFunc(60*time.Millisecond, c.cut)
+	}
+	return c.Net.AllReduce(ctx, round, group, dst, src, weight)
+}
+
+// TestStreamingPeerLeavesMidFragmentOverMocknet: four Streaming DiLoCo
+// peers on libp2p's mocknet with 50 ms links; one vanishes in the middle
+// of the last fragment's all-reduce. The other three do not hang: within
+// a stall timeout or two they complete that fragment among themselves and
+// end with the same global model.
+func TestStreamingPeerLeavesMidFragmentOverMocknet(t *testing.T) {
+	const n = 4
+	tr, _, err := data.LoadMNIST("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := tr.Head(2000)
+	shards, _ := data.IID(small.Len(), n, 1)
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	mn.SetLinkDefaults(mocknet.LinkOptions{Latency: 50 * time.Millisecond})
+	ps := attachPeers(t, mn, n)
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	workers := make([]*train.Worker, n)
+	for i, p := range ps {
+		if err := p.WaitPeers(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		wc := train.DefaultWorkerConfig()
+		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
+		if workers[i], err = train.NewWorker(wc, small.Subset(shards[i])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := train.DefaultFedConfig()
+	if err := cfg.ParseStrategy("streaming-diloco:h=4,fragments=2"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Rounds, cfg.Fraction = 2, 1 // rounds 1…4 of the all-reduce
+	const victim = 2
+	vctx, vcancel := context.WithCancel(ctx)
+	defer vcancel()
+	var mu sync.Mutex
+	last := make([]train.RoundInfo, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, p := range ps {
+		net, pctx := p.Net(1), ctx
+		if i == victim {
+			net, pctx = cutMidway{Net: net, at: 4, cut: func() { cutOff(t, mn, ps, p); vcancel() }}, vctx
+		}
+		wg.Go(func() {
+			errs[i] = train.Federated(pctx, workers[i], net, cfg, nil, func(ri train.RoundInfo) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				ri.Global = slices.Clone(ri.Global)
+				last[i] = ri
+				return false
+			})
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	var ref []float32
+	for i := range ps {
+		if i == victim {
+			continue
+		}
+		if errs[i] != nil {
+			t.Fatalf("peer %d: %v", i, errs[i])
+		}
+		if last[i].Round != 2 || len(last[i].Participants) != n-1 || slices.Contains(last[i].Participants, ps[victim].ID()) {
+			t.Fatalf("peer %d ended at outer step %d with %v", i, last[i].Round, last[i].Participants)
+		}
+		if ref == nil {
+			ref = last[i].Global
+		} else if !slices.Equal(ref, last[i].Global) {
+			t.Fatalf("peer %d holds another global model", i)
+		}
+	}
+	if stall := testConfig().Aggregate.StallTimeout; took > 4*stall {
+		t.Errorf("took %v: the survivors waited for the vanished peer (stall timeout %v)", took, stall)
+	}
+}

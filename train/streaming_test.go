@@ -1,0 +1,269 @@
+package train_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/aggregate/aggtest"
+	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/train"
+	"github.com/starling-ml/starling/train/traintest"
+)
+
+// streamRun is the outcome of runStreaming: each peer's error, its final
+// global model and the participants of each of its outer steps.
+type streamRun struct {
+	errs   map[peerid.ID]error
+	finals map[peerid.ID][]float32
+	parts  map[peerid.ID][][]peerid.ID
+}
+
+// runStreaming runs n peers of Streaming DiLoCo on logistic regression
+// over IID shares of 1200 MNIST images, in one process over aggtest with
+// the board's membership, in a synctest bubble (stall timeouts in virtual
+// time). wrap, if not nil, wraps each peer's Net; it gets the network,
+// the board and a cancel of the peer's context, to make peers misbehave.
+func runStreaming(t *testing.T, n int, cfg train.FedConfig, acfg aggregate.Config, ncfg aggtest.Config,
+	wrap func(id peerid.ID, net train.Net, netw *aggtest.Network, board *traintest.Board, cancel context.CancelFunc) train.Net) streamRun {
+	t.Helper()
+	tr, _ := mnist(t)
+	small := tr.Head(1200)
+	shards, _ := data.IID(small.Len(), n, 2)
+	out := streamRun{errs: map[peerid.ID]error{}, finals: map[peerid.ID][]float32{}, parts: map[peerid.ID][][]peerid.ID{}}
+	synctest.Test(t, func(t *testing.T) {
+		netw := aggtest.NewNetwork(ncfg)
+		board := traintest.NewBoard()
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		ids := make([]peerid.ID, n)
+		for i := range ids {
+			ids[i] = peerid.ID(fmt.Sprintf("peer%02d", i))
+			board.Join(ids[i]) // all live before any starts, as after WaitPeers
+		}
+		for i, id := range ids {
+			r, err := aggregate.NewRunner(id, netw.Join(id), acfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wc := train.DefaultWorkerConfig()
+			wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
+			w, err := train.NewWorker(wc, small.Subset(shards[i]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			var net train.Net = &traintest.Net{ID: id, Runner: r, Board: board}
+			if wrap != nil {
+				net = wrap(id, net, netw, board, cancel)
+			}
+			wg.Go(func() {
+				defer cancel()
+				err := train.Federated(ctx, w, net, cfg, nil, func(ri train.RoundInfo) bool {
+					mu.Lock()
+					defer mu.Unlock()
+					out.parts[id] = append(out.parts[id], slices.Clone(ri.Participants))
+					out.finals[id] = slices.Clone(ri.Global)
+					return false
+				})
+				mu.Lock()
+				out.errs[id] = err
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	})
+	return out
+}
+
+func streamingConfig(t *testing.T, strategy string, rounds int) train.FedConfig {
+	t.Helper()
+	cfg := train.DefaultFedConfig()
+	if err := cfg.ParseStrategy(strategy); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = rounds, 1, 20*time.Second
+	return cfg
+}
+
+// testAccuracy evaluates a logistic-regression model on 2000 test images.
+func testAccuracy(t *testing.T, params []float32) float64 {
+	t.Helper()
+	tr, te := mnist(t)
+	wc := train.DefaultWorkerConfig()
+	wc.Model = "logreg"
+	w, err := train.NewWorker(wc, tr.Head(10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(w.Model.Params, params)
+	_, acc := w.Evaluate(te.Head(2000))
+	return acc
+}
+
+// agreed checks that every peer but skip ended without error and with
+// the same global model, and returns it.
+func agreed(t *testing.T, run streamRun, skip peerid.ID) []float32 {
+	t.Helper()
+	var ref []float32
+	for id, err := range run.errs {
+		if id == skip {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		g := run.finals[id]
+		if ref == nil {
+			ref = g
+		} else if !slices.Equal(ref, g) {
+			t.Fatalf("%s ended with another global model (%d values, %d outer steps)", id, len(g), len(run.parts[id]))
+		}
+	}
+	return ref
+}
+
+// Streaming DiLoCo learns, and its peers end bit-identical: in fp32, and
+// with fp4 outer gradients and a fragment all-reduce that overlaps two
+// inner steps.
+func TestStreamingDiLoCoLearnsAndAgrees(t *testing.T) {
+	for _, tc := range []struct {
+		name, strategy, codec string
+	}{
+		{"fp32", "streaming-diloco:h=8,fragments=2,alpha=0", ""},
+		{"fp4-overlap", "streaming-diloco:h=8,fragments=2,overlap=2", "fp4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			acfg := aggregate.DefaultConfig()
+			acfg.StallTimeout = 2 * time.Second
+			if tc.codec != "" {
+				acfg.Compress = compression.MustSpec(tc.codec)
+			}
+			run := runStreaming(t, 3, streamingConfig(t, tc.strategy, 4), acfg, aggtest.Config{}, nil)
+			g := agreed(t, run, "")
+			for id, ps := range run.parts {
+				if len(ps) != 4 || len(ps[3]) != 3 {
+					t.Fatalf("%s: outer steps %d, last with %v", id, len(ps), ps[len(ps)-1])
+				}
+			}
+			if acc := testAccuracy(t, g); acc < 0.75 {
+				t.Fatalf("accuracy %.3f after 4 outer steps", acc)
+			}
+		})
+	}
+}
+
+// behindNet sends every fragment from the second outer step on under the
+// round of the same fragment one outer step earlier: a peer whose
+// fragments are of the wrong (an old) version.
+type behindNet struct {
+	train.Net
+	f int
+}
+
+func (b behindNet) AllReduce(ctx context.Context, round uint64, group []peerid.ID, dst, src []float32, weight float64) ([]peerid.ID, error) {
+	if round > uint64(b.f) {
+		round -= uint64(b.f)
+	}
+	return b.Net.AllReduce(ctx, round, group, dst, src, weight)
+}
+
+// A peer that sends fragments of an older outer step is refused: from the
+// second outer step on, the others' syncs hold only each other, and they
+// agree; the stale peer's syncs fail and it finishes without hanging.
+func TestStreamingRefusesFragmentsOfAnotherOuterStep(t *testing.T) {
+	const f = 2
+	acfg := aggregate.DefaultConfig()
+	acfg.StallTimeout = 2 * time.Second
+	stale := peerid.ID("peer02")
+	run := runStreaming(t, 3, streamingConfig(t, "streaming-diloco:h=8,fragments=2", 3), acfg, aggtest.Config{},
+		func(id peerid.ID, net train.Net, _ *aggtest.Network, _ *traintest.Board, _ context.CancelFunc) train.Net {
+			if id == stale {
+				return behindNet{net, f}
+			}
+			return net
+		})
+	agreed(t, run, stale)
+	for id, ps := range run.parts {
+		if id == stale {
+			continue
+		}
+		if len(ps) != 3 || !slices.Contains(ps[0], stale) {
+			t.Fatalf("%s: outer steps %v; the first should hold the stale peer", id, ps)
+		}
+		for o, p := range ps[1:] {
+			if slices.Contains(p, stale) || len(p) != 2 {
+				t.Fatalf("%s: outer step %d mixed in %v", id, o+2, p)
+			}
+		}
+	}
+	if err := run.errs[stale]; err != nil {
+		t.Fatalf("stale peer: %v", err)
+	}
+}
+
+// leaveNet is a peer that dies in the middle of a fragment's all-reduce:
+// once it has sent its chunks of round at, its node leaves the network.
+type leaveNet struct {
+	train.Net
+	id     peerid.ID
+	at     uint64
+	netw   *aggtest.Network
+	board  *traintest.Board
+	cancel context.CancelFunc
+}
+
+func (l leaveNet) AllReduce(ctx context.Context, round uint64, group []peerid.ID, dst, src []float32, weight float64) ([]peerid.ID, error) {
+	if round != l.at {
+		return l.Net.AllReduce(ctx, round, group, dst, src, weight)
+	}
+	go func() {
+		time.Sleep(15 * time.Millisecond) // virtual
+		l.netw.Kill(l.id)
+		l.board.Leave(l.id)
+		l.cancel()
+	}()
+	_, err := l.Net.AllReduce(ctx, round, group, dst, src, weight)
+	if err == nil {
+		err = errors.New("left")
+	}
+	return nil, err
+}
+
+// A peer leaving in the middle of a fragment's all-reduce does not hang
+// the others: they finish every outer step, agree, and hold only each
+// other from that fragment on.
+func TestStreamingPeerLeavesMidFragment(t *testing.T) {
+	acfg := aggregate.DefaultConfig()
+	acfg.StallTimeout = 2 * time.Second
+	gone := peerid.ID("peer01")
+	// Chunks take 10 ms (virtual) a hop: the peer leaves after its first
+	// hop's chunks went out, before the all-reduce's second hop.
+	run := runStreaming(t, 4, streamingConfig(t, "streaming-diloco:h=8,fragments=2", 3), acfg, aggtest.Config{Latency: 10 * time.Millisecond},
+		func(id peerid.ID, net train.Net, netw *aggtest.Network, board *traintest.Board, cancel context.CancelFunc) train.Net {
+			if id == gone {
+				return leaveNet{Net: net, id: id, at: 3, netw: netw, board: board, cancel: cancel}
+			}
+			return net
+		})
+	agreed(t, run, gone)
+	if !errors.Is(run.errs[gone], context.Canceled) {
+		t.Fatalf("the peer that left: %v", run.errs[gone])
+	}
+	for id, ps := range run.parts {
+		if id == gone {
+			continue
+		}
+		if len(ps) != 3 || len(ps[0]) != 4 || len(ps[1]) != 3 || len(ps[2]) != 3 {
+			t.Fatalf("%s: outer steps %v", id, ps)
+		}
+	}
+}
