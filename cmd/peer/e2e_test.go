@@ -405,6 +405,9 @@ func TestRunBadInput(t *testing.T) {
 		"buffer rule":      {[]string{"run", "--mode", "async", "--async", "fedbuff", "--buffer-rule", "krum:f=1"}, "not coordinate-wise"},
 		"robust sparse":    {[]string{"run", "--mode", "async", "--async", "fedbuff", "--buffer-rule", "median", "--compress", "topk:0.01,ef"}, "sends models"},
 		"buffer rule sync": {[]string{"run", "--mode", "sync", "--buffer-rule", "median"}, "--buffer-rule applies to --mode async"},
+		"attack unasked":   {[]string{"run", "--attack", "signflip"}, "add --allow-attack"},
+		"attack unknown":   {[]string{"run", "--attack", "bribe", "--allow-attack"}, "unknown attack"},
+		"attack bad stale": {[]string{"run", "--attack", "stale:0", "--allow-attack"}, "stale: k="},
 	}
 	for name, c := range cases {
 		var out, errb strings.Builder

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
@@ -84,5 +85,63 @@ func TestAsyncNetReencodes(t *testing.T) {
 		if !slices.Equal(got, []float32{-1, 2, -0.5}) {
 			t.Fatalf("%s: published %v", c.Name(), got)
 		}
+	}
+}
+
+// swapNet is a train.GossipNet whose exchanger records what it sends and
+// whose bound handler the test calls as a remote peer would.
+type swapNet struct {
+	train.GossipNet
+	h    average.Handler
+	sent [][]float32
+}
+
+func (n *swapNet) Bind(h average.Handler, _ int) average.Exchanger { n.h = h; return n }
+
+func (n *swapNet) Swap(_ context.Context, _ peerid.ID, mine, theirs []float32) error {
+	n.sent = append(n.sent, slices.Clone(mine))
+	return nil
+}
+
+func (n *swapNet) Push(_ context.Context, _ peerid.ID, s average.Share) error {
+	n.sent = append(n.sent, slices.Clone(s.X))
+	return nil
+}
+
+// localModel is a Handler whose model is x.
+type localModel struct{ x []float32 }
+
+func (l *localModel) HandleShare(average.Share) error { return nil }
+
+func (l *localModel) HandleSwap(_ peerid.ID, theirs, mine []float32) error {
+	copy(mine, l.x)
+	for i := range l.x {
+		l.x[i] = (l.x[i] + theirs[i]) / 2
+	}
+	return nil
+}
+
+// TestGossipNetLiesOutward: Swap, Push and the passive reply carry the
+// attacked model; the attacker's own model averages honestly.
+func TestGossipNetLiesOutward(t *testing.T) {
+	inner := &swapNet{}
+	n := WrapGossipNet(inner, NewTransformer(Attack{Kind: Scale, Factor: -10}, 1))
+	own := &localModel{x: []float32{1, 2}}
+	ex := n.Bind(own, 2)
+	mine := []float32{1, 2}
+	ex.Swap(context.Background(), "p", mine, make([]float32, 2))
+	ex.Push(context.Background(), "p", average.Share{X: []float32{3, 4}, W: 1})
+	if want := [][]float32{{-10, -20}, {-30, -40}}; !slices.EqualFunc(inner.sent, want, slices.Equal) {
+		t.Fatalf("sent %v, want %v", inner.sent, want)
+	}
+	if !slices.Equal(mine, []float32{1, 2}) {
+		t.Fatalf("Swap changed the caller's model: %v", mine)
+	}
+	reply := make([]float32, 2)
+	if err := inner.h.HandleSwap("p", []float32{3, 4}, reply); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(reply, []float32{-10, -20}) || !slices.Equal(own.x, []float32{2, 3}) {
+		t.Fatalf("passive reply %v (want -10, -20), own model %v (want 2, 3)", reply, own.x)
 	}
 }
