@@ -318,18 +318,12 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 	return a
 }
 
-// ruleFor returns the rule group g runs: the configured one, fitted to a
-// re-run's group (rule.Fit), which exclusions may have left too small for
-// it — at Krum's minimum of 2F+3 members, one liar sending NaN would
-// otherwise fail every round for good. A first attempt's group keeps the
-// rule as configured, and fails if it is too small for it. Every member
-// of g fits alike: the attempt is part of the group.
-func (r *Runner) ruleFor(g Group) rule.Rule {
-	if g.attempt == 0 {
-		return r.cfg.Rule
-	}
-	return rule.Fit(r.cfg.Rule, g.Size())
-}
+// ruleFor returns the rule group g runs: the configured one fitted to
+// the group's size (rule.Fit). Groups shrink below Krum's 2F+3 when
+// members fail or are excluded: at 5 members with f=1, one liar sending
+// NaN would otherwise fail the round, and with it every later round whose
+// group leaves the liar out, for good. Every member of g fits alike.
+func (r *Runner) ruleFor(g Group) rule.Rule { return rule.Fit(r.cfg.Rule, g.Size()) }
 
 // rerunGrace is how many stall timeouts after its start a re-run counts
 // silence from (see newAttempt).

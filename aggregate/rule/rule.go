@@ -430,10 +430,10 @@ type Krum struct {
 
 // Fit returns the rule to run on a group of n contributions: r, or for a
 // Krum whose F needs more than n (n < 2F+3, n ≥ 3) the Krum of the largest
-// F that n allows. aggregate fits the group of a re-run, shrunk by
-// members excluded for failing or sending bad values: at 2F+3 members (5
-// for f=1) a single exclusion — one liar sending NaN — would otherwise
-// fail every round for good. The smaller F still drops the contributions
+// F that n allows. aggregate fits every group: groups shrink when members
+// fail or are excluded for sending bad values, and at 2F+3 members (5 for
+// f=1) a single exclusion — one liar sending NaN — would otherwise fail
+// every round for good. The smaller F still drops the contributions
 // farthest from the rest. Fit depends on n alone, so every member of a
 // group fits alike.
 func Fit(r Rule, n int) Rule {
