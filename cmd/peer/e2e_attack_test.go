@@ -105,7 +105,7 @@ type attackJob struct {
 // −10 times its update (--attack scale:-10), as real processes, under the
 // plain mean and each robust rule, beside a clean job of 5 honest peers
 // under the mean: the mean collapses to chance, every robust rule ends
-// within 1.5 pp of the clean job (measured: 0.8–1.2 pp below it, see
+// within 1.5 pp of the clean job (measured: 0.8–1.3 pp below it, see
 // docs/results).
 func TestAttackFederated(t *testing.T) {
 	const rounds = 60
