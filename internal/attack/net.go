@@ -165,25 +165,23 @@ var _ train.GossipNet = (*GossipNet)(nil)
 
 // WrapGossipNet returns n with every model it sends passed through t
 // (measured from zero). A flood sends nothing more here: gossip has no
-// announcements.
-func WrapGossipNet(n train.GossipNet, t *Transformer) *GossipNet {
-	return &GossipNet{GossipNet: n, t: t}
+// announcements. The result implements train.GossipProgress when n does.
+func WrapGossipNet(n train.GossipNet, t *Transformer) train.GossipNet {
+	g := &GossipNet{GossipNet: n, t: t}
+	if p, ok := n.(train.GossipProgress); ok {
+		return &gossipProgressNet{GossipNet: g, GossipProgress: p}
+	}
+	return g
 }
 
-// Steps and SetSteps pass train.GossipProgress through when n has it.
-func (n *GossipNet) SetSteps(steps int) {
-	if p, ok := n.GossipNet.(train.GossipProgress); ok {
-		p.SetSteps(steps)
-	}
+// gossipProgressNet is a GossipNet whose inner network carries step
+// counts.
+type gossipProgressNet struct {
+	*GossipNet
+	train.GossipProgress
 }
 
-// Steps implements train.GossipProgress.
-func (n *GossipNet) Steps(p peerid.ID) (int, bool) {
-	if g, ok := n.GossipNet.(train.GossipProgress); ok {
-		return g.Steps(p)
-	}
-	return 0, false
-}
+var _ train.GossipProgress = (*gossipProgressNet)(nil)
 
 // Bind implements train.GossipNet.
 func (n *GossipNet) Bind(h average.Handler, dim int) average.Exchanger {

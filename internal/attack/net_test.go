@@ -127,6 +127,9 @@ func TestGossipNetLiesOutward(t *testing.T) {
 	inner := &swapNet{}
 	n := WrapGossipNet(inner, NewTransformer(Attack{Kind: Scale, Factor: -10}, 1))
 	own := &localModel{x: []float32{1, 2}}
+	if _, ok := n.(train.GossipProgress); ok {
+		t.Fatal("the wrapper claims step counts its network does not carry")
+	}
 	ex := n.Bind(own, 2)
 	mine := []float32{1, 2}
 	ex.Swap(context.Background(), "p", mine, make([]float32, 2))
