@@ -338,13 +338,20 @@ func TestAllReduceArgs(t *testing.T) {
 	if !errors.Is(err, aggregate.ErrNotMember) || !errors.As(err, &pe) || pe.Peer != s.ids[0] {
 		t.Errorf("not a member: %v", err)
 	}
+	// Krum f=1 needs 5 peers: 4 run the Krum they allow (f=0, rule.Fit);
+	// 2 are too few for any Krum.
 	cfg := aggregate.DefaultConfig()
 	cfg.Rule = rule.Krum{F: 1, M: 1}
 	s = newSwarm(t, 4, aggtest.Config{}, cfg)
 	srcs, w := randVecs(rand.New(rand.NewPCG(1, 2)), 4, 10)
+	g4 := s.group(t, 1)
+	outs := aggtest.RunRound(ctx, s.runners, g4, srcs, w)
+	checkSame(t, outs, []int{0, 1, 2, 3}, expected(t, rule.Krum{F: 0, M: 1}, g4, s.ids, srcs, w), true)
+	s = newSwarm(t, 2, aggtest.Config{}, cfg)
+	srcs, w = randVecs(rand.New(rand.NewPCG(1, 2)), 2, 10)
 	for _, o := range aggtest.RunRound(ctx, s.runners, s.group(t, 1), srcs, w) {
 		if !errors.Is(o.Err, aggregate.ErrTooFewInputs) {
-			t.Errorf("krum f=1 with 4 peers: %v", o.Err)
+			t.Errorf("krum f=1 with 2 peers: %v", o.Err)
 		}
 	}
 }

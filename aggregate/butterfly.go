@@ -186,7 +186,7 @@ func (a *attempt) reduceShard(p *pass, in []*msg, weights []float64, arrived, re
 	for j := range n {
 		srcs[j] = in[j].w
 	}
-	rp, err := a.r.cfg.Rule.Start(srcs, weights)
+	rp, err := a.rule.Start(srcs, weights)
 	if err != nil {
 		a.setFault(faultRule)
 		return

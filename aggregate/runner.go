@@ -212,8 +212,10 @@ func (r *Runner) AllReduce(ctx context.Context, g Group, dst, src []float32, wei
 	for {
 		res.Group = g
 		res.Attempts++
-		if g.Size() < r.cfg.Rule.MinInputs() {
-			return res, fmt.Errorf("%w: %s needs %d peers, %v has %d", ErrTooFewInputs, r.cfg.Rule, r.cfg.Rule.MinInputs(), g, g.Size())
+		if fit := r.ruleFor(g); g.Size() < fit.MinInputs() {
+			return res, fmt.Errorf("%w: %s needs %d peers, %v has %d", ErrTooFewInputs, fit, fit.MinInputs(), g, g.Size())
+		} else if fmt.Sprint(fit) != fmt.Sprint(r.cfg.Rule) {
+			r.log.Info("aggregate: group too small for the rule: running the one it allows", "self", r.self, "group", g.String(), "rule", r.cfg.Rule, "running", fit)
 		}
 		if sc != nil {
 			sc.Scope(g)
@@ -272,8 +274,9 @@ type attempt struct {
 	dst    []float32
 	weight float64
 	stall  time.Duration
-	start  int64 // unix ns
-	base   int64 // unix ns from which silence counts
+	rule   rule.Rule // the rule this group runs (Runner.ruleFor)
+	start  int64     // unix ns
+	base   int64     // unix ns from which silence counts
 	total  float64
 
 	dataCtx  context.Context
@@ -300,7 +303,7 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 	a := &attempt{
 		r: r, g: g, n: n, rank: g.Rank(r.self), algo: algo, chunk: r.cfg.chunkElems(len(src), n, algo),
 		cfg: configHash(r.cfg.Model, r.cfg.Rule, algo, r.cfg.ChunkElems, len(src), r.comp),
-		src: src, dst: dst, weight: weight, stall: r.cfg.StallTimeout,
+		src: src, dst: dst, weight: weight, stall: r.cfg.StallTimeout, rule: r.ruleFor(g),
 		blame: make([]kind, n), lastHeard: make([]atomic.Int64, n), votes: make([]peerVote, n),
 		sends: make([]atomic.Int64, n), sending: make([]atomic.Int64, n),
 	}
@@ -314,6 +317,13 @@ func (r *Runner) newAttempt(g Group, dst, src []float32, weight float64, rerun b
 	}
 	return a
 }
+
+// ruleFor returns the rule group g runs: the configured one fitted to
+// the group's size (rule.Fit). Groups shrink below Krum's 2F+3 when
+// members fail or are excluded: at 5 members with f=1, one liar sending
+// NaN would otherwise fail the round, and with it every later round whose
+// group leaves the liar out, for good. Every member of g fits alike.
+func (r *Runner) ruleFor(g Group) rule.Rule { return rule.Fit(r.cfg.Rule, g.Size()) }
 
 // rerunGrace is how many stall timeouts after its start a re-run counts
 // silence from (see newAttempt).

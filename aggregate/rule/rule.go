@@ -421,10 +421,28 @@ func (r Trimmed) ReduceLocal(dst []float32, srcs [][]float32, _ []float64, s *Sc
 // Krum is Multi-Krum (Blanchard et al., 2017) tolerating F Byzantine
 // contributions: each contribution is scored by the sum of squared distances
 // to its n−F−2 nearest others, and the M best-scored are averaged (M = 1 is
-// Krum). It needs n ≥ 2F+3; M is clamped to n−F, since failures shrink n.
-// Weights are ignored.
+// Krum). It needs n ≥ 2F+3; M is clamped to n−F, since failures shrink n,
+// and a driver runs Fit(r, n) on a group shrunk below 2F+3. Weights are
+// ignored.
 type Krum struct {
 	F, M int
+}
+
+// Fit returns the rule to run on a group of n contributions: r, or for a
+// Krum whose F needs more than n (n < 2F+3, n ≥ 3) the Krum of the largest
+// F that n allows. aggregate fits every group: groups shrink when members
+// fail or are excluded for sending bad values, and at 2F+3 members (5 for
+// f=1) a single exclusion — one liar sending NaN — would otherwise fail
+// every round for good. The smaller F still drops the contributions
+// farthest from the rest. Fit depends on n alone, so every member of a
+// group fits alike.
+func Fit(r Rule, n int) Rule {
+	k, ok := r.(Krum)
+	if !ok || n >= k.MinInputs() || n < 3 {
+		return r
+	}
+	k.F = (n - 3) / 2
+	return k
 }
 
 func (r Krum) String() string {

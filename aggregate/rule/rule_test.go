@@ -481,3 +481,27 @@ func BenchmarkReduce(b *testing.B) {
 		}
 	}
 }
+
+func TestFit(t *testing.T) {
+	for _, c := range []struct {
+		r    Rule
+		n    int
+		want Rule
+	}{
+		{Krum{F: 1, M: 1}, 5, Krum{F: 1, M: 1}},
+		{Krum{F: 1, M: 2}, 4, Krum{F: 0, M: 2}},
+		{Krum{F: 2, M: 1}, 6, Krum{F: 1, M: 1}},
+		{Krum{F: 2, M: 1}, 3, Krum{F: 0, M: 1}},
+		{Krum{F: 1, M: 1}, 2, Krum{F: 1, M: 1}}, // below any Krum: left to fail
+		{Median{}, 2, Median{}},
+		{Trimmed{Beta: 0.2}, 4, Trimmed{Beta: 0.2}},
+	} {
+		got := Fit(c.r, c.n)
+		if got != c.want {
+			t.Errorf("Fit(%v, %d) = %v, want %v", c.r, c.n, got, c.want)
+		}
+		if c.n >= 3 && c.n < got.MinInputs() {
+			t.Errorf("Fit(%v, %d) = %v, which needs %d", c.r, c.n, got, got.MinInputs())
+		}
+	}
+}

@@ -409,6 +409,9 @@ func TestRunBadInput(t *testing.T) {
 		"overlap fedavg":   {[]string{"run", "--overlap", "2"}, "--overlap applies to --strategy streaming-diloco"},
 		"overlap too long": {[]string{"run", "--strategy", "streaming-diloco:h=8,fragments=4", "--overlap", "2"}, "overlap 2 must be below h/fragments = 2"},
 		"streaming ef":     {[]string{"run", "--strategy", "streaming-diloco", "--compress", "fp4:ef"}, "no error-feedback residual"},
+		"attack unasked":   {[]string{"run", "--attack", "signflip"}, "add --allow-attack"},
+		"attack unknown":   {[]string{"run", "--attack", "bribe", "--allow-attack"}, "unknown attack"},
+		"attack bad stale": {[]string{"run", "--attack", "stale:0", "--allow-attack"}, "stale: k="},
 	}
 	for name, c := range cases {
 		var out, errb strings.Builder

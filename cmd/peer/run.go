@@ -15,6 +15,7 @@ import (
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/device"
+	"github.com/starling-ml/starling/internal/attack"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/swarm"
@@ -88,6 +89,9 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	linger := fs.Duration("linger", 3*time.Second, "stay up this long after training to serve state to slower peers (federated: longer, up to --round-timeout, while a live peer has yet to finish the last round or is fetching state)")
 	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+	var atk attack.Attack
+	fs.TextVar(&atk, "attack", attack.Attack{}, "experiments only, with --allow-attack: this peer lies in what it contributes: scale:S (S·update, default -10), signflip, noise:σ, nan, stale:K (the contribution of K rounds ago), flood[:count=N,size=X] (N unserved announcements of X× the vector's size per contribution)")
+	allowAttack := fs.Bool("allow-attack", false, "allow --attack (a lying peer, for experiments on --aggregate and --clip-peers)")
 	var compress compression.Spec
 	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models; federated streaming-diloco: codec of the outer gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
 	d := peerrun.DefaultSyncOptions()
@@ -99,7 +103,8 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
 			Partition: *partition, DataSeed: *dataSeed, Limit: *limit, Checkpoint: *ckpt, Resume: *resume,
-			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: compress, Init: *initFile, Save: *save, Trace: *traceFile, UI: *uiAddr}
+			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: compress, Init: *initFile, Save: *save, Trace: *traceFile, UI: *uiAddr,
+			Attack: atk, AllowAttack: *allowAttack}
 		log, err := textLogger(*logLevel, stderr)
 		if err != nil {
 			return o, err

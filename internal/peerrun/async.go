@@ -79,7 +79,7 @@ func runAsync(ctx context.Context, env *Env) error {
 	cfg := env.Opts.Async.Async
 	cfg.Model, cfg.MaxSteps, cfg.Codec = env.Opts.Swarm.Gossip.Model, env.Opts.Async.Steps, compressOr(env.Opts.Compress, cfg.Codec)
 	return runStreaming(ctx, env, cfg.Mode, func(ctx context.Context, net *swarm.StreamNet, ev *evaluator) (string, error) {
-		sum, err := train.RunAsync(ctx, env.Worker, net, cfg, ev)
+		sum, err := train.RunAsync(ctx, env.Worker, env.asyncNet(net), cfg, ev)
 		if err != nil {
 			return "", err
 		}
@@ -103,7 +103,7 @@ func runGossip(ctx context.Context, env *Env) error {
 	// node/ runs) is also libp2p's order.
 	group := env.Peer.Members()
 	return runStreaming(ctx, env, cfg.Algorithm, func(ctx context.Context, net *swarm.StreamNet, ev *evaluator) (string, error) {
-		sum, err := train.RunGossip(ctx, env.Worker, net, group, cfg, ev)
+		sum, err := train.RunGossip(ctx, env.Worker, env.gossipNet(net), group, cfg, ev)
 		if err != nil {
 			return "", err
 		}

@@ -23,7 +23,7 @@ func runFederated(ctx context.Context, env *Env) error {
 	eval := env.Worker
 	var lastErr error
 	rec := loggedEvents{Recorder: env.Recorder, log: env.Log}
-	net := env.Peer.Net(env.Opts.Worker.Batch)
+	net := env.roundNet(true)
 	err := train.Federated(ctx, env.Worker, net, cfg, rec, func(ri train.RoundInfo) bool {
 		ck := &train.Checkpoint{Strategy: cfg.Strategy, Version: ri.Round, State: ri.State}
 		ck.Capture(env.Worker)

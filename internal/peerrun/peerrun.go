@@ -24,6 +24,7 @@ import (
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/internal/attack"
 	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/internal/ui"
 	"github.com/starling-ml/starling/swarm"
@@ -95,6 +96,10 @@ type Options struct {
 	// ProgressJSON writes one JSON object per progress event to stdout
 	// (the demo reads them) instead of human-readable lines.
 	ProgressJSON bool
+	// Attack makes this peer lie to the others (internal/attack), for
+	// experiments on robust rules; Validate refuses it unless AllowAttack.
+	Attack      attack.Attack
+	AllowAttack bool
 	// Log receives diagnostics.
 	Log *slog.Logger
 }
@@ -230,6 +235,9 @@ func (o *Options) Validate() error {
 		}
 	}
 	if err := o.Worker.Validate(); err != nil {
+		return err
+	}
+	if err := o.validateAttack(); err != nil {
 		return err
 	}
 	if err := o.validateAsync(); err != nil {

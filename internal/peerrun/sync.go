@@ -59,7 +59,7 @@ func runSync(ctx context.Context, env *Env) error {
 	}
 	total := o.Sync.Steps
 	var lastErr error
-	net := env.Peer.Net(env.Opts.Worker.Batch)
+	net := env.roundNet(false)
 	err := train.Sync(ctx, w, net, o.Sync, env.Recorder, func(si train.StepInfo) bool {
 		due := si.Step%uint64(o.EvalEvery) == 0 || si.Step == uint64(total) || si.Joined || si.Failed
 		if !due {
