@@ -7,6 +7,7 @@ import (
 
 	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/trace"
 )
 
 // Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512): DiLoCo whose
@@ -207,11 +208,13 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	local := make([]float32, len(params))
 	total := cfg.Rounds * h
 	for t := 1; t <= total; t++ {
+		endCompute := trace.Start(ctx, trace.Train, "compute", int64(t))
 		loss, k, err := w.Grad(ctx)
 		if err != nil {
 			return err
 		}
 		w.Apply(k)
+		endCompute()
 		lossSum += loss * float64(k)
 		samples += k
 		if pending != nil && t >= pending.due {
@@ -235,7 +238,9 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 				seen[m] = true
 			}
 			run := func() {
+				end := trace.StartArgs(ctx, trace.Net, "allreduce", int64(t), trace.Args{"outer": outer, "fragment": p, "floats": len(fr.send)})
 				used, err := net.AllReduce(ctx, round, group, fr.avg, fr.send, weight)
+				end()
 				s.done <- fragResult{used, err}
 			}
 			if 2*len(group) <= len(seen) {
