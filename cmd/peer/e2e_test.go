@@ -376,6 +376,15 @@ func TestRunBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := os.ReadFile(wrongCk)
+	// The same checkpoint with one weight's lowest mantissa bit flipped
+	// (the file ends with the state tensor's last float32): still a
+	// finite number, so only the digest can tell.
+	flipped := filepath.Join(dir, "flipped")
+	damaged := append([]byte(nil), before...)
+	damaged[len(damaged)-4] ^= 0x01
+	if err := os.WriteFile(flipped, damaged, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := map[string]struct {
 		args []string
 		want string
@@ -392,6 +401,7 @@ func TestRunBadInput(t *testing.T) {
 		"bad shard":          {[]string{"run", "--shard", "3/2"}, "--shard"},
 		"resume without":     {[]string{"run", "--resume"}, "--checkpoint"},
 		"other model":        {[]string{"run", "--resume", "--checkpoint", wrongCk, "--limit", "100", "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}, "checkpoint is for model"},
+		"flipped weight":     {[]string{"run", "--resume", "--checkpoint", flipped, "--limit", "100", "--min-peers", "1"}, "SHA-256 digest of its data does not match"},
 		// Refused before the peer starts, not after it waited for others.
 		"fraction":         {[]string{"run", "--fraction", "1.5"}, "fraction C must be in (0, 1]"},
 		"negative rounds":  {[]string{"run", "--rounds", "-1"}, "rounds must be positive"},
@@ -421,6 +431,9 @@ func TestRunBadInput(t *testing.T) {
 	after, _ := os.ReadFile(wrongCk)
 	if string(before) != string(after) {
 		t.Fatal("a refused resume overwrote the checkpoint")
+	}
+	if after, _ := os.ReadFile(flipped); string(after) != string(damaged) {
+		t.Fatal("a refused resume overwrote the damaged checkpoint")
 	}
 }
 
