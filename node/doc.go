@@ -117,8 +117,11 @@
 // its buffer (no tensor-sized intermediate; post Recvs ahead, as an
 // all-reduce knows what it will receive). A tensor
 // that arrives first is parked in a buffer of its own, bounded by
-// MaxParkedBytes in total, and copied into the Recv's buffer later; past
-// the bound, the sender's stream waits (back-pressure) for a Recv. Parked
+// MaxParkedPerPeer for each sender and MaxParkedBytes in total, and copied
+// into the Recv's buffer later; past either bound, the sender's stream
+// waits (back-pressure) for a Recv. Only the peers SetMayPark admits
+// (swarm/ admits the members of the peer's group) may park: a stranger's
+// tensor with no Recv waiting for it is refused after its header. Parked
 // tensors nobody claims are dropped after ParkedTTL. Recv(ctx, "", tag, …)
 // takes the tag from any peer (gossip's unsolicited pushes): the first
 // tensor to arrive whole, so that a slow sender holds up no other. Send returns

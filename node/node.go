@@ -362,6 +362,32 @@ func (n *Node) Recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Ten
 	return n.ts.recv(ctx, from, tag, dst)
 }
 
+// SetMayPark decides which peers may have their tensors parked: held in a
+// buffer of the node's until the Recv that claims them is posted (see the
+// package doc). A tensor from a peer f refuses is received only into a
+// Recv already waiting for it with a buffer of the caller's; with none
+// waiting, the stream is reset before any payload byte is read or buffer
+// allocated, and the refusal is counted under reason "not_member". So a
+// stranger's announcement costs the node a frame header, however large
+// the tensor it announces. f runs on stream-handler goroutines: it must be
+// safe for concurrent use, must not block and must not call the Node. A
+// nil f (the default) lets every peer park, up to MaxParkedPerPeer each.
+func (n *Node) SetMayPark(f func(from peer.ID) bool) {
+	if f == nil {
+		n.ts.mayPark.Store(nil)
+		return
+	}
+	n.ts.mayPark.Store(&f)
+}
+
+// ParkedBytes returns the bytes held now in parked buffers (tensors that
+// arrived before their Recv), all senders together.
+func (n *Node) ParkedBytes() int64 {
+	n.ts.mu.Lock()
+	defer n.ts.mu.Unlock()
+	return n.ts.parked
+}
+
 // AddAdmit installs f as an admission hook and returns a function that
 // removes it. The stream handler calls every hook with each arriving
 // tensor's sender and metadata (Tag, Codec, DType, Shape, Version, Step;

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -136,7 +137,9 @@ type tensors struct {
 	posted  map[mkey]*recvOp
 	asm     map[mkey]*assembly // incomplete
 	ready   map[mkey]*assembly // complete, not yet claimed
-	parked  int64
+	parked  int64              // bytes in parked buffers, all senders
+	byPeer  map[peer.ID]int64  // the same by sender; no zero entries
+	mayPark atomic.Pointer[func(peer.ID) bool]
 	changed chan struct{} // closed and replaced on every state change
 	inbound map[network.Stream]struct{}
 	pools   map[peer.ID]*streamPool
@@ -160,6 +163,7 @@ func newTensors(h host.Host, cfg *Config, m *nodeMetrics, hooks *testHooks) *ten
 		posted:  make(map[mkey]*recvOp),
 		asm:     make(map[mkey]*assembly),
 		ready:   make(map[mkey]*assembly),
+		byPeer:  make(map[peer.ID]int64),
 		changed: make(chan struct{}),
 		inbound: make(map[network.Stream]struct{}),
 		pools:   make(map[peer.ID]*streamPool),
@@ -283,6 +287,14 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 		}
 	}
 
+	// A peer SetMayPark leaves out gets no buffer of ours: only a Recv
+	// waiting for it by name, or for anyone with a buffer of the caller's,
+	// can take its tensor.
+	may := true
+	if f := ts.mayPark.Load(); f != nil {
+		may = (*f)(from)
+	}
+
 	ts.mu.Lock()
 	var a *assembly
 	for a == nil {
@@ -305,8 +317,8 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 			// whole: bound to this one, it would wait for a slow sender
 			// while the others' tensors are complete. It is bound only
 			// when the tensor cannot park.
-			room := ts.parked+int64(h.length) <= ts.cfg.MaxParkedBytes
-			if r := ts.matchLocked(key); r != nil && (r.key.p != "" || !room) {
+			room := may && ts.roomLocked(from, int64(h.length))
+			if r := ts.matchLocked(key); r != nil && (r.key.p != "" || !room) && (may || r.dst != nil || r.key.p != "") {
 				delete(ts.posted, r.key)
 				buf := r.dst
 				if buf == nil {
@@ -327,10 +339,14 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 				break
 			}
 			if room {
-				ts.parked += int64(h.length)
+				ts.parkLocked(from, int64(h.length))
 				a = ts.newAssemblyLocked(key, h, make([]byte, h.length), true)
 				break
 			}
+		}
+		if !may {
+			ts.mu.Unlock()
+			return fmt.Errorf("%w: %s announced %d bytes under tag %d", ErrNotMember, from, h.length, h.tag)
 		}
 		// No Recv yet and no room to park: wait for one (back-pressure).
 		ch := ts.changed
@@ -505,10 +521,7 @@ func (ts *tensors) failLocked(a *assembly, err error) {
 	if ts.asm[a.key] == a {
 		delete(ts.asm, a.key)
 	}
-	if a.parked {
-		ts.parked -= int64(len(a.buf))
-		a.parked = false
-	}
+	ts.unparkLocked(a)
 	for s := range a.active {
 		s.Reset()
 	}
@@ -554,8 +567,7 @@ func (ts *tensors) completeLocked(a *assembly) {
 func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 	payload := a.buf
 	if a.parked {
-		ts.parked -= int64(len(a.buf))
-		a.parked = false
+		ts.unparkLocked(a)
 		if r.dst != nil {
 			if cap(r.dst) < len(a.buf) {
 				r.err = fmt.Errorf("%w: %d bytes for a %d-byte tensor", ErrShortBuffer, cap(r.dst), len(a.buf))
@@ -572,12 +584,37 @@ func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 	close(r.done)
 }
 
+// roomLocked reports whether a tensor of n bytes from p fits under both
+// MaxParkedBytes and MaxParkedPerPeer.
+func (ts *tensors) roomLocked(p peer.ID, n int64) bool {
+	return ts.parked+n <= ts.cfg.MaxParkedBytes && ts.byPeer[p]+n <= ts.cfg.MaxParkedPerPeer
+}
+
+// parkLocked counts n parked bytes from p.
+func (ts *tensors) parkLocked(p peer.ID, n int64) {
+	ts.parked += n
+	ts.byPeer[p] += n
+}
+
+// unparkLocked gives back what a's parked buffer counted, if anything.
+func (ts *tensors) unparkLocked(a *assembly) {
+	if !a.parked {
+		return
+	}
+	a.parked = false
+	n := int64(len(a.buf))
+	ts.parked -= n
+	if ts.byPeer[a.key.p] -= n; ts.byPeer[a.key.p] <= 0 {
+		delete(ts.byPeer, a.key.p)
+	}
+}
+
 // expireLocked drops parked tensors nobody claimed within ParkedTTL.
 func (ts *tensors) expireLocked(now time.Time) {
 	for k, a := range ts.ready {
 		if now.Sub(a.created) > ts.cfg.ParkedTTL {
 			delete(ts.ready, k)
-			ts.parked -= int64(len(a.buf))
+			ts.unparkLocked(a)
 			ts.m.reject(fmt.Errorf("%w: unclaimed tensor expired", ErrTimeout))
 		}
 	}

@@ -155,6 +155,13 @@ func build(n *node.Node, cfg Config, o options) (*Peer, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only live members of the group (peers whose heartbeats for this
+	// model arrive) may park tensors here; anyone else's tensor must meet
+	// a Recv waiting for it.
+	n.SetMayPark(func(from peer.ID) bool {
+		_, ok := cp.Peer(peerid.ID(from.String()))
+		return ok
+	})
 	tr := p2p.New(n)
 	var art aggregate.Transport = tr
 	if o.wrap != nil {

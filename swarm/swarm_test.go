@@ -11,6 +11,7 @@ import (
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
@@ -328,5 +329,73 @@ func TestFederatedSampledPeerCrashesOverMocknet(t *testing.T) {
 	}
 	if took := time.Since(start); took > cfg.RoundTimeout*3/4 {
 		t.Errorf("took %v: the survivors waited for the crashed peer", took)
+	}
+}
+
+// TestOnlyMembersPark: a swarm peer parks the unclaimed tensors of a live
+// member, and refuses a stranger's (a bare node on the same network that
+// sends no heartbeats) after its header, parking nothing.
+func TestOnlyMembersPark(t *testing.T) {
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	ps := attachPeers(t, mn, 2)
+	h, err := mn.GenPeer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := node.Attach(h, node.TestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stranger.Close() })
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	member, b := ps[0], ps[1]
+	if err := b.WaitPeers(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	tensor := func(tag node.Tag) node.Tensor {
+		return node.Tensor{Tag: tag, Codec: compression.IDFP32, DType: node.Float32, Shape: []int{1 << 18}, Payload: make([]byte, 1<<20)}
+	}
+	stranger.Send(ctx, b.Node.ID(), tensor(2))
+	refused := func() float64 {
+		mfs, _ := b.Node.Registry().Gather()
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if mf.GetName() == "starling_node_frames_rejected_total" && l.GetValue() == "not_member" {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return 0
+	}
+	for refused() < 1 {
+		if ctx.Err() != nil {
+			t.Fatal("the stranger's tensor was never refused")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := b.Node.ParkedBytes(); got != 0 {
+		t.Fatalf("%d bytes parked for a stranger", got)
+	}
+	if err := member.Node.Send(ctx, b.Node.ID(), tensor(1)); err != nil {
+		t.Fatal(err)
+	}
+	for b.Node.ParkedBytes() != 1<<20 {
+		if ctx.Err() != nil {
+			t.Fatalf("the member's tensor never parked (%d bytes parked)", b.Node.ParkedBytes())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := b.Node.Recv(ctx, member.Node.ID(), 1, nil); err != nil {
+		t.Fatal(err)
 	}
 }
