@@ -139,4 +139,14 @@
 // starling_node_transfer_seconds{direction},
 // starling_node_frames_rejected_total{reason}; libp2p's: swarm, identify,
 // holepunch, autonat, relay and resource-manager collectors.
+//
+// # Refusals in the log
+//
+// A rejected frame (malformed, refused by a hook, from a stranger), a
+// connection the allowlist refuses and an inbound connection that fails
+// the handshake (a wrong or missing swarm key) are logged at warn level,
+// naming the peer (or the remote IP, when the handshake never told who)
+// and the reason, at most once per peer and reason every 30 s. The
+// dialling side of a failed handshake gets ErrSwarmKey, one sentence,
+// instead of libp2p's framing errors.
 package node

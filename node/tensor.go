@@ -130,6 +130,7 @@ type tensors struct {
 	host  host.Host
 	cfg   *Config
 	m     *nodeMetrics
+	ref   *refusals
 	hooks *testHooks
 
 	mu      sync.Mutex
@@ -157,9 +158,9 @@ type testHooks struct {
 	recvFlags func(flags uint32)
 }
 
-func newTensors(h host.Host, cfg *Config, m *nodeMetrics, hooks *testHooks) *tensors {
+func newTensors(h host.Host, cfg *Config, m *nodeMetrics, ref *refusals, hooks *testHooks) *tensors {
 	ts := &tensors{
-		host: h, cfg: cfg, m: m, hooks: hooks,
+		host: h, cfg: cfg, m: m, ref: ref, hooks: hooks,
 		posted:  make(map[mkey]*recvOp),
 		asm:     make(map[mkey]*assembly),
 		ready:   make(map[mkey]*assembly),
@@ -213,7 +214,7 @@ func (ts *tensors) unprotect(p peer.ID) {
 // the sender closes it, it idles past IdleTimeout, or a frame is refused.
 func (ts *tensors) handle(s network.Stream) {
 	if s.Conn().Stat().Limited {
-		ts.m.reject(ErrLimitedConn)
+		ts.refuse(s.Conn().RemotePeer(), ErrLimitedConn)
 		s.Reset()
 		return
 	}
@@ -248,11 +249,23 @@ func (ts *tensors) handle(s network.Stream) {
 		}
 		if err != nil {
 			if !errors.Is(err, errAbandoned) && !errors.Is(err, ErrClosed) {
-				ts.m.reject(err)
+				ts.refuse(from, err)
 			}
 			s.Reset()
 			return
 		}
+	}
+}
+
+// refuse counts a rejected frame from p and logs it at warn level (rate
+// limited) when its reason says something about the sender: a malformed or
+// refused frame, not a peer that died mid-frame or a local Recv's problem.
+func (ts *tensors) refuse(p peer.ID, err error) {
+	ts.m.reject(err)
+	switch reason := Reason(err); reason {
+	case "timeout", "reset", "truncated", "closed", "short_buffer":
+	default:
+		ts.ref.warn("rejected a tensor frame", p, reason, "err", err)
 	}
 }
 
@@ -281,7 +294,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 		t.fill(h, from)
 		for _, a := range admit {
 			if err := a.f(from, &t); err != nil {
-				ts.m.reject(fmt.Errorf("%w: %w", ErrRefused, err))
+				ts.refuse(from, fmt.Errorf("%w: %w", ErrRefused, err))
 				return ts.drainStripe(s, from, int(n), sum)
 			}
 		}
