@@ -285,6 +285,29 @@ func TestKillAndResume(t *testing.T) {
 	}
 }
 
+// TestDeadConnectAddress: a --connect address nobody answers at (a peer
+// that is down) does not keep two live peers from running with
+// --min-peers 2; it is logged, with its cause, and redialled in the
+// background.
+func TestDeadConnectAddress(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	sw := swarmFlags(t, dir, 2)
+	_, dead := identity(t, dir, 9, freePort(t)) // nothing listens there
+	procs := make([]*proc, 2)
+	for i := range procs {
+		procs[i] = start(t, bin, append(append(common(100), sw(i)...), "--connect", dead)...)
+	}
+	for _, p := range procs {
+		p.waitRound(t, 2, 60*time.Second)
+	}
+	port := strings.Split(dead, "/")[4]
+	if log := procs[0].stderr.tail(1 << 16); !strings.Contains(log, "cannot reach a --connect address") ||
+		!strings.Contains(log, "127.0.0.1:"+port+": connect: connection refused") {
+		t.Fatalf("the dead address was not logged with its cause:\n%s", log)
+	}
+}
+
 func TestLateJoinerSyncs(t *testing.T) {
 	bin := binary(t)
 	dir := t.TempDir()
