@@ -114,8 +114,12 @@ type Config struct {
 	// MaxParkedPerPeer bounds the same memory for one sender (64 MiB), so
 	// that one peer cannot take the whole of MaxParkedBytes: its tensors
 	// past the bound wait for their Recv like those past MaxParkedBytes.
-	// Which peers may park at all is SetMayPark's.
 	MaxParkedPerPeer int64
+	// MaxStrangerParked bounds the same memory for all the peers
+	// SetMayPark does not admit, together (4 MiB): enough for a peer about
+	// to be admitted to park a vote or a small chunk, too little for
+	// strangers minting peer IDs to matter.
+	MaxStrangerParked int64
 	// ParkedTTL is how long an unclaimed tensor is kept before it is
 	// dropped.
 	ParkedTTL time.Duration
@@ -154,6 +158,7 @@ func DefaultConfig() Config {
 		MemoryLimit:        2 << 30,
 		MaxParkedBytes:     1 << 30,
 		MaxParkedPerPeer:   64 << 20,
+		MaxStrangerParked:  4 << 20,
 		ParkedTTL:          2 * time.Minute,
 		IOTimeout:          30 * time.Second,
 		RecvTimeout:        5 * time.Minute,
@@ -230,8 +235,8 @@ func (c *Config) Validate() error {
 		return bad("StreamWindow %d below yamux's 256 KiB minimum", c.StreamWindow)
 	case c.MemoryLimit < int64(4*c.Stripes*c.StreamWindow):
 		return bad("MemoryLimit %d below 4*Stripes*StreamWindow = %d", c.MemoryLimit, 4*c.Stripes*c.StreamWindow)
-	case c.MaxParkedBytes < 0 || c.MaxParkedPerPeer < 0:
-		return bad("MaxParkedBytes and MaxParkedPerPeer must be >= 0")
+	case c.MaxParkedBytes < 0 || c.MaxParkedPerPeer < 0 || c.MaxStrangerParked < 0:
+		return bad("MaxParkedBytes, MaxParkedPerPeer and MaxStrangerParked must be >= 0")
 	case c.ParkedTTL <= 0 || c.IOTimeout <= 0 || c.RecvTimeout <= 0 || c.IdleTimeout <= 0:
 		return bad("ParkedTTL, IOTimeout, RecvTimeout and IdleTimeout must be > 0")
 	}

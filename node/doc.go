@@ -119,9 +119,9 @@
 // that arrives first is parked in a buffer of its own, bounded by
 // MaxParkedPerPeer for each sender and MaxParkedBytes in total, and copied
 // into the Recv's buffer later; past either bound, the sender's stream
-// waits (back-pressure) for a Recv. Only the peers SetMayPark admits
-// (swarm/ admits the members of the peer's group) may park: a stranger's
-// tensor with no Recv waiting for it is refused after its header. Parked
+// waits (back-pressure) for a Recv. The peers SetMayPark does not admit
+// (swarm/ admits the live members of the group) share MaxStrangerParked,
+// 4 MiB. Parked
 // tensors nobody claims are dropped after ParkedTTL. Recv(ctx, "", tag, …)
 // takes the tag from any peer (gossip's unsolicited pushes): the first
 // tensor to arrive whole, so that a slow sender holds up no other. Send returns

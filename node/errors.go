@@ -76,10 +76,6 @@ var (
 	// ErrRefused means an admission hook (AddAdmit) refused a tensor; it
 	// was drained unread.
 	ErrRefused = errors.New("node: tensor refused by the admission hook")
-	// ErrNotMember means a tensor arrived, with no Recv waiting for it, from
-	// a peer that SetMayPark does not let park: nothing was allocated for
-	// it and its stream was reset.
-	ErrNotMember = errors.New("node: tensor from a peer outside the group, with no Recv waiting for it")
 )
 
 // Reason returns the metrics label for a frame error ("too_large",
@@ -108,7 +104,6 @@ var reasons = []struct {
 	{ErrTruncated, "truncated"},
 	{ErrShortBuffer, "short_buffer"},
 	{ErrRefused, "refused"},
-	{ErrNotMember, "not_member"},
 	{ErrLimitedConn, "limited_conn"},
 	{ErrTimeout, "timeout"},
 	{ErrReset, "reset"},

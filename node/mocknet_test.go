@@ -284,20 +284,21 @@ func TestParkPerPeerCap(t *testing.T) {
 	}
 }
 
-// TestStrangerCannotPark: a peer SetMayPark refuses has its unclaimed
-// tensor refused after the header, with nothing parked, however large the
-// tensor it announces; a Recv waiting for it still receives it.
-func TestStrangerCannotPark(t *testing.T) {
-	nodes := newMocknet(t, 3, 0, 0, nil)
+// TestStrangerParksLittle: the peers SetMayPark refuses share
+// MaxStrangerParked: a stranger's small tensor parks, a large one waits
+// for its Recv with nothing allocated and is dropped after IOTimeout,
+// while a member parks as much; a Recv waiting for the stranger by name
+// takes its large tensor.
+func TestStrangerParksLittle(t *testing.T) {
+	nodes := newMocknet(t, 3, 0, 0, func(c *Config) { c.MaxStrangerParked, c.IOTimeout = 64<<10, time.Second })
 	member, b, stranger := nodes[0], nodes[1], nodes[2]
 	b.SetMayPark(func(p peer.ID) bool { return p == member.ID() })
 	ctx := ctxT(t, 30*time.Second)
-	big := rawTensor(7, 4<<20, 7) // 16 MiB announced
-	before := counterValue(b.m.rejected.WithLabelValues("not_member"))
+	big := rawTensor(7, 1<<20, 7) // 4 MiB announced
 	stranger.Send(ctx, b.ID(), big)
-	waitRejected(t, b, "not_member", before+1)
+	waitRejected(t, b, "timeout", 1)
 	if all, from := parkState(b, stranger.ID()); all != 0 || from != 0 {
-		t.Fatalf("a stranger parked %d bytes (%d in all)", from, all)
+		t.Fatalf("a stranger parked %d bytes (%d in all) past MaxStrangerParked", from, all)
 	}
 	b.ts.mu.Lock()
 	asm, ready := len(b.ts.asm), len(b.ts.ready)
@@ -305,28 +306,41 @@ func TestStrangerCannotPark(t *testing.T) {
 	if asm != 0 || ready != 0 {
 		t.Fatalf("a stranger's tensor left %d assemblies, %d ready", asm, ready)
 	}
-	// The member parks as before.
+	// A small one parks, within MaxStrangerParked, and so does a member's
+	// large one.
 	small := rawTensor(8, 1000, 8)
-	if err := member.Send(ctx, b.ID(), small); err != nil {
+	if err := stranger.Send(ctx, b.ID(), small); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := b.Recv(ctx, member.ID(), 8, nil); err != nil || !bytes.Equal(got.Payload, small.Payload) {
-		t.Fatalf("member's tensor: %v", err)
+	if err := member.Send(ctx, b.ID(), big); err != nil {
+		t.Fatal(err)
 	}
-	// A Recv waiting for the stranger by name takes its tensor.
+	for _, w := range []struct {
+		from *Node
+		t    Tensor
+	}{{stranger, small}, {member, big}} {
+		if got, err := b.Recv(ctx, w.from.ID(), w.t.Tag, nil); err != nil || !bytes.Equal(got.Payload, w.t.Payload) {
+			t.Fatalf("tag %d: %v", w.t.Tag, err)
+		}
+	}
+	// A Recv waiting for the stranger by name takes its large tensor.
 	got := make(chan error, 1)
 	go func() {
-		tn, err := b.Recv(ctx, stranger.ID(), 9, make([]byte, 4000))
-		if err == nil && !bytes.Equal(tn.Payload, rawTensor(9, 1000, 9).Payload) {
+		tn, err := b.Recv(ctx, stranger.ID(), 9, make([]byte, len(big.Payload)))
+		if err == nil && !bytes.Equal(tn.Payload, big.Payload) {
 			err = errors.New("payload differs")
 		}
 		got <- err
 	}()
 	waitPosted(t, b, mkey{stranger.ID(), 9})
-	if err := stranger.Send(ctx, b.ID(), rawTensor(9, 1000, 9)); err != nil {
+	big.Tag = 9
+	if err := stranger.Send(ctx, b.ID(), big); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-got; err != nil {
 		t.Fatal(err)
+	}
+	if all, _ := parkState(b, stranger.ID()); all != 0 || b.ts.strangers != 0 {
+		t.Fatalf("parked %d (strangers %d) after all claimed", all, b.ts.strangers)
 	}
 }

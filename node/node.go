@@ -415,16 +415,17 @@ func (n *Node) Recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Ten
 	return n.ts.recv(ctx, from, tag, dst)
 }
 
-// SetMayPark decides which peers may have their tensors parked: held in a
-// buffer of the node's until the Recv that claims them is posted (see the
-// package doc). A tensor from a peer f refuses is received only into a
-// Recv already waiting for it with a buffer of the caller's; with none
-// waiting, the stream is reset before any payload byte is read or buffer
-// allocated, and the refusal is counted under reason "not_member". So a
-// stranger's announcement costs the node a frame header, however large
-// the tensor it announces. f runs on stream-handler goroutines: it must be
-// safe for concurrent use, must not block and must not call the Node. A
-// nil f (the default) lets every peer park, up to MaxParkedPerPeer each.
+// SetMayPark decides which peers are members, whose tensors may be parked
+// (held in a buffer of the node's until the Recv that claims them is
+// posted; see the package doc) up to MaxParkedPerPeer each. The peers f
+// refuses, strangers, share MaxStrangerParked; past it, a stranger's
+// tensor waits for a Recv (back-pressure, up to IOTimeout) with nothing
+// allocated for it, and a Recv from any peer with no buffer does not take
+// it. So strangers' announcements cost the node at most MaxStrangerParked
+// in all, however large the tensors they announce. f runs on
+// stream-handler goroutines: it must be safe for concurrent use, must not
+// block and must not call the Node. A nil f (the default) admits every
+// peer.
 func (n *Node) SetMayPark(f func(from peer.ID) bool) {
 	if f == nil {
 		n.ts.mayPark.Store(nil)

@@ -105,11 +105,14 @@ type assembly struct {
 	h      header
 	buf    []byte
 	parked bool
-	recv   *recvOp
-	seen   uint64 // bitmap of stripes started
-	done   int    // stripes verified
-	active map[network.Stream]struct{}
-	err    error
+	// stranger means the sender was not one SetMayPark admits when the
+	// buffer was parked: it counts in tensors.strangers.
+	stranger bool
+	recv     *recvOp
+	seen     uint64 // bitmap of stripes started
+	done     int    // stripes verified
+	active   map[network.Stream]struct{}
+	err      error
 	// drain means nobody wants the tensor any more (its Recv gave up or
 	// was too short): its stripes are read to their end and dropped, so
 	// that the frames queued behind them on the same streams still
@@ -133,21 +136,22 @@ type tensors struct {
 	ref   *refusals
 	hooks *testHooks
 
-	mu      sync.Mutex
-	closed  bool
-	posted  map[mkey]*recvOp
-	asm     map[mkey]*assembly // incomplete
-	ready   map[mkey]*assembly // complete, not yet claimed
-	parked  int64              // bytes in parked buffers, all senders
-	byPeer  map[peer.ID]int64  // the same by sender; no zero entries
-	mayPark atomic.Pointer[func(peer.ID) bool]
-	changed chan struct{} // closed and replaced on every state change
-	inbound map[network.Stream]struct{}
-	pools   map[peer.ID]*streamPool
-	links   map[*streamPool]struct{}
-	prot    map[peer.ID]int
-	admit   []*admitHook   // copied on write
-	wg      sync.WaitGroup // stream handlers
+	mu        sync.Mutex
+	closed    bool
+	posted    map[mkey]*recvOp
+	asm       map[mkey]*assembly // incomplete
+	ready     map[mkey]*assembly // complete, not yet claimed
+	parked    int64              // bytes in parked buffers, all senders
+	byPeer    map[peer.ID]int64  // the same by sender; no zero entries
+	strangers int64              // the same for the peers mayPark refuses
+	mayPark   atomic.Pointer[func(peer.ID) bool]
+	changed   chan struct{} // closed and replaced on every state change
+	inbound   map[network.Stream]struct{}
+	pools     map[peer.ID]*streamPool
+	links     map[*streamPool]struct{}
+	prot      map[peer.ID]int
+	admit     []*admitHook   // copied on write
+	wg        sync.WaitGroup // stream handlers
 }
 
 // testHooks lets tests observe transfers without sleeping.
@@ -263,8 +267,8 @@ func (ts *tensors) handle(s network.Stream) {
 func (ts *tensors) refuse(p peer.ID, err error) {
 	ts.m.reject(err)
 	switch reason := Reason(err); reason {
-	case "timeout", "reset", "truncated", "closed", "short_buffer":
-	default:
+	case "too_large", "bad_magic", "bad_version", "bad_header", "unknown_codec", "unknown_dtype",
+		"shape_mismatch", "checksum", "limited_conn":
 		ts.ref.warn("rejected a tensor frame", p, reason, "err", err)
 	}
 }
@@ -300,9 +304,10 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 		}
 	}
 
-	// A peer SetMayPark leaves out gets no buffer of ours: only a Recv
-	// waiting for it by name, or for anyone with a buffer of the caller's,
-	// can take its tensor.
+	// A peer SetMayPark leaves out (a stranger) parks only within
+	// MaxStrangerParked, shared by all strangers; past it, it waits for
+	// its Recv like a member past its share. A Recv from anyone with no
+	// buffer does not take its tensor: that would allocate for it.
 	may := true
 	if f := ts.mayPark.Load(); f != nil {
 		may = (*f)(from)
@@ -330,7 +335,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 			// whole: bound to this one, it would wait for a slow sender
 			// while the others' tensors are complete. It is bound only
 			// when the tensor cannot park.
-			room := may && ts.roomLocked(from, int64(h.length))
+			room := ts.roomLocked(from, int64(h.length), !may)
 			if r := ts.matchLocked(key); r != nil && (r.key.p != "" || !room) && (may || r.dst != nil || r.key.p != "") {
 				delete(ts.posted, r.key)
 				buf := r.dst
@@ -352,14 +357,11 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 				break
 			}
 			if room {
-				ts.parkLocked(from, int64(h.length))
 				a = ts.newAssemblyLocked(key, h, make([]byte, h.length), true)
+				a.stranger = !may
+				ts.parkLocked(a)
 				break
 			}
-		}
-		if !may {
-			ts.mu.Unlock()
-			return fmt.Errorf("%w: %s announced %d bytes under tag %d", ErrNotMember, from, h.length, h.tag)
 		}
 		// No Recv yet and no room to park: wait for one (back-pressure).
 		ch := ts.changed
@@ -597,16 +599,22 @@ func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 	close(r.done)
 }
 
-// roomLocked reports whether a tensor of n bytes from p fits under both
-// MaxParkedBytes and MaxParkedPerPeer.
-func (ts *tensors) roomLocked(p peer.ID, n int64) bool {
-	return ts.parked+n <= ts.cfg.MaxParkedBytes && ts.byPeer[p]+n <= ts.cfg.MaxParkedPerPeer
+// roomLocked reports whether a tensor of n bytes from p fits under
+// MaxParkedBytes and MaxParkedPerPeer and, from a stranger, under
+// MaxStrangerParked.
+func (ts *tensors) roomLocked(p peer.ID, n int64, stranger bool) bool {
+	return ts.parked+n <= ts.cfg.MaxParkedBytes && ts.byPeer[p]+n <= ts.cfg.MaxParkedPerPeer &&
+		(!stranger || ts.strangers+n <= ts.cfg.MaxStrangerParked)
 }
 
-// parkLocked counts n parked bytes from p.
-func (ts *tensors) parkLocked(p peer.ID, n int64) {
+// parkLocked counts a's parked buffer.
+func (ts *tensors) parkLocked(a *assembly) {
+	n := int64(len(a.buf))
 	ts.parked += n
-	ts.byPeer[p] += n
+	ts.byPeer[a.key.p] += n
+	if a.stranger {
+		ts.strangers += n
+	}
 }
 
 // unparkLocked gives back what a's parked buffer counted, if anything.
@@ -617,6 +625,9 @@ func (ts *tensors) unparkLocked(a *assembly) {
 	a.parked = false
 	n := int64(len(a.buf))
 	ts.parked -= n
+	if a.stranger {
+		ts.strangers -= n
+	}
 	if ts.byPeer[a.key.p] -= n; ts.byPeer[a.key.p] <= 0 {
 		delete(ts.byPeer, a.key.p)
 	}

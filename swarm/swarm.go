@@ -155,14 +155,15 @@ func build(n *node.Node, cfg Config, o options) (*Peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Only live members of the group (peers whose heartbeats for this
-	// model arrive) may park tensors here; anyone else's tensor must meet
-	// a Recv waiting for it.
+	// Members (peers whose heartbeats for this model arrive, and the
+	// current all-reduce group) may park tensors here up to
+	// node.Config.MaxParkedPerPeer each; everyone else shares
+	// MaxStrangerParked.
+	tr := p2p.New(n)
 	n.SetMayPark(func(from peer.ID) bool {
 		_, ok := cp.Peer(peerid.ID(from.String()))
-		return ok
+		return ok || tr.InGroup(from)
 	})
-	tr := p2p.New(n)
 	var art aggregate.Transport = tr
 	if o.wrap != nil {
 		art = o.wrap(tr)
