@@ -59,6 +59,7 @@ func parseConnect(addr string) (peer.AddrInfo, error) {
 // logged at warn level when its cause changes. Safe for concurrent use.
 type dialler struct {
 	wg     sync.WaitGroup
+	first  sync.WaitGroup // done once every address was dialled once
 	cancel context.CancelFunc
 
 	mu   sync.Mutex
@@ -76,6 +77,7 @@ func dialAll(ctx context.Context, p *swarm.Peer, addrs []string, log *slog.Logge
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	d := &dialler{cancel: cancel, last: map[string]error{}}
+	d.first.Add(len(ais))
 	for i, ai := range ais {
 		d.wg.Go(func() { d.keep(ctx, p, addrs[i], ai, log) })
 	}
@@ -87,6 +89,8 @@ func (d *dialler) keep(ctx context.Context, p *swarm.Peer, addr string, ai peer.
 	nw := p.Node.Host().Network()
 	failures := 0
 	var logged string
+	firstDone := sync.OnceFunc(d.first.Done)
+	defer firstDone()
 	for ctx.Err() == nil {
 		wait := checkEvery
 		if nw.Connectedness(ai.ID) != network.Connected {
@@ -115,12 +119,18 @@ func (d *dialler) keep(ctx context.Context, p *swarm.Peer, addr string, ai peer.
 				}
 			}
 		}
+		firstDone()
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
 	}
 }
+
+// WaitFirst waits until every address was dialled once (each dial takes
+// at most attemptTimeout), so that a run starts connected to the
+// --connect peers that are up, as it did when it dialled them in turn.
+func (d *dialler) WaitFirst() { d.first.Wait() }
 
 // Failures returns, for the addresses whose latest dial failed, a line
 // each: "ADDR: error".

@@ -126,7 +126,11 @@ func TestDiallerReconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Stop()
+	d.WaitFirst()
 	nw := a.Node.Host().Network()
+	if nw.Connectedness(b.Node.ID()) != network.Connected {
+		t.Fatal("not connected to the live peer after the first dials")
+	}
 	connected := func() {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)

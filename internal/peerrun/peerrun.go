@@ -324,6 +324,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		return nil, err
 	}
 	defer dials.Stop()
+	dials.WaitFirst()
 	opts.Log.Info("peer up", "id", p.ID(), "addrs", p.Node.Addrs(), "model", wl.ID(), "data", wl.Source, "shard", shard.Len())
 	if opts.MinPeers > 1 {
 		wctx, cancel := context.WithTimeout(ctx, opts.Wait)
