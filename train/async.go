@@ -15,6 +15,7 @@ import (
 	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/staleness"
+	"github.com/starling-ml/starling/trace"
 )
 
 // Asynchronous modes of RunAsync.
@@ -540,7 +541,9 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 		if p.server != nil {
 			copy(w.Model.Params, p.server)
 		}
+		endCompute := trace.StartArgs(ctx, trace.Train, "compute", int64(round), trace.Args{"steps": steps})
 		loss, steps, err := p.localSteps(ctx, steps, snapshot)
+		endCompute()
 		if err != nil {
 			if ctx.Err() == nil {
 				runErr = err
@@ -561,7 +564,9 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 			p.vc.Tick()
 		}
 		p.local.Store(uint64(p.vc.Local()))
+		endEnc := trace.Start(ctx, trace.Net, "encode", int64(round))
 		payload = enc.Encode(payload, vec)
+		endEnc()
 		sum.Rounds++
 		a := wire.Announcement{
 			Version: uint64(p.vc.Local()), Base: base, Kind: p.plan.kind, Codec: enc.ID(),
@@ -569,7 +574,10 @@ func RunAsync(ctx context.Context, w *Worker, net AsyncNet, cfg AsyncConfig, rec
 			Key: fmt.Sprintf("%s/%d", cfg.Mode, round),
 		}
 		pctx, cancel := context.WithTimeout(ctx, cfg.FetchTimeout)
-		if err := net.Publish(pctx, a, payload); err == nil {
+		endPub := trace.StartArgs(ctx, trace.Net, "publish", int64(round), trace.Args{"bytes": len(payload)})
+		pubErr := net.Publish(pctx, a, payload)
+		endPub()
+		if pubErr == nil {
 			sum.Published++
 			p.rec.Event(Event{Peer: p.self.String(), At: p.since(), Kind: "publish", Bytes: int64(len(payload))})
 		}

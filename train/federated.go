@@ -13,6 +13,7 @@ import (
 	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/internal/spec"
 	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/trace"
 )
 
 // FedConfig configures serverless federated learning. Every peer of a
@@ -532,7 +533,9 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 	n := len(w.Model.Params)
 	global := state[:n]
 	if plan.behind {
+		endFetch := trace.Start(ctx, trace.Net, "fetch", int64(r))
 		v, err := net.Fetch(ctx, plan.from, r-1, state)
+		endFetch()
 		if err != nil {
 			return RoundInfo{}, false, fmt.Errorf("round %d: fetching state %d: %w", r, r-1, err)
 		}
@@ -555,6 +558,7 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 	be := w.Model.Backend()
 	var lossSum float64
 	samples := 0
+	endCompute := trace.StartArgs(ctx, trace.Train, "compute", int64(r), trace.Args{"steps": steps})
 	for s := 0; s < steps; s++ {
 		loss, k, err := w.Grad(ctx)
 		if err != nil {
@@ -569,6 +573,7 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 		lossSum += loss * float64(k)
 		samples += k
 	}
+	endCompute()
 	// Every participant contributes its local model — and, unless the
 	// server step is plain averaging, its global state — so the averaged
 	// result is the same on all of them even if their bases had drifted
@@ -578,7 +583,9 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 	if len(send) > n {
 		copy(send[n:], state)
 	}
+	endAR := trace.StartArgs(ctx, trace.Net, "allreduce", int64(r), trace.Args{"floats": len(send), "sampled": len(plan.sampled)})
 	used, err := net.AllReduce(ctx, r, plan.sampled, avg, send, float64(w.ShardSize()))
+	endAR()
 	if err != nil {
 		// No result for round r here: keep the state of r−1 as version r,
 		// so later rounds never wait for a state nobody will publish. If
@@ -589,6 +596,7 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 		f.publish(ctx, r, state)
 		return RoundInfo{}, false, fmt.Errorf("round %d: all-reduce: %w", r, err)
 	}
+	defer trace.Start(ctx, trace.Train, "apply", int64(r))()
 	if len(avg) == n {
 		copy(global, avg) // FedAvg: the new model is the weighted mean
 	} else {

@@ -15,6 +15,7 @@ import (
 	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/staleness"
+	"github.com/starling-ml/starling/trace"
 )
 
 // Gossip-averaging algorithms of RunGossip.
@@ -224,7 +225,9 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 		// averaged; the step lands on the model as it is by then, and the
 		// copy is refreshed under the same lock (one lock per step keeps
 		// passive peers from starving the actives' exchanges).
+		endCompute := trace.Start(ctx, trace.Train, "compute", int64(w.Steps+1))
 		_, n, err := w.Grad(ctx)
+		endCompute()
 		if err != nil {
 			return err
 		}
@@ -238,7 +241,9 @@ func (g *gossipRun) pairwise(ctx context.Context) error {
 			g.sum.Skipped++
 		case gossipExchange:
 			ectx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+			endEx := trace.Start(ctx, trace.Net, "exchange", int64(w.Steps))
 			err := pp.Exchange(ectx, ex, g.peers[plan.partner])
+			endEx()
 			cancel()
 			g.exchanged(err, int64(8*len(w.Model.Params)))
 			pp.Update(func(x []float32) { copy(w.Model.Params, x) })

@@ -11,6 +11,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/trace"
 )
 
 // Synchronous data-parallel SGD.
@@ -263,7 +264,9 @@ func (e *syncFatal) Error() string { return e.err.Error() }
 func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 	w := s.w
 	next := s.version + 1
+	endCompute := trace.Start(ctx, trace.Train, "compute", int64(next))
 	loss, k, err := w.Grad(ctx)
+	endCompute()
 	if err != nil {
 		return StepInfo{}, &syncFatal{err}
 	}
@@ -280,7 +283,9 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		group = a.group
 	}
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StepTimeout)
+	endAR := trace.StartArgs(ctx, trace.Net, "allreduce", int64(next), trace.Args{"floats": len(w.Model.Grads), "group": len(group)})
 	used, err := s.net.AllReduce(sctx, next, group, s.avg, w.Model.Grads, float64(k))
+	endAR()
 	cancel()
 	if err != nil {
 		if errors.Is(err, aggregate.ErrOverflow) || errors.Is(err, aggregate.ErrZeroWeight) {
@@ -289,8 +294,10 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		}
 		return StepInfo{}, err
 	}
+	endApply := trace.Start(ctx, trace.Train, "apply", int64(next))
 	copy(w.Model.Grads, s.avg)
 	w.Apply(k)
+	endApply()
 	s.version, s.group, s.left = next, used, false
 	now := time.Now()
 	s.rate, s.lastStep = pace(s.rate, s.lastStep, now), now

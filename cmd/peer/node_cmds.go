@@ -23,7 +23,7 @@ import (
 func init() {
 	register(&command{name: "id", summary: "print this peer's ID (creating its identity key if missing)", run: runID})
 	register(&command{name: "keygen", summary: "create an identity key, or a swarm key with --psk", run: runKeygen})
-	register(&command{name: "bench", summary: "benchmarks: 'peer bench transfer' (one-to-one throughput)", run: runBench})
+	register(&command{name: "bench", summary: "throughput and all-reduce benchmarks ('peer bench' lists them)", run: runBench})
 	registerBench(&command{name: "transfer", summary: "one-to-one tensor throughput vs crypto/tls between two processes", run: runBenchTransfer})
 }
 

@@ -82,6 +82,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	ckpt := fs.String("checkpoint", "", "checkpoint file, rewritten atomically after every round")
 	resume := fs.Bool("resume", false, "continue from --checkpoint")
 	out := fs.String("out", "", "folder for summary.json")
+	traceFile := fs.String("trace", "", "write this peer's timeline (compute, all-reduce, apply, … per round) to this file in the Chrome trace event format; 'peer trace merge' joins several peers' files")
 	linger := fs.Duration("linger", 3*time.Second, "stay up this long after training to serve state to slower peers (federated: longer, up to --round-timeout, while a live peer has yet to finish the last round or is fetching state)")
 	progressJSON := fs.Bool("progress-json", false, "print progress as JSON lines (for peer demo)")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
@@ -96,7 +97,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
 			Partition: *partition, DataSeed: *dataSeed, Limit: *limit, Checkpoint: *ckpt, Resume: *resume,
-			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: compress, Init: *initFile, Save: *save}
+			Out: *out, ProgressJSON: *progressJSON, Linger: *linger, Compress: compress, Init: *initFile, Save: *save, Trace: *traceFile}
 		log, err := textLogger(*logLevel, stderr)
 		if err != nil {
 			return o, err

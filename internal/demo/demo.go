@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/internal/progress"
@@ -142,7 +143,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, err
 		cmd := exec.CommandContext(ctx, o.Exe, args...)
 		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 		cmd.WaitDelay = 5 * time.Second
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		cmd.SysProcAttr = dieWithParent()
 		logf, err := os.Create(filepath.Join(o.Out, fmt.Sprintf("peer%d.log", i)))
 		if err != nil {
 			return nil, err

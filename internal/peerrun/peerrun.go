@@ -26,6 +26,7 @@ import (
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/swarm"
+	"github.com/starling-ml/starling/trace"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/workload"
 )
@@ -79,6 +80,9 @@ type Options struct {
 	Checkpoint string // path of this peer's checkpoint file ("" for none)
 	Resume     bool   // continue from Checkpoint
 	Out        string // folder for summary.json and curve.csv ("" for none)
+	// Trace receives the peer's timeline in the Chrome trace event format
+	// (package trace); "" for none.
+	Trace string
 	// Linger keeps the peer up this long after training ends, serving its
 	// state to peers that finish a little later, and longer while the mode
 	// says so (Env.LingerWhile).
@@ -304,6 +308,13 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}
 	}
 
+	var traceFile *os.File
+	if opts.Trace != "" {
+		if traceFile, err = os.Create(opts.Trace); err != nil {
+			return nil, fmt.Errorf("--trace: %w", err)
+		}
+		defer traceFile.Close() // Tracer.Close closes it too; a double Close is harmless
+	}
 	if opts.Swarm.Log == nil {
 		opts.Swarm.Log = opts.Log
 	}
@@ -316,6 +327,15 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		return nil, err
 	}
 	defer p.Close()
+	if traceFile != nil {
+		tr := trace.New(traceFile, string(p.ID()), nil)
+		defer func() {
+			if err := tr.Close(); err != nil {
+				opts.Log.Warn("writing the trace", "file", opts.Trace, "err", err)
+			}
+		}()
+		ctx = trace.With(ctx, tr)
+	}
 	// --connect addresses are dialled in the background for the whole
 	// run: one that is down must not stop it while --min-peers can be met,
 	// and a peer that comes back is reconnected.
