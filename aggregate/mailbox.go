@@ -132,6 +132,14 @@ func (m *Mailbox) admitLocked(from peerid.ID, tag Tag) error {
 	return nil
 }
 
+// InGroup reports whether p is a member of the scoped group.
+func (m *Mailbox) InGroup(p peerid.ID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.members[p]
+	return ok
+}
+
 // LatestAttempt returns the latest attempt of round that a member of the
 // scoped group sent chunks for, if it is later than the scope's attempt.
 func (m *Mailbox) LatestAttempt(round uint64) (uint16, bool) {

@@ -108,9 +108,18 @@ type Config struct {
 	// bytes (all peers, all streams).
 	MemoryLimit int64
 	// MaxParkedBytes bounds the memory held for tensors that arrive before
-	// the Recv that will claim them. Past it, senders wait (back-pressure)
-	// until a Recv is posted or IOTimeout passes.
+	// the Recv that will claim them, all senders together. Past it, senders
+	// wait (back-pressure) until a Recv is posted or IOTimeout passes.
 	MaxParkedBytes int64
+	// MaxParkedPerPeer bounds the same memory for one sender (64 MiB), so
+	// that one peer cannot take the whole of MaxParkedBytes: its tensors
+	// past the bound wait for their Recv like those past MaxParkedBytes.
+	MaxParkedPerPeer int64
+	// MaxStrangerParked bounds the same memory for all the peers
+	// SetMayPark does not admit, together (4 MiB): enough for a peer about
+	// to be admitted to park a vote or a small chunk, too little for
+	// strangers minting peer IDs to matter.
+	MaxStrangerParked int64
 	// ParkedTTL is how long an unclaimed tensor is kept before it is
 	// dropped.
 	ParkedTTL time.Duration
@@ -148,6 +157,8 @@ func DefaultConfig() Config {
 		StreamWindow:       16 << 20,
 		MemoryLimit:        2 << 30,
 		MaxParkedBytes:     1 << 30,
+		MaxParkedPerPeer:   64 << 20,
+		MaxStrangerParked:  4 << 20,
 		ParkedTTL:          2 * time.Minute,
 		IOTimeout:          30 * time.Second,
 		RecvTimeout:        5 * time.Minute,
@@ -224,8 +235,8 @@ func (c *Config) Validate() error {
 		return bad("StreamWindow %d below yamux's 256 KiB minimum", c.StreamWindow)
 	case c.MemoryLimit < int64(4*c.Stripes*c.StreamWindow):
 		return bad("MemoryLimit %d below 4*Stripes*StreamWindow = %d", c.MemoryLimit, 4*c.Stripes*c.StreamWindow)
-	case c.MaxParkedBytes < 0:
-		return bad("MaxParkedBytes must be >= 0")
+	case c.MaxParkedBytes < 0 || c.MaxParkedPerPeer < 0 || c.MaxStrangerParked < 0:
+		return bad("MaxParkedBytes, MaxParkedPerPeer and MaxStrangerParked must be >= 0")
 	case c.ParkedTTL <= 0 || c.IOTimeout <= 0 || c.RecvTimeout <= 0 || c.IdleTimeout <= 0:
 		return bad("ParkedTTL, IOTimeout, RecvTimeout and IdleTimeout must be > 0")
 	}

@@ -117,8 +117,11 @@
 // its buffer (no tensor-sized intermediate; post Recvs ahead, as an
 // all-reduce knows what it will receive). A tensor
 // that arrives first is parked in a buffer of its own, bounded by
-// MaxParkedBytes in total, and copied into the Recv's buffer later; past
-// the bound, the sender's stream waits (back-pressure) for a Recv. Parked
+// MaxParkedPerPeer for each sender and MaxParkedBytes in total, and copied
+// into the Recv's buffer later; past either bound, the sender's stream
+// waits (back-pressure) for a Recv. The peers SetMayPark does not admit
+// (swarm/ admits the live members of the group) share MaxStrangerParked,
+// 4 MiB. Parked
 // tensors nobody claims are dropped after ParkedTTL. Recv(ctx, "", tag, …)
 // takes the tag from any peer (gossip's unsolicited pushes): the first
 // tensor to arrive whole, so that a slow sender holds up no other. Send returns
@@ -136,4 +139,14 @@
 // starling_node_transfer_seconds{direction},
 // starling_node_frames_rejected_total{reason}; libp2p's: swarm, identify,
 // holepunch, autonat, relay and resource-manager collectors.
+//
+// # Refusals in the log
+//
+// A rejected frame (malformed, refused by a hook, from a stranger), a
+// connection the allowlist refuses and an inbound connection that fails
+// the handshake (a wrong or missing swarm key) are logged at warn level,
+// naming the peer (or the remote IP, when the handshake never told who)
+// and the reason, at most once per peer and reason every 30 s. The
+// dialling side of a failed handshake gets ErrSwarmKey, one sentence,
+// instead of libp2p's framing errors.
 package node

@@ -28,6 +28,11 @@ var (
 	// security protocols: one side runs Insecure (plaintext) and the other
 	// TLS/Noise. Retrying does not help.
 	ErrSecurityMismatch = errors.New("node: the peer speaks none of our transport security protocols (Insecure, --insecure, must be the same on every peer)")
+	// ErrSwarmKey means the connection failed in libp2p's handshake,
+	// before any protocol was agreed, on bytes that made no sense (or it
+	// stalled there): what peers with different swarm keys, or one with a
+	// key and one without, see of each other. Retrying does not help.
+	ErrSwarmKey = errors.New("node: the handshake failed before any protocol was agreed: most likely a wrong or missing swarm key (--psk must name the same swarm.key file on every peer, or be left out on all)")
 	// ErrInvalidConfig wraps every Config.Validate failure.
 	ErrInvalidConfig = errors.New("node: invalid config")
 

@@ -227,3 +227,120 @@ func TestAnyPeerRecvTakesFirstComplete(t *testing.T) {
 		t.Fatalf("second Recv: %v from %s, want the slow sender's tensor", err, got.From)
 	}
 }
+
+// parkState returns the bytes parked in all and from p.
+func parkState(n *Node, p peer.ID) (all, from int64) {
+	n.ts.mu.Lock()
+	defer n.ts.mu.Unlock()
+	return n.ts.parked, n.ts.byPeer[p]
+}
+
+// waitRejected waits until n counted want refusals under reason.
+func waitRejected(t *testing.T, n *Node, reason string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for counterValue(n.m.rejected.WithLabelValues(reason)) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("rejected{%s} = %v, want %v", reason, counterValue(n.m.rejected.WithLabelValues(reason)), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestParkPerPeerCap: one member cannot park more than MaxParkedPerPeer
+// even while MaxParkedBytes has room, and another member still can.
+func TestParkPerPeerCap(t *testing.T) {
+	const n = 150 << 10 // 600 KiB tensors; 1 MiB per peer, 4 MiB in all
+	nodes := newMocknet(t, 3, 0, 0, func(c *Config) {
+		c.MaxParkedPerPeer, c.MaxParkedBytes, c.IOTimeout = 1<<20, 4<<20, time.Second
+	})
+	a, b, c := nodes[0], nodes[1], nodes[2]
+	ctx := ctxT(t, 30*time.Second)
+	t1, t2, t3 := rawTensor(1, n, 1), rawTensor(2, n, 2), rawTensor(3, n, 3)
+	if err := a.Send(ctx, b.ID(), t1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Send(ctx, b.ID(), t3); err != nil {
+		t.Fatal(err)
+	}
+	// t2 finds a's share taken by t1: it waits IOTimeout for a Recv and is
+	// refused; t1 and t3 stay parked.
+	a.Send(ctx, b.ID(), t2)
+	waitRejected(t, b, "timeout", 1)
+	if all, fromA := parkState(b, a.ID()); all != 2*4*n || fromA != 4*n {
+		t.Fatalf("parked %d in all, %d from a; want %d and %d", all, fromA, 2*4*n, 4*n)
+	}
+	for _, w := range []struct {
+		from *Node
+		t    Tensor
+	}{{a, t1}, {c, t3}} {
+		got, err := b.Recv(ctx, w.from.ID(), w.t.Tag, nil)
+		if err != nil || !bytes.Equal(got.Payload, w.t.Payload) {
+			t.Fatalf("tag %d: %v", w.t.Tag, err)
+		}
+	}
+	if all, _ := parkState(b, a.ID()); all != 0 || len(b.ts.byPeer) != 0 {
+		t.Fatalf("parked %d after all claimed (by peer %v)", all, b.ts.byPeer)
+	}
+}
+
+// TestStrangerParksLittle: the peers SetMayPark refuses share
+// MaxStrangerParked: a stranger's small tensor parks, a large one waits
+// for its Recv with nothing allocated and is dropped after IOTimeout,
+// while a member parks as much; a Recv waiting for the stranger by name
+// takes its large tensor.
+func TestStrangerParksLittle(t *testing.T) {
+	nodes := newMocknet(t, 3, 0, 0, func(c *Config) { c.MaxStrangerParked, c.IOTimeout = 64<<10, time.Second })
+	member, b, stranger := nodes[0], nodes[1], nodes[2]
+	b.SetMayPark(func(p peer.ID) bool { return p == member.ID() })
+	ctx := ctxT(t, 30*time.Second)
+	big := rawTensor(7, 1<<20, 7) // 4 MiB announced
+	stranger.Send(ctx, b.ID(), big)
+	waitRejected(t, b, "timeout", 1)
+	if all, from := parkState(b, stranger.ID()); all != 0 || from != 0 {
+		t.Fatalf("a stranger parked %d bytes (%d in all) past MaxStrangerParked", from, all)
+	}
+	b.ts.mu.Lock()
+	asm, ready := len(b.ts.asm), len(b.ts.ready)
+	b.ts.mu.Unlock()
+	if asm != 0 || ready != 0 {
+		t.Fatalf("a stranger's tensor left %d assemblies, %d ready", asm, ready)
+	}
+	// A small one parks, within MaxStrangerParked, and so does a member's
+	// large one.
+	small := rawTensor(8, 1000, 8)
+	if err := stranger.Send(ctx, b.ID(), small); err != nil {
+		t.Fatal(err)
+	}
+	if err := member.Send(ctx, b.ID(), big); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		from *Node
+		t    Tensor
+	}{{stranger, small}, {member, big}} {
+		if got, err := b.Recv(ctx, w.from.ID(), w.t.Tag, nil); err != nil || !bytes.Equal(got.Payload, w.t.Payload) {
+			t.Fatalf("tag %d: %v", w.t.Tag, err)
+		}
+	}
+	// A Recv waiting for the stranger by name takes its large tensor.
+	got := make(chan error, 1)
+	go func() {
+		tn, err := b.Recv(ctx, stranger.ID(), 9, make([]byte, len(big.Payload)))
+		if err == nil && !bytes.Equal(tn.Payload, big.Payload) {
+			err = errors.New("payload differs")
+		}
+		got <- err
+	}()
+	waitPosted(t, b, mkey{stranger.ID(), 9})
+	big.Tag = 9
+	if err := stranger.Send(ctx, b.ID(), big); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if all, _ := parkState(b, stranger.ID()); all != 0 || b.ts.strangers != 0 {
+		t.Fatalf("parked %d (strangers %d) after all claimed", all, b.ts.strangers)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	logging "github.com/libp2p/go-libp2p/gologshim"
 	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
@@ -28,6 +30,7 @@ import (
 	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 	mss "github.com/multiformats/go-multistream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -64,6 +67,7 @@ type options struct {
 	log    *slog.Logger
 	onPeer func(peer.AddrInfo)
 	hooks  *testHooks
+	ref    *refusals // from log
 }
 
 // WithRegistry makes the node register its collectors (and libp2p's) in
@@ -92,6 +96,7 @@ func buildOptions(opts []Option) options {
 	if o.log == nil {
 		o.log = slog.Default()
 	}
+	o.ref = newRefusals(o.log)
 	return o
 }
 
@@ -124,6 +129,8 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Before the host exists, so that the upgrader's logger resolves to it.
+	installLibp2pLog.Do(func() { logging.SetDefaultHandler(newLibp2pHandler()) })
 
 	rcmgr.MustRegisterWith(o.reg)
 	str, err := rcmgr.NewStatsTraceReporter()
@@ -166,7 +173,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		lopts = append(lopts, libp2p.Transport(quic.NewTransport))
 	}
 	if len(cfg.Allowlist) > 0 {
-		lopts = append(lopts, libp2p.ConnectionGater(newAllowlist(self, cfg.Allowlist)))
+		lopts = append(lopts, libp2p.ConnectionGater(newAllowlist(self, cfg.Allowlist, o.ref)))
 	}
 	if cfg.NATPortMap {
 		lopts = append(lopts, libp2p.NATPortMap())
@@ -189,6 +196,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	}
 	n := newNode(h, cfg, o, m)
 	n.ownHost = true
+	listeners.Store(n, struct{}{})
 	if err := n.start(ctx); err != nil {
 		n.Close()
 		return nil, err
@@ -214,7 +222,7 @@ func Attach(h host.Host, cfg Config, opts ...Option) (*Node, error) {
 
 func newNode(h host.Host, cfg Config, o options, m *nodeMetrics) *Node {
 	n := &Node{cfg: cfg, host: h, log: o.log, reg: o.reg, m: m, onPeer: o.onPeer}
-	n.ts = newTensors(h, &n.cfg, m, o.hooks)
+	n.ts = newTensors(h, &n.cfg, m, o.ref, o.hooks)
 	n.stop = func() {}
 	return n
 }
@@ -268,21 +276,66 @@ func (n *Node) AddrInfo() peer.AddrInfo {
 }
 
 // Connect dials p (a no-op if already connected). A peer that fails the
-// PSK handshake or the allowlist gets an error and no connection.
+// PSK handshake or the allowlist gets an error and no connection. A
+// handshake that fails on garbled bytes is reported as ErrSwarmKey in one
+// sentence (libp2p's own words, such as "message did not have trailing
+// newline", stay in the error chain); one that stalls on an address that
+// accepts TCP connections says so.
 func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
 	if err := n.live(); err != nil {
 		return err
 	}
 	err := n.host.Connect(ctx, p)
-	if err != nil && securityMismatch(err) {
+	switch {
+	case err == nil:
+		return nil
+	case securityMismatch(err):
 		return fmt.Errorf("%w: %w", ErrSecurityMismatch, err)
+	case strings.Contains(err.Error(), "failed to negotiate security protocol"):
+		return &handshakeError{peer: p.ID, cause: err}
+	case ctx.Err() != nil && tcpAnswers(p.Addrs):
+		return fmt.Errorf("%s accepts TCP connections but the libp2p handshake did not complete in time: a wrong or missing swarm key (--psk), or a stopped peer: %w", p.ID, err)
 	}
 	return err
 }
 
+// handshakeError is ErrSwarmKey for one peer, with libp2p's error behind.
+type handshakeError struct {
+	peer  peer.ID
+	cause error
+}
+
+func (e *handshakeError) Error() string {
+	return fmt.Sprintf("%v (peer %s)", ErrSwarmKey, e.peer)
+}
+
+func (e *handshakeError) Unwrap() []error { return []error{ErrSwarmKey, e.cause} }
+
+// tcpAnswers reports whether one of addrs (TCP ones only) accepts a TCP
+// connection within a second: then a dial that timed out was stuck in the
+// handshake, not on the way.
+func tcpAnswers(addrs []ma.Multiaddr) bool {
+	for _, a := range addrs {
+		if _, err := a.ValueForProtocol(ma.P_TCP); err != nil {
+			continue
+		}
+		na, err := manet.ToNetAddr(a)
+		if err != nil {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", na.String(), time.Second)
+		if err == nil {
+			c.Close()
+			return true
+		}
+	}
+	return false
+}
+
 // ConnectRetry dials p every 200 ms until it answers or ctx ends: a peer
 // started at the same moment may not listen yet. A peer with other
-// transport security (ErrSecurityMismatch) is not retried. A failed dial
+// transport security (ErrSecurityMismatch) or swarm key (ErrSwarmKey) is
+// not retried. A failed dial
 // puts the address in libp2p's dial backoff and the retries then fail
 // with "dial backoff" alone, so on failure ConnectRetry returns the last
 // error that was not a backoff.
@@ -290,7 +343,7 @@ func (n *Node) ConnectRetry(ctx context.Context, p peer.AddrInfo) error {
 	var cause error
 	for {
 		err := n.Connect(ctx, p)
-		if err == nil || errors.Is(err, ErrSecurityMismatch) || errors.Is(err, ErrClosed) {
+		if err == nil || errors.Is(err, ErrSecurityMismatch) || errors.Is(err, ErrSwarmKey) || errors.Is(err, ErrClosed) {
 			return err
 		}
 		if cause == nil || !errors.Is(err, lswarm.ErrDialBackoff) {
@@ -360,6 +413,33 @@ func (n *Node) Send(ctx context.Context, p peer.ID, t Tensor) error {
 // up for the frames behind it). One Recv at a time per (from, tag).
 func (n *Node) Recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Tensor, error) {
 	return n.ts.recv(ctx, from, tag, dst)
+}
+
+// SetMayPark decides which peers are members, whose tensors may be parked
+// (held in a buffer of the node's until the Recv that claims them is
+// posted; see the package doc) up to MaxParkedPerPeer each. The peers f
+// refuses, strangers, share MaxStrangerParked; past it, a stranger's
+// tensor waits for a Recv (back-pressure, up to IOTimeout) with nothing
+// allocated for it, and a Recv from any peer with no buffer does not take
+// it. So strangers' announcements cost the node at most MaxStrangerParked
+// in all, however large the tensors they announce. f runs on
+// stream-handler goroutines: it must be safe for concurrent use, must not
+// block and must not call the Node. A nil f (the default) admits every
+// peer.
+func (n *Node) SetMayPark(f func(from peer.ID) bool) {
+	if f == nil {
+		n.ts.mayPark.Store(nil)
+		return
+	}
+	n.ts.mayPark.Store(&f)
+}
+
+// ParkedBytes returns the bytes held now in parked buffers (tensors that
+// arrived before their Recv), all senders together.
+func (n *Node) ParkedBytes() int64 {
+	n.ts.mu.Lock()
+	defer n.ts.mu.Unlock()
+	return n.ts.parked
 }
 
 // AddAdmit installs f as an admission hook and returns a function that
@@ -484,6 +564,7 @@ func (n *Node) Close() error {
 	}
 	n.closed = true
 	n.mu.Unlock()
+	listeners.Delete(n)
 
 	n.stop()
 	var errs []error

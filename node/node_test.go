@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -257,14 +258,22 @@ func TestCancelMidTransfer(t *testing.T) {
 func TestWrongPSKNoConnection(t *testing.T) {
 	k1, _ := GeneratePSK()
 	k2, _ := GeneratePSK()
-	a := newTestNode(t, func(c *Config) { c.PSK = k1 })
+	var logs syncBuffer
+	a := newTestNode(t, func(c *Config) { c.PSK = k1 }, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	b := newTestNode(t, func(c *Config) { c.PSK = k2 })
 	plain := newTestNode(t, nil)
 	same := newTestNode(t, func(c *Config) { c.PSK = k1 })
 	for _, pair := range [][2]*Node{{a, b}, {b, a}, {a, plain}, {plain, a}} {
 		ctx := ctxT(t, 5*time.Second)
-		if err := pair[0].Connect(ctx, pair[1].AddrInfo()); err == nil {
+		err := pair[0].Connect(ctx, pair[1].AddrInfo())
+		if err == nil {
 			t.Fatalf("%s connected to %s across different swarm keys", pair[0].ID(), pair[1].ID())
+		}
+		// The dialer hears a clear sentence, not libp2p's framing errors;
+		// a handshake that stalls instead says that.
+		if msg := err.Error(); !errors.Is(err, ErrSwarmKey) && !strings.Contains(msg, "handshake did not complete") ||
+			strings.Contains(msg, "newline") || !strings.Contains(msg, "swarm key") || strings.Contains(msg, "\n") {
+			t.Errorf("%s to %s: %q, want one line naming the swarm key", pair[0].ID(), pair[1].ID(), msg)
 		}
 		if err := pair[0].Send(ctx, pair[1].ID(), rawTensor(1, 10, 1)); err == nil {
 			t.Fatal("send succeeded across different swarm keys")
@@ -280,6 +289,21 @@ func TestWrongPSKNoConnection(t *testing.T) {
 			t.Fatalf("%s received %v tensors", n.ID(), v)
 		}
 	}
+	// a, dialled by b and by plain, names the cause at warn level, once for
+	// the address both dialled from.
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), `msg="refused a connection" from=127.0.0.1 `) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning for refused handshakes in:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := strings.Count(logs.String(), "refused a connection"); n > 1 {
+		t.Fatalf("%d warnings for one address within %v, want 1:\n%s", n, refusalLogEvery, logs.String())
+	}
+	if !strings.Contains(logs.String(), "swarm key (--psk)") {
+		t.Fatalf("the warning does not name the swarm key:\n%s", logs.String())
+	}
 	// Same key: works.
 	connect(t, a, same)
 	go a.Send(ctxT(t, 10*time.Second), same.ID(), rawTensor(1, 10, 1))
@@ -291,7 +315,8 @@ func TestWrongPSKNoConnection(t *testing.T) {
 func TestAllowlist(t *testing.T) {
 	friend := newTestNode(t, nil)
 	stranger := newTestNode(t, nil)
-	guarded := newTestNode(t, func(c *Config) { c.Allowlist = []peer.ID{friend.ID()} })
+	var logs syncBuffer
+	guarded := newTestNode(t, func(c *Config) { c.Allowlist = []peer.ID{friend.ID()} }, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
 	for _, pair := range [][2]*Node{{stranger, guarded}, {guarded, stranger}} {
 		ctx := ctxT(t, 5*time.Second)
@@ -317,6 +342,10 @@ func TestAllowlist(t *testing.T) {
 	if v := counterValue(stranger.m.tensors.WithLabelValues("recv")); v != 0 {
 		t.Fatal("stranger received a tensor")
 	}
+	// The guarded side names the stranger once, however often it knocks.
+	if line := fmt.Sprintf("level=WARN msg=\"refused a connection\" peer=%s reason=\"not on the allowlist (--allow)\"", stranger.ID()); strings.Count(logs.String(), line) != 1 {
+		t.Fatalf("want one line %q in:\n%s", line, logs.String())
+	}
 	connect(t, friend, guarded)
 	go friend.Send(ctxT(t, 10*time.Second), guarded.ID(), rawTensor(1, 10, 1))
 	if _, err := guarded.Recv(ctxT(t, 10*time.Second), friend.ID(), 1, nil); err != nil {
@@ -338,7 +367,8 @@ func waitDisconnected(t testing.TB, n *Node, p peer.ID) {
 // TestBadFramesResetStream writes malformed frames on real streams: each
 // is refused with a reset, counted under its reason, and never delivered.
 func TestBadFramesResetStream(t *testing.T) {
-	a, b := newTestNode(t, nil), newTestNode(t, func(c *Config) { c.MaxTensorBytes = 1 << 20 })
+	var logs syncBuffer
+	a, b := newTestNode(t, nil), newTestNode(t, func(c *Config) { c.MaxTensorBytes = 1 << 20 }, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	connect(t, a, b)
 	good := rawHeader(3, 64)
 	payload := randBytes(int(good.length), 5)
@@ -379,7 +409,24 @@ func TestBadFramesResetStream(t *testing.T) {
 			if after := counterValue(b.m.rejected.WithLabelValues(c.reason)); after != before+1 {
 				t.Fatalf("rejected{%s} went %v -> %v", c.reason, before, after)
 			}
+			// One warning names the sender and the reason; a truncated
+			// frame (a peer dying mid-send) is only counted.
+			line := fmt.Sprintf("level=WARN msg=\"rejected a tensor frame\" peer=%s reason=%s", a.ID(), c.reason)
+			if got := strings.Count(logs.String(), line); got != 1 && c.reason != "truncated" || got != 0 && c.reason == "truncated" {
+				t.Fatalf("%d log lines %q in:\n%s", got, line, logs.String())
+			}
 		})
+	}
+	// A second bad frame of a reason already logged is held back.
+	s, err := a.host.NewStream(ctxT(t, 5*time.Second), b.ID(), ProtocolID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Write(cases[0].bytes)
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	s.Read(make([]byte, 1))
+	if got := strings.Count(logs.String(), "reason="+cases[0].reason); got != 1 {
+		t.Fatalf("%d lines for %s after a second bad frame, want 1 (rate limited)", got, cases[0].reason)
 	}
 	b.ts.mu.Lock()
 	defer b.ts.mu.Unlock()
@@ -613,4 +660,23 @@ func TestUncheckedFrames(t *testing.T) {
 			}
 		})
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers (a logger on
+// stream-handler goroutines).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
@@ -104,11 +105,14 @@ type assembly struct {
 	h      header
 	buf    []byte
 	parked bool
-	recv   *recvOp
-	seen   uint64 // bitmap of stripes started
-	done   int    // stripes verified
-	active map[network.Stream]struct{}
-	err    error
+	// stranger means the sender was not one SetMayPark admits when the
+	// buffer was parked: it counts in tensors.strangers.
+	stranger bool
+	recv     *recvOp
+	seen     uint64 // bitmap of stripes started
+	done     int    // stripes verified
+	active   map[network.Stream]struct{}
+	err      error
 	// drain means nobody wants the tensor any more (its Recv gave up or
 	// was too short): its stripes are read to their end and dropped, so
 	// that the frames queued behind them on the same streams still
@@ -129,21 +133,25 @@ type tensors struct {
 	host  host.Host
 	cfg   *Config
 	m     *nodeMetrics
+	ref   *refusals
 	hooks *testHooks
 
-	mu      sync.Mutex
-	closed  bool
-	posted  map[mkey]*recvOp
-	asm     map[mkey]*assembly // incomplete
-	ready   map[mkey]*assembly // complete, not yet claimed
-	parked  int64
-	changed chan struct{} // closed and replaced on every state change
-	inbound map[network.Stream]struct{}
-	pools   map[peer.ID]*streamPool
-	links   map[*streamPool]struct{}
-	prot    map[peer.ID]int
-	admit   []*admitHook   // copied on write
-	wg      sync.WaitGroup // stream handlers
+	mu        sync.Mutex
+	closed    bool
+	posted    map[mkey]*recvOp
+	asm       map[mkey]*assembly // incomplete
+	ready     map[mkey]*assembly // complete, not yet claimed
+	parked    int64              // bytes in parked buffers, all senders
+	byPeer    map[peer.ID]int64  // the same by sender; no zero entries
+	strangers int64              // the same for the peers mayPark refuses
+	mayPark   atomic.Pointer[func(peer.ID) bool]
+	changed   chan struct{} // closed and replaced on every state change
+	inbound   map[network.Stream]struct{}
+	pools     map[peer.ID]*streamPool
+	links     map[*streamPool]struct{}
+	prot      map[peer.ID]int
+	admit     []*admitHook   // copied on write
+	wg        sync.WaitGroup // stream handlers
 }
 
 // testHooks lets tests observe transfers without sleeping.
@@ -154,12 +162,13 @@ type testHooks struct {
 	recvFlags func(flags uint32)
 }
 
-func newTensors(h host.Host, cfg *Config, m *nodeMetrics, hooks *testHooks) *tensors {
+func newTensors(h host.Host, cfg *Config, m *nodeMetrics, ref *refusals, hooks *testHooks) *tensors {
 	ts := &tensors{
-		host: h, cfg: cfg, m: m, hooks: hooks,
+		host: h, cfg: cfg, m: m, ref: ref, hooks: hooks,
 		posted:  make(map[mkey]*recvOp),
 		asm:     make(map[mkey]*assembly),
 		ready:   make(map[mkey]*assembly),
+		byPeer:  make(map[peer.ID]int64),
 		changed: make(chan struct{}),
 		inbound: make(map[network.Stream]struct{}),
 		pools:   make(map[peer.ID]*streamPool),
@@ -209,7 +218,7 @@ func (ts *tensors) unprotect(p peer.ID) {
 // the sender closes it, it idles past IdleTimeout, or a frame is refused.
 func (ts *tensors) handle(s network.Stream) {
 	if s.Conn().Stat().Limited {
-		ts.m.reject(ErrLimitedConn)
+		ts.refuse(s.Conn().RemotePeer(), ErrLimitedConn)
 		s.Reset()
 		return
 	}
@@ -244,11 +253,23 @@ func (ts *tensors) handle(s network.Stream) {
 		}
 		if err != nil {
 			if !errors.Is(err, errAbandoned) && !errors.Is(err, ErrClosed) {
-				ts.m.reject(err)
+				ts.refuse(from, err)
 			}
 			s.Reset()
 			return
 		}
+	}
+}
+
+// refuse counts a rejected frame from p and logs it at warn level (rate
+// limited) when its reason says something about the sender: a malformed or
+// refused frame, not a peer that died mid-frame or a local Recv's problem.
+func (ts *tensors) refuse(p peer.ID, err error) {
+	ts.m.reject(err)
+	switch reason := Reason(err); reason {
+	case "too_large", "bad_magic", "bad_version", "bad_header", "unknown_codec", "unknown_dtype",
+		"shape_mismatch", "checksum", "limited_conn":
+		ts.ref.warn("rejected a tensor frame", p, reason, "err", err)
 	}
 }
 
@@ -277,10 +298,19 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 		t.fill(h, from)
 		for _, a := range admit {
 			if err := a.f(from, &t); err != nil {
-				ts.m.reject(fmt.Errorf("%w: %w", ErrRefused, err))
+				ts.refuse(from, fmt.Errorf("%w: %w", ErrRefused, err))
 				return ts.drainStripe(s, from, int(n), sum)
 			}
 		}
+	}
+
+	// A peer SetMayPark leaves out (a stranger) parks only within
+	// MaxStrangerParked, shared by all strangers; past it, it waits for
+	// its Recv like a member past its share. A Recv from anyone with no
+	// buffer does not take its tensor: that would allocate for it.
+	may := true
+	if f := ts.mayPark.Load(); f != nil {
+		may = (*f)(from)
 	}
 
 	ts.mu.Lock()
@@ -305,8 +335,8 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 			// whole: bound to this one, it would wait for a slow sender
 			// while the others' tensors are complete. It is bound only
 			// when the tensor cannot park.
-			room := ts.parked+int64(h.length) <= ts.cfg.MaxParkedBytes
-			if r := ts.matchLocked(key); r != nil && (r.key.p != "" || !room) {
+			room := ts.roomLocked(from, int64(h.length), !may)
+			if r := ts.matchLocked(key); r != nil && (r.key.p != "" || !room) && (may || r.dst != nil || r.key.p != "") {
 				delete(ts.posted, r.key)
 				buf := r.dst
 				if buf == nil {
@@ -327,8 +357,9 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 				break
 			}
 			if room {
-				ts.parked += int64(h.length)
 				a = ts.newAssemblyLocked(key, h, make([]byte, h.length), true)
+				a.stranger = !may
+				ts.parkLocked(a)
 				break
 			}
 		}
@@ -505,10 +536,7 @@ func (ts *tensors) failLocked(a *assembly, err error) {
 	if ts.asm[a.key] == a {
 		delete(ts.asm, a.key)
 	}
-	if a.parked {
-		ts.parked -= int64(len(a.buf))
-		a.parked = false
-	}
+	ts.unparkLocked(a)
 	for s := range a.active {
 		s.Reset()
 	}
@@ -554,8 +582,7 @@ func (ts *tensors) completeLocked(a *assembly) {
 func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 	payload := a.buf
 	if a.parked {
-		ts.parked -= int64(len(a.buf))
-		a.parked = false
+		ts.unparkLocked(a)
 		if r.dst != nil {
 			if cap(r.dst) < len(a.buf) {
 				r.err = fmt.Errorf("%w: %d bytes for a %d-byte tensor", ErrShortBuffer, cap(r.dst), len(a.buf))
@@ -572,12 +599,46 @@ func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 	close(r.done)
 }
 
+// roomLocked reports whether a tensor of n bytes from p fits under
+// MaxParkedBytes and MaxParkedPerPeer and, from a stranger, under
+// MaxStrangerParked.
+func (ts *tensors) roomLocked(p peer.ID, n int64, stranger bool) bool {
+	return ts.parked+n <= ts.cfg.MaxParkedBytes && ts.byPeer[p]+n <= ts.cfg.MaxParkedPerPeer &&
+		(!stranger || ts.strangers+n <= ts.cfg.MaxStrangerParked)
+}
+
+// parkLocked counts a's parked buffer.
+func (ts *tensors) parkLocked(a *assembly) {
+	n := int64(len(a.buf))
+	ts.parked += n
+	ts.byPeer[a.key.p] += n
+	if a.stranger {
+		ts.strangers += n
+	}
+}
+
+// unparkLocked gives back what a's parked buffer counted, if anything.
+func (ts *tensors) unparkLocked(a *assembly) {
+	if !a.parked {
+		return
+	}
+	a.parked = false
+	n := int64(len(a.buf))
+	ts.parked -= n
+	if a.stranger {
+		ts.strangers -= n
+	}
+	if ts.byPeer[a.key.p] -= n; ts.byPeer[a.key.p] <= 0 {
+		delete(ts.byPeer, a.key.p)
+	}
+}
+
 // expireLocked drops parked tensors nobody claimed within ParkedTTL.
 func (ts *tensors) expireLocked(now time.Time) {
 	for k, a := range ts.ready {
 		if now.Sub(a.created) > ts.cfg.ParkedTTL {
 			delete(ts.ready, k)
-			ts.parked -= int64(len(a.buf))
+			ts.unparkLocked(a)
 			ts.m.reject(fmt.Errorf("%w: unclaimed tensor expired", ErrTimeout))
 		}
 	}

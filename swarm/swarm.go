@@ -155,7 +155,15 @@ func build(n *node.Node, cfg Config, o options) (*Peer, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Members (peers whose heartbeats for this model arrive, and the
+	// current all-reduce group) may park tensors here up to
+	// node.Config.MaxParkedPerPeer each; everyone else shares
+	// MaxStrangerParked.
 	tr := p2p.New(n)
+	n.SetMayPark(func(from peer.ID) bool {
+		_, ok := cp.Peer(peerid.ID(from.String()))
+		return ok || tr.InGroup(from)
+	})
 	var art aggregate.Transport = tr
 	if o.wrap != nil {
 		art = o.wrap(tr)

@@ -11,6 +11,7 @@ import (
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
+	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
@@ -328,5 +329,60 @@ func TestFederatedSampledPeerCrashesOverMocknet(t *testing.T) {
 	}
 	if took := time.Since(start); took > cfg.RoundTimeout*3/4 {
 		t.Errorf("took %v: the survivors waited for the crashed peer", took)
+	}
+}
+
+// TestStrangersShareLittle: a swarm peer parks a live member's
+// unclaimed tensor, but a stranger's (a bare node on the same network that
+// sends no heartbeats) only within node.Config.MaxStrangerParked: a larger
+// one waits for its Recv with nothing parked for it.
+func TestStrangersShareLittle(t *testing.T) {
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	ps := attachPeers(t, mn, 2)
+	h, err := mn.GenPeer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := node.Attach(h, node.TestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stranger.Close() })
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mn.ConnectAllButSelf(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	member, b := ps[0], ps[1]
+	if err := b.WaitPeers(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	tensor := func(tag node.Tag, n int) node.Tensor {
+		return node.Tensor{Tag: tag, Codec: compression.IDFP32, DType: node.Float32, Shape: []int{n / 4}, Payload: make([]byte, n)}
+	}
+	size := 2 * int(testConfig().Node.MaxStrangerParked)
+	go stranger.Send(ctx, b.Node.ID(), tensor(2, size))
+	if err := member.Node.Send(ctx, b.Node.ID(), tensor(1, size)); err != nil {
+		t.Fatal(err)
+	}
+	for b.Node.ParkedBytes() < int64(size) {
+		if ctx.Err() != nil {
+			t.Fatalf("the member's tensor never parked (%d bytes parked)", b.Node.ParkedBytes())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := b.Node.ParkedBytes(); got != int64(size) {
+		t.Fatalf("%d bytes parked, want the member's %d alone", got, size)
+	}
+	if _, err := b.Node.Recv(ctx, member.Node.ID(), 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The stranger's tensor waited: a Recv for it by name gets it.
+	if _, err := b.Node.Recv(ctx, stranger.ID(), 2, make([]byte, size)); err != nil {
+		t.Fatal(err)
 	}
 }

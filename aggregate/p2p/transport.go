@@ -174,6 +174,10 @@ func (t *Transport) Scope(g aggregate.Group) { t.scope.Scope(g) }
 // aggregate.Mailbox.LatestAttempt).
 func (t *Transport) LatestAttempt(round uint64) (uint16, bool) { return t.scope.LatestAttempt(round) }
 
+// InGroup reports whether p is a member of the scoped group (the current
+// round's).
+func (t *Transport) InGroup(p peer.ID) bool { return t.scope.InGroup(ID(p)) }
+
 // Rejected implements aggregate.Scoper.
 func (t *Transport) Rejected(round uint64) []*aggregate.PeerError { return t.scope.Rejected(round) }
 

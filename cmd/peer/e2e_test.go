@@ -286,6 +286,29 @@ func TestKillAndResume(t *testing.T) {
 	}
 }
 
+// TestDeadConnectAddress: a --connect address nobody answers at (a peer
+// that is down) does not keep two live peers from running with
+// --min-peers 2; it is logged, with its cause, and redialled in the
+// background.
+func TestDeadConnectAddress(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	sw := swarmFlags(t, dir, 2)
+	_, dead := identity(t, dir, 9, freePort(t)) // nothing listens there
+	procs := make([]*proc, 2)
+	for i := range procs {
+		procs[i] = start(t, bin, append(append(common(100), sw(i)...), "--connect", dead)...)
+	}
+	for _, p := range procs {
+		p.waitRound(t, 2, 60*time.Second)
+	}
+	port := strings.Split(dead, "/")[4]
+	if log := procs[0].stderr.tail(1 << 16); !strings.Contains(log, "cannot reach a --connect address") ||
+		!strings.Contains(log, "127.0.0.1:"+port+": connect: connection refused") {
+		t.Fatalf("the dead address was not logged with its cause:\n%s", log)
+	}
+}
+
 func TestLateJoinerSyncs(t *testing.T) {
 	bin := binary(t)
 	dir := t.TempDir()
@@ -377,6 +400,15 @@ func TestRunBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := os.ReadFile(wrongCk)
+	// The same checkpoint with one weight's lowest mantissa bit flipped
+	// (the file ends with the state tensor's last float32): still a
+	// finite number, so only the digest can tell.
+	flipped := filepath.Join(dir, "flipped")
+	damaged := append([]byte(nil), before...)
+	damaged[len(damaged)-4] ^= 0x01
+	if err := os.WriteFile(flipped, damaged, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := map[string]struct {
 		args []string
 		want string
@@ -393,6 +425,7 @@ func TestRunBadInput(t *testing.T) {
 		"bad shard":          {[]string{"run", "--shard", "3/2"}, "--shard"},
 		"resume without":     {[]string{"run", "--resume"}, "--checkpoint"},
 		"other model":        {[]string{"run", "--resume", "--checkpoint", wrongCk, "--limit", "100", "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}, "checkpoint is for model"},
+		"flipped weight":     {[]string{"run", "--resume", "--checkpoint", flipped, "--limit", "100", "--min-peers", "1"}, "SHA-256 digest of its data does not match"},
 		// Refused before the peer starts, not after it waited for others.
 		"fraction":         {[]string{"run", "--fraction", "1.5"}, "fraction C must be in (0, 1]"},
 		"negative rounds":  {[]string{"run", "--rounds", "-1"}, "rounds must be positive"},
@@ -428,6 +461,9 @@ func TestRunBadInput(t *testing.T) {
 	after, _ := os.ReadFile(wrongCk)
 	if string(before) != string(after) {
 		t.Fatal("a refused resume overwrote the checkpoint")
+	}
+	if after, _ := os.ReadFile(flipped); string(after) != string(damaged) {
+		t.Fatal("a refused resume overwrote the damaged checkpoint")
 	}
 }
 

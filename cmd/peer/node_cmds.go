@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -85,10 +86,17 @@ func runID(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 func runKeygen(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fset := newFlagSet("keygen", stderr)
-	key := fset.String("key", defaultKeyFile(), "identity key file to create")
+	key := fset.String("key", defaultKeyFile(), "identity key file to create (same as --out without --psk)")
 	psk := fset.Bool("psk", false, "create a swarm key (IPFS swarm.key format) instead of an identity")
-	out := fset.String("out", "swarm.key", "with --psk: the swarm key file to create")
+	out := fset.String("out", "", "the file to create (default: --key for an identity, swarm.key with --psk)")
 	if err := fset.Parse(args); err != nil {
+		return err
+	}
+	if fset.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (the file to create goes in --out)", fset.Arg(0))
+	}
+	path, err := keygenPath(*psk, *key, *out, flagSet(fset, "key"))
+	if err != nil {
 		return err
 	}
 	if *psk {
@@ -96,23 +104,50 @@ func runKeygen(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-		if err := node.WritePSK(*out, k); err != nil {
+		if err := node.WritePSK(path, k); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "wrote swarm key %s (mode 0600); give the same file to every member (--psk %s)\n", *out, *out)
+		fmt.Fprintf(stdout, "wrote swarm key %s (mode 0600); give the same file to every member (--psk %s)\n", path, path)
 		return nil
 	}
-	if _, err := os.Stat(*key); err == nil {
-		return fmt.Errorf("%s: %w (peer id prints its ID)", *key, fs.ErrExist)
+	if _, err := os.Stat(path); err == nil {
+		return fmt.Errorf("%s: %w (peer id --key %s prints its ID)", path, fs.ErrExist, path)
 	}
-	sk, err := node.LoadOrCreateIdentity(*key)
+	sk, err := node.LoadOrCreateIdentity(path)
 	if err != nil {
 		return err
 	}
 	id, _ := peer.IDFromPrivateKey(sk)
 	fmt.Fprintf(stdout, "%s\n", id)
-	fmt.Fprintf(stderr, "wrote identity key %s (mode 0600)\n", *key)
+	fmt.Fprintf(stderr, "wrote identity key %s (mode 0600)\n", path)
 	return nil
+}
+
+// keygenPath picks the file 'peer keygen' creates. --out names it in every
+// form; --key (kept for compatibility) names an identity key and is refused
+// with --psk or when it disagrees with --out, so that no form silently writes
+// somewhere the user did not ask for.
+func keygenPath(psk bool, key, out string, keySet bool) (string, error) {
+	switch {
+	case psk && keySet:
+		return "", errors.New("--key names an identity key; with --psk give the swarm key file in --out")
+	case psk && out == "":
+		return "swarm.key", nil
+	case psk:
+		return out, nil
+	case out != "" && keySet && out != key:
+		return "", fmt.Errorf("--key %s and --out %s name different files; give one", key, out)
+	case out != "":
+		return out, nil
+	}
+	return key, nil
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fset *flag.FlagSet, name string) bool {
+	set := false
+	fset.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // runBenchTransfer is both sides of the one-to-one benchmark. Without

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/starling-ml/starling/node"
 )
 
@@ -36,6 +38,74 @@ func TestKeygenAndID(t *testing.T) {
 	}
 	if _, err := node.LoadPSK(swarm); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKeygenOut checks that every form of 'peer keygen' writes where --out
+// (or --key) says and nowhere else: the default identity file must stay
+// absent, and contradictory forms are refused.
+func TestKeygenOut(t *testing.T) {
+	cfgDir := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", cfgDir)
+	t.Setenv("HOME", cfgDir)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	f := func(name string) string { return filepath.Join(dir, name) }
+	for _, tc := range []struct {
+		args    []string
+		created string // "" when the command must fail
+		psk     bool
+	}{
+		{args: []string{"--out", f("a.key")}, created: f("a.key")},
+		{args: []string{"--key", f("b.key")}, created: f("b.key")},
+		{args: []string{"--key", f("c.key"), "--out", f("c.key")}, created: f("c.key")},
+		{args: []string{"--key", f("d.key"), "--out", f("e.key")}},
+		{args: []string{"--psk", "--out", f("s1.key")}, created: f("s1.key"), psk: true},
+		{args: []string{"--psk"}, created: f("swarm.key"), psk: true},
+		{args: []string{"--psk", "--key", f("s2.key")}},
+		{args: []string{f("g.key")}},
+		{args: []string{"--out", f("a.key")}}, // exists: never overwritten
+		{args: []string{"--psk", "--out", f("s1.key")}},
+	} {
+		before, _ := os.ReadFile(f("a.key"))
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), append([]string{"keygen"}, tc.args...), &out, &errOut)
+		if tc.created == "" {
+			if err == nil {
+				t.Errorf("keygen %v: succeeded, want an error", tc.args)
+			}
+			if after, _ := os.ReadFile(f("a.key")); !bytes.Equal(before, after) {
+				t.Errorf("keygen %v changed a.key", tc.args)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("keygen %v: %v", tc.args, err)
+			continue
+		}
+		if tc.psk {
+			if _, err := node.LoadPSK(tc.created); err != nil {
+				t.Errorf("keygen %v: %v", tc.args, err)
+			}
+			continue
+		}
+		sk, err := node.LoadIdentity(tc.created)
+		if err != nil {
+			t.Errorf("keygen %v: %v", tc.args, err)
+			continue
+		}
+		id, _ := peer.IDFromPrivateKey(sk)
+		if got := strings.TrimSpace(out.String()); got != id.String() {
+			t.Errorf("keygen %v printed %q, file holds %s", tc.args, got, id)
+		}
+	}
+	for _, stray := range []string{f("d.key"), f("e.key"), f("g.key"), f("s2.key"), defaultKeyFile()} {
+		if _, err := os.Stat(stray); err == nil {
+			t.Errorf("%s was written", stray)
+		}
+	}
+	if !strings.HasPrefix(defaultKeyFile(), cfgDir) {
+		t.Fatalf("default key file %s is outside the test's config dir", defaultKeyFile())
 	}
 }
 

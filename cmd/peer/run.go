@@ -39,7 +39,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	swarmName := fs.String("swarm", "starling", "swarm name: peers of one swarm find each other (mDNS service, DHT prefix, gossip topics)")
 	var listen, connect, bootstrap, allow cli.List
 	fs.Var(&listen, "listen", "multiaddrs to listen on (default: TCP and QUIC on port 4001, all interfaces; TCP only with --psk)")
-	fs.Var(&connect, "connect", "multiaddrs (with /p2p/ID) of peers to dial at start")
+	fs.Var(&connect, "connect", "multiaddrs (with /p2p/ID) of peers to dial, in the background with backoff for the whole run (one that is down does not stop it)")
 	fs.Var(&bootstrap, "bootstrap", "multiaddrs (with /p2p/ID) of DHT bootstrap peers; turns the DHT on")
 	fs.Var(&allow, "allow", "peer IDs allowed to connect (default: everyone who passes the swarm key)")
 	mdns := fs.Bool("mdns", true, "discover peers on the LAN by mDNS")

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
 
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/swarm"
@@ -50,31 +53,106 @@ func refusingPort(t *testing.T) int {
 	return sa.(*syscall.SockaddrInet4).Port
 }
 
-// TestConnectReportsCause: the retries after a refused dial fail with
-// libp2p's "dial backoff"; connect reports the refusal itself.
-func TestConnectReportsCause(t *testing.T) {
-	a, b := startPeer(t, false), startPeer(t, false)
-	port := refusingPort(t)
-	addr := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", port, b.ID())
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
-	defer cancel()
-	err := connect(ctx, a, addr)
-	if err == nil || !strings.Contains(err.Error(), "refused") || strings.Contains(err.Error(), "backoff") {
-		t.Fatalf("connect to a closed port: %v, want the refusal", err)
+// TestRedialDelay: the backoff doubles from redialFirst and stays at
+// redialMax.
+func TestRedialDelay(t *testing.T) {
+	want := []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second,
+		4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
+	for i, w := range want {
+		if got := redialDelay(i + 1); got != w {
+			t.Errorf("after %d failures: %v, want %v", i+1, got, w)
+		}
+	}
+	if got := redialDelay(1000); got != redialMax {
+		t.Errorf("after 1000 failures: %v, want %v", got, redialMax)
 	}
 }
 
-// TestConnectSecurityMismatch: a peer with other transport security fails
-// at once with node.ErrSecurityMismatch instead of being retried.
-func TestConnectSecurityMismatch(t *testing.T) {
+// waitFailure waits until d reports a failure containing want.
+func waitFailure(t *testing.T, d *dialler, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if f := strings.Join(d.Failures(), "\n"); strings.Contains(f, want) {
+			return f
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("failures %q never mention %q", d.Failures(), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestDiallerReportsCause: an address that refuses connections is
+// redialled in the background, and its failure reported as the refusal,
+// not as libp2p's "dial backoff" that follows it.
+func TestDiallerReportsCause(t *testing.T) {
+	a, b := startPeer(t, false), startPeer(t, false)
+	port := refusingPort(t)
+	addr := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", port, b.ID())
+	d, err := dialAll(context.Background(), a, []string{addr}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	waitFailure(t, d, "refused")
+	time.Sleep(3 * redialFirst) // a few redials, each refused or backed off
+	if f := waitFailure(t, d, "refused"); strings.Contains(f, "backoff") || strings.Contains(f, "\n") {
+		t.Fatalf("failure %q: want the refusal in one line", f)
+	}
+}
+
+// TestDiallerSecurityMismatch: a peer with other transport security is
+// reported as such.
+func TestDiallerSecurityMismatch(t *testing.T) {
 	a, b := startPeer(t, true), startPeer(t, false)
 	addr := fmt.Sprintf("%s/p2p/%s", b.Node.Addrs()[0], b.ID())
-	start := time.Now()
-	err := connect(context.Background(), a, addr)
-	if !errors.Is(err, node.ErrSecurityMismatch) {
-		t.Fatalf("insecure to TLS: %v, want ErrSecurityMismatch", err)
+	d, err := dialAll(context.Background(), a, []string{addr}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("gave up after %v, want at once", d)
+	defer d.Stop()
+	waitFailure(t, d, "none of our transport security protocols")
+}
+
+// TestDiallerReconnects: a --connect peer whose connection is lost is
+// dialled again, while a dead address beside it changes nothing.
+func TestDiallerReconnects(t *testing.T) {
+	a, b := startPeer(t, false), startPeer(t, false)
+	live := fmt.Sprintf("%s/p2p/%s", b.Node.Addrs()[0], b.ID())
+	dead := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", refusingPort(t), startPeer(t, false).ID())
+	d, err := dialAll(context.Background(), a, []string{dead, live}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	d.WaitFirst()
+	nw := a.Node.Host().Network()
+	if nw.Connectedness(b.Node.ID()) != network.Connected {
+		t.Fatal("not connected to the live peer after the first dials")
+	}
+	connected := func() {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for nw.Connectedness(b.Node.ID()) != network.Connected {
+			if time.Now().After(deadline) {
+				t.Fatalf("not connected to %s; failures %q", live, d.Failures())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	connected()
+	if err := nw.ClosePeer(b.Node.ID()); err != nil {
+		t.Fatal(err)
+	}
+	connected()
+	waitFailure(t, d, "refused")
+}
+
+func TestConnectBadAddress(t *testing.T) {
+	for _, a := range []string{"not-a-multiaddr", "/ip4/127.0.0.1/tcp/1"} {
+		if _, err := parseConnect(a); !errors.Is(err, ErrUsage) {
+			t.Errorf("%s: %v, want a usage error", a, err)
+		}
 	}
 }

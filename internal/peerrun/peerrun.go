@@ -224,6 +224,11 @@ func (o *Options) Validate() error {
 	if o.MinPeers < 1 {
 		return fmt.Errorf("%w: --min-peers must be at least 1", ErrUsage)
 	}
+	for _, a := range o.Connect {
+		if _, err := parseConnect(a); err != nil {
+			return err
+		}
+	}
 	if o.Wait < 0 || o.Linger < 0 || o.Limit < 0 {
 		return fmt.Errorf("%w: --wait, --linger and --limit must not be negative", ErrUsage)
 	}
@@ -357,18 +362,26 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		}()
 		ctx = trace.With(ctx, tr)
 	}
-	for _, a := range opts.Connect {
-		if err := connect(ctx, p, a); err != nil {
-			return nil, fmt.Errorf("connecting to %s: %w", a, err)
-		}
+	// --connect addresses are dialled in the background for the whole
+	// run: one that is down must not stop it while --min-peers can be met,
+	// and a peer that comes back is reconnected.
+	dials, err := dialAll(ctx, p, opts.Connect, opts.Log)
+	if err != nil {
+		return nil, err
 	}
+	defer dials.Stop()
+	dials.WaitFirst()
 	opts.Log.Info("peer up", "id", p.ID(), "addrs", p.Node.Addrs(), "model", wl.ID(), "data", wl.Source, "shard", shard.Len())
 	if opts.MinPeers > 1 {
 		wctx, cancel := context.WithTimeout(ctx, opts.Wait)
 		err := p.WaitPeers(wctx, opts.MinPeers)
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("waiting for %d peers (have %d) for %v: %w%s", opts.MinPeers, len(p.Members()), opts.Wait, err, otherModels(p, wl))
+			unreached := ""
+			if f := dials.Failures(); len(f) > 0 {
+				unreached = "; --connect not reached: " + strings.Join(f, "; ")
+			}
+			return nil, fmt.Errorf("waiting for %d peers (have %d) for %v: %w%s%s", opts.MinPeers, len(p.Members()), opts.Wait, err, unreached, otherModels(p, wl))
 		}
 	}
 
