@@ -104,7 +104,31 @@ class DiLoCo:
         return self.last
 
 
-class FedAsync:
+class _Announced:
+    """The drain FedAsync and FedBuff share: _announced() yields the
+    metadata of each vector the other peers announced, read into
+    self._buf, waiting up to self.wait_s for the first and not at all for
+    the rest; announcements of peers that left or train another shape
+    are counted in self.skipped and passed over."""
+
+    def _announced(self):
+        wait = self.wait_s
+        while True:
+            try:
+                meta = self.client.next_announced(self._buf, timeout_s=max(wait, 0.05))
+            except Exception as e:  # noqa: BLE001 — StarlingError: timeout ends the drain
+                code = getattr(e, "code", "")
+                if code == "timeout":
+                    return
+                if code in ("gone", "mismatch"):  # a peer that left, or trains another shape
+                    self.skipped += 1
+                    continue
+                raise
+            yield meta
+            wait = 0.0
+
+
+class FedAsync(_Announced):
     """FedAsync (Xie et al., 2019) between peers: every publish_every local
     steps, step() announces this peer's model and mixes in the models the
     others announced meanwhile, each with weight α·(τ+1)^(−a), τ its
@@ -132,30 +156,18 @@ class FedAsync:
     def step(self, samples=1):
         self.version += 1
         self.client.announce(self.params, self.version, samples=samples)
-        wait = self.wait_s
         n = 0
-        while True:
-            try:
-                meta = self.client.next_announced(self._buf, timeout_s=max(wait, 0.05))
-            except Exception as e:  # noqa: BLE001 — StarlingError: timeout ends the drain
-                code = getattr(e, "code", "")
-                if code == "timeout":
-                    break
-                if code in ("gone", "mismatch"):  # a peer that left, or trains another shape
-                    self.skipped += 1
-                    continue
-                raise
+        for meta in self._announced():
             w = self.weight(self.version - meta["version"])
             for p, b in zip(self.params, self._buf):
                 p.mul_(1 - w).add_(b.to(p.device), alpha=w)
             self.version = max(self.version, meta["version"])
             n += 1
-            wait = 0.0
         self.mixed += n
         return n
 
 
-class FedBuff:
+class FedBuff(_Announced):
     """FedBuff (Nguyen et al., 2022) between peers: step() announces this
     peer's delta since its last step (θ − θ_base) and adds it, and the
     deltas the others announced, to a buffer; once the buffer holds k
@@ -189,22 +201,10 @@ class FedBuff:
         for p, b in zip(self.params, self.base):
             p.copy_(b)
         self._add(deltas, 1.0)
-        wait = self.wait_s
-        while True:
-            try:
-                meta = self.client.next_announced(self._buf, timeout_s=max(wait, 0.05))
-            except Exception as e:  # noqa: BLE001 — StarlingError: timeout ends the drain
-                code = getattr(e, "code", "")
-                if code == "timeout":
-                    break
-                if code in ("gone", "mismatch"):  # a peer that left, or trains another shape
-                    self.skipped += 1
-                    continue
-                raise
+        for meta in self._announced():
             if meta["kind"] != "delta":
                 continue
             self._add(self._buf, (max(self.version - meta["base"], 0) + 1) ** (-self.a))
-            wait = 0.0
         if self._n >= self.k:
             for p, s_ in zip(self.params, self._sum):
                 p.add_(s_, alpha=self.server_lr / self._n)
