@@ -108,13 +108,7 @@ func (c Int4) Encode(dst []byte, src []float32) []byte {
 func encodeFourBit(dst []byte, src []float32, id ID, block int) []byte {
 	n := len(src)
 	nb := (n + block - 1) / block
-	h := headerLen(n)
-	size := h + uvarintLen(uint64(block)) + 4*nb + (n+1)/2
-	out := resize(dst, size)
-	off := putHeader(out, id, n)
-	off += putUvarint(out[off:], uint64(block))
-	scales := out[off : off+4*nb]
-	q := out[off+4*nb : size]
+	out, scales, q := blockLayout(dst, id, n, block, (n+1)/2)
 	top := float32(int4Max)
 	if id == IDFP4 {
 		top = fp4Max

@@ -253,13 +253,7 @@ func checkInt8Bound(t *testing.T, x, y []float32, block int) {
 	t.Helper()
 	for lo := 0; lo < len(x); lo += block {
 		hi := min(lo+block, len(x))
-		var absmax float64
-		finite := true
-		for _, v := range x[lo:hi] {
-			a := math.Abs(float64(v))
-			finite = finite && !math.IsNaN(a) && !math.IsInf(a, 0)
-			absmax = math.Max(absmax, a)
-		}
+		absmax, finite := blockAbsmax(x[lo:hi])
 		if !finite {
 			continue
 		}
@@ -280,13 +274,7 @@ func checkFourBitBound(t *testing.T, x, y []float32, block int, div float64) {
 	t.Helper()
 	for lo := 0; lo < len(x); lo += block {
 		hi := min(lo+block, len(x))
-		var absmax float64
-		finite := true
-		for _, v := range x[lo:hi] {
-			a := math.Abs(float64(v))
-			finite = finite && !math.IsNaN(a) && !math.IsInf(a, 0)
-			absmax = math.Max(absmax, a)
-		}
+		absmax, finite := blockAbsmax(x[lo:hi])
 		if !finite {
 			for i := lo; i < hi; i++ {
 				if !math.IsNaN(float64(y[i])) {
@@ -333,4 +321,16 @@ func TestHugeBlockHeader(t *testing.T) {
 			t.Fatalf("id %d: huge block decodes to %v, want %v", id, y, z)
 		}
 	}
+}
+
+// blockAbsmax returns the largest |v| of a block and whether every value
+// is finite.
+func blockAbsmax(x []float32) (absmax float64, finite bool) {
+	finite = true
+	for _, v := range x {
+		a := math.Abs(float64(v))
+		finite = finite && !math.IsNaN(a) && !math.IsInf(a, 0)
+		absmax = math.Max(absmax, a)
+	}
+	return absmax, finite
 }

@@ -48,13 +48,7 @@ func (c Int8) spec() string { return fmt.Sprintf("int8:block=%d", c.block()) }
 func (c Int8) Encode(dst []byte, src []float32) []byte {
 	n, block := len(src), c.block()
 	nb := (n + block - 1) / block
-	h := headerLen(n)
-	size := h + uvarintLen(uint64(block)) + 4*nb + n
-	out := resize(dst, size)
-	off := putHeader(out, IDInt8, n)
-	off += putUvarint(out[off:], uint64(block))
-	scales := out[off : off+4*nb]
-	q := out[off+4*nb : size]
+	out, scales, q := blockLayout(dst, IDInt8, n, block, n)
 	for b := 0; b < nb; b++ {
 		lo, hi := b*block, min((b+1)*block, n)
 		x := src[lo:hi]
@@ -193,4 +187,17 @@ func int8Payload(dst []float32, src []byte) (block int, scales, q []byte, err er
 		return 0, nil, nil, err
 	}
 	return int(bl), scales, q, nil
+}
+
+// blockLayout sizes dst for a blockwise codec's encoding of n values in
+// blocks of block — header, block size, a float32 scale per block, then
+// codeBytes of codes — writes the header and block size, and returns the
+// encoding with its scale and code regions.
+func blockLayout(dst []byte, id ID, n, block, codeBytes int) (out, scales, codes []byte) {
+	nb := (n + block - 1) / block
+	size := headerLen(n) + uvarintLen(uint64(block)) + 4*nb + codeBytes
+	out = resize(dst, size)
+	off := putHeader(out, id, n)
+	off += putUvarint(out[off:], uint64(block))
+	return out, out[off : off+4*nb], out[off+4*nb : size]
 }
