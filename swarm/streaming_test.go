@@ -10,7 +10,6 @@ import (
 
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
-	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
@@ -44,35 +43,7 @@ func (c cutMidway) AllReduce(ctx context.Context, round uint64, group []peerid.I
 // end with the same global model.
 func TestStreamingPeerLeavesMidFragmentOverMocknet(t *testing.T) {
 	const n = 4
-	tr, _, err := data.LoadMNIST("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	small := tr.Head(2000)
-	shards, _ := data.IID(small.Len(), n, 1)
-	mn := mocknet.New()
-	t.Cleanup(func() { mn.Close() })
-	mn.SetLinkDefaults(mocknet.LinkOptions{Latency: 50 * time.Millisecond})
-	ps := attachPeers(t, mn, n)
-	if err := mn.LinkAll(); err != nil {
-		t.Fatal(err)
-	}
-	if err := mn.ConnectAllButSelf(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	workers := make([]*train.Worker, n)
-	for i, p := range ps {
-		if err := p.WaitPeers(ctx, n); err != nil {
-			t.Fatal(err)
-		}
-		wc := train.DefaultWorkerConfig()
-		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
-		if workers[i], err = train.NewWorker(wc, small.Subset(shards[i])); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ps, workers, ctx, mn := fedSwarmNet(t, n, 2000, mocknet.LinkOptions{Latency: 50 * time.Millisecond})
 	cfg := train.DefaultFedConfig()
 	if err := cfg.ParseStrategy("streaming-diloco:h=4,fragments=2"); err != nil {
 		t.Fatal(err)

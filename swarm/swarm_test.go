@@ -33,10 +33,13 @@ func newSwarm(t testing.TB, n int) []*Peer {
 }
 
 // newSwarmNet is newSwarm, with the mocknet.
-func newSwarmNet(t testing.TB, n int) ([]*Peer, mocknet.Mocknet) {
+func newSwarmNet(t testing.TB, n int, link ...mocknet.LinkOptions) ([]*Peer, mocknet.Mocknet) {
 	t.Helper()
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
+	for _, l := range link {
+		mn.SetLinkDefaults(l)
+	}
 	ps := attachPeers(t, mn, n)
 	if err := mn.LinkAll(); err != nil {
 		t.Fatal(err)
@@ -162,14 +165,14 @@ func fedSwarm(t *testing.T, n, samples int) ([]*Peer, []*train.Worker, context.C
 }
 
 // fedSwarmNet is fedSwarm, with the mocknet.
-func fedSwarmNet(t *testing.T, n, samples int) ([]*Peer, []*train.Worker, context.Context, mocknet.Mocknet) {
+func fedSwarmNet(t *testing.T, n, samples int, link ...mocknet.LinkOptions) ([]*Peer, []*train.Worker, context.Context, mocknet.Mocknet) {
 	tr, _, err := data.LoadMNIST("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	small := tr.Head(samples)
 	shards, _ := data.IID(small.Len(), n, 1)
-	ps, mn := newSwarmNet(t, n)
+	ps, mn := newSwarmNet(t, n, link...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	workers := make([]*train.Worker, n)
