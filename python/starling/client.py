@@ -273,15 +273,20 @@ class Client:
         self._arena = a
         return a
 
-    def _pack(self, tensors):
-        if not tensors:
-            raise StarlingError("no tensors given", "usage")
+    def _layout(self, tensors):
+        """Checks the tensors' dtypes and returns the shared arena sized
+        for them, their shapes and their total number of values."""
         shapes = []
         for i, t in enumerate(tensors):
             _check_dtype(i, t)
             shapes.append(_shape(t))
         total = sum(_numel(s) for s in shapes)
-        a = self._ensure(total)
+        return self._ensure(total), shapes, total
+
+    def _pack(self, tensors):
+        if not tensors:
+            raise StarlingError("no tensors given", "usage")
+        a, shapes, total = self._layout(tensors)
         off = 0
         for t, s in zip(tensors, shapes):
             n = _numel(s)
@@ -307,11 +312,7 @@ class Client:
         t = timeout_s or DEFAULT_TIMEOUT_S
         req["timeout_s"] = t
         resp = self._call(req, t)
-        off = 0
-        for x, s in zip(tensors, shapes):
-            n = _numel(s)
-            _copy_out(x, a.dst[off:off + n], s)
-            off += n
+        _unpack(a, tensors, shapes)
         return resp
 
     def shared(self, nvalues):
@@ -352,18 +353,10 @@ class Client:
         """Fills tensors with the newest state of version ≥ min_version that
         the other peers published; returns that version."""
         tensors = list(tensors)
-        shapes = [_shape(t) for t in tensors]
-        for i, t in enumerate(tensors):
-            _check_dtype(i, t)
-        total = sum(_numel(s) for s in shapes)
-        a = self._ensure(total)
+        a, shapes, total = self._layout(tensors)
         resp = self._call({"op": "fetch", "dst": a.half, "count": total, "version": int(min_version),
                            "timeout_s": timeout_s}, timeout_s)
-        off = 0
-        for x, s in zip(tensors, shapes):
-            n = _numel(s)
-            _copy_out(x, a.dst[off:off + n], s)
-            off += n
+        _unpack(a, tensors, shapes)
         return resp["state_version"]
 
     def announce(self, tensors, version, base=0, kind="model", samples=1, loss=0.0, timeout_s=30.0):
@@ -381,17 +374,9 @@ class Client:
         mismatch; none within timeout_s raises code timeout; one that could
         not be pulled (its peer left) raises code gone."""
         tensors = list(tensors)
-        shapes = [_shape(t) for t in tensors]
-        for i, t in enumerate(tensors):
-            _check_dtype(i, t)
-        total = sum(_numel(s) for s in shapes)
-        a = self._ensure(total)
+        a, shapes, total = self._layout(tensors)
         resp = self._call({"op": "next", "dst": a.half, "count": total, "timeout_s": timeout_s}, timeout_s)
-        off = 0
-        for x, s in zip(tensors, shapes):
-            n = _numel(s)
-            _copy_out(x, a.dst[off:off + n], s)
-            off += n
+        _unpack(a, tensors, shapes)
         return {"peer": resp.get("id"), "version": resp.get("state_version", 0), "base": resp.get("round", 0),
                 "samples": resp.get("weight", 0), "kind": resp.get("kind", "model")}
 
@@ -437,6 +422,15 @@ def _copy_in(dst, t):
         torch.from_numpy(dst).copy_(t.detach().reshape(-1))
     else:
         np.copyto(dst, np.asarray(t).reshape(-1), casting="same_kind")
+
+
+def _unpack(a, tensors, shapes):
+    """Copies the arena's result region into the tensors, in order."""
+    off = 0
+    for x, s in zip(tensors, shapes):
+        n = _numel(s)
+        _copy_out(x, a.dst[off:off + n], s)
+        off += n
 
 
 def _copy_out(t, src, shape):
