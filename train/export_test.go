@@ -1,6 +1,10 @@
 package train
 
-import "time"
+import (
+	"time"
+
+	"github.com/starling-ml/starling/peerid"
+)
 
 // Hooks for the external tests (package train_test). Those run the
 // strategies on traintest's fakes, and traintest imports train, so they
@@ -21,3 +25,15 @@ func SetSlowdown(w *Worker, s float64) { w.cfg.Slowdown = s }
 // SetStepTime makes each step of w take d, times its Slowdown: the pace of
 // a peer in a synctest bubble, where computing takes no time.
 func SetStepTime(w *Worker, d time.Duration) { w.stepTime = d }
+
+// PSRank is the parameter-server election's order of members.
+var PSRank = psRank
+
+// PSLayoutDigest returns the digest of the layout members elect.
+func PSLayoutDigest(members []peerid.ID, model string, dim, n int) uint64 {
+	l, err := planLayout(members, model, dim, n)
+	if err != nil {
+		panic(err)
+	}
+	return l.digest()
+}

@@ -1,0 +1,223 @@
+package train_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/train"
+	"github.com/starling-ml/starling/train/traintest"
+)
+
+// psWorkers returns k paced test workers on IID shards of 6000 samples.
+func psWorkers(t *testing.T, k int) []*train.Worker {
+	t.Helper()
+	sh := train.Shards(t, 6000, k)
+	ws := make([]*train.Worker, k)
+	for i := range k {
+		wc := train.DefaultWorkerConfig()
+		// logreg: the race detector slows the per-value loops of a push
+		// (encode, decode, apply, replicate) a lot; fewer values keep the
+		// tests short.
+		wc.Model, wc.DataSeed = "logreg", uint64(i+1)
+		w, err := train.NewWorker(wc, sh[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		train.SetStepTime(w, testStep)
+		ws[i] = w
+	}
+	return ws
+}
+
+func psConfig() train.PSConfig {
+	cfg := train.DefaultPSConfig()
+	cfg.Model, cfg.LR, cfg.CallTimeout, cfg.StartGrace, cfg.SnapshotEvery = "m", 0.1, time.Second, 2*time.Second, 0
+	return cfg
+}
+
+// killAt is a Recorder that calls kill once the peer's step count reaches
+// at.
+type killAt struct {
+	at   int
+	once sync.Once
+	kill func()
+}
+
+func (k *killAt) Snapshot(_ string, _ time.Duration, steps int, _ []float32) {
+	if steps >= k.at {
+		k.once.Do(k.kill)
+	}
+}
+func (*killAt) Event(train.Event) {}
+
+// runPSPeers runs k peers of RunPS on one fabric in a synctest bubble;
+// victim ≥ 0 is killed (unreachable, its run cancelled) at its step
+// killStep.
+func runPSPeers(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victim, killStep int) ([]*train.PSSummary, []error, []peerid.ID) {
+	t.Helper()
+	k := len(ws)
+	ids := make([]peerid.ID, k)
+	for i := range ids {
+		ids[i] = peerid.ID(fmt.Sprint("p", i))
+	}
+	sums, errs := make([]*train.PSSummary, k), make([]error, k)
+	synctest.Test(t, func(t *testing.T) {
+		f := traintest.NewPSFabric()
+		ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for i := range k {
+			net := f.Join(ids[i])
+			pctx, pcancel := context.WithCancel(ctx)
+			var rec train.Recorder
+			if i == victim {
+				rec = &killAt{at: killStep, kill: func() { f.Kill(ids[i]); pcancel() }}
+			}
+			wg.Go(func() {
+				defer pcancel()
+				sums[i], errs[i] = train.RunPS(pctx, ws[i], net, ids, cfg, rec)
+			})
+		}
+		wg.Wait()
+		if ctx.Err() != nil {
+			t.Fatal("the run hit the test's deadline")
+		}
+	})
+	return sums, errs, ids
+}
+
+// TestPSTrainsInMemory: four peers, two servers, each worker 150 steps;
+// the final model of each classifies well and every peer's final pull
+// sees the same shards (all workers were done).
+func TestPSTrainsInMemory(t *testing.T) {
+	ws := psWorkers(t, 4)
+	cfg := psConfig()
+	cfg.Servers, cfg.MaxSteps = 2, 150
+	sums, errs, _ := runPSPeers(t, ws, cfg, -1, 0)
+	_, test := train.MNIST(t)
+	var applied int64
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+		applied += sums[i].Applied
+		if sums[i].Steps != 150 || sums[i].Pushes != 2*150 || sums[i].Failovers != 0 {
+			t.Errorf("peer %d: %+v", i, sums[i])
+		}
+	}
+	if applied != 4*150*2 {
+		t.Errorf("servers applied %d gradients, want %d", applied, 4*150*2)
+	}
+	if _, acc := train.Evaluate(ws[3].Model, test); acc < 0.8 {
+		t.Errorf("accuracy %.3f after 600 asynchronous steps", acc)
+	}
+}
+
+// TestPSFailoverInMemory: four peers, one server; the server dies at its
+// step 60. The other workers move to the backup within the call timeout,
+// training continues, and the backup's shard holds every update a worker
+// had acknowledged (all but at most the dead peer's own in-flight one),
+// each once.
+func TestPSFailoverInMemory(t *testing.T) {
+	ws := psWorkers(t, 4)
+	cfg := psConfig()
+	cfg.Servers, cfg.MaxSteps = 1, 200
+	// Which peer the election makes the server, and which its backup.
+	ids := []peerid.ID{"p0", "p1", "p2", "p3"}
+	rank := train.PSRank(ids, cfg.Model)
+	victim, backup := int(rank[0][1]-'0'), int(rank[1][1]-'0')
+	sums, errs, _ := runPSPeers(t, ws, cfg, victim, 60)
+	_, test := train.MNIST(t)
+	var acked int
+	for i, err := range errs {
+		acked += sums[i].Pushes
+		if i == victim {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+		if sums[i].Steps != 200 {
+			t.Errorf("peer %d stopped at step %d", i, sums[i].Steps)
+		}
+		if i != backup && sums[i].Failovers != 1 {
+			t.Errorf("peer %d failed over %d times", i, sums[i].Failovers)
+		}
+	}
+	if sums[backup].Promoted != 1 {
+		t.Fatalf("backup %d took over %d shards", backup, sums[backup].Promoted)
+	}
+	var final uint64
+	for i, s := range sums {
+		if i != victim {
+			final = max(final, s.Versions[0])
+		}
+	}
+	if final != uint64(acked) {
+		t.Errorf("backup's shard at version %d; workers had %d pushes acknowledged", final, acked)
+	}
+	if _, acc := train.Evaluate(ws[backup].Model, test); acc < 0.8 {
+		t.Errorf("accuracy %.3f after the failover", acc)
+	}
+}
+
+// TestPSRefusesOtherModel: a worker of another architecture (another
+// parameter count) than the server's gets a one-line error naming both,
+// and so does a gradient of the wrong size; nothing hangs.
+func TestPSRefusesOtherModel(t *testing.T) {
+	ws := psWorkers(t, 2)
+	wc := train.DefaultWorkerConfig()
+	wc.Model = "mlp:784-16-10"
+	other, err := train.NewWorker(wc, train.Shards(t, 600, 1)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := psConfig()
+	cfg.Servers, cfg.MaxSteps, cfg.ServeIdle = 1, 50, 500*time.Millisecond
+	ids := []peerid.ID{"a", "b", "c"}
+	rank := train.PSRank(ids, cfg.Model)
+	synctest.Test(t, func(t *testing.T) {
+		f := traintest.NewPSFabric()
+		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+		defer cancel()
+		// The odd one out is the peer not elected server.
+		odd := rank[2]
+		var good []peerid.ID
+		for _, id := range ids {
+			if id != odd {
+				good = append(good, id)
+			}
+		}
+		var wg sync.WaitGroup
+		for i, id := range good {
+			wg.Go(func() { train.RunPS(ctx, ws[i], f.Join(id), ids, cfg, nil) })
+		}
+		_, err := train.RunPS(ctx, other, f.Join(odd), ids, cfg, nil)
+		if !errors.Is(err, train.ErrPSRefused) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "bad-model") {
+			t.Errorf("err = %v", err)
+		}
+		// A raw push of the wrong size to the server.
+		server := f.Join("intruder")
+		dim := len(ws[0].Model.Params)
+		digest := train.PSLayoutDigest(ids, cfg.Model, dim, 1)
+		rep, err := server.Call(ctx, rank[0], &train.PSRequest{Op: train.PSPush, Model: cfg.Model, Dim: dim, Layout: digest,
+			Session: 1, Seq: 1, Elems: 3, Payload: make([]byte, 12)})
+		if err != nil || rep.Status != train.PSBadShape || !strings.Contains(rep.Detail, "the gradient 3") {
+			t.Errorf("wrong-size push: %+v, %v", rep, err)
+		}
+		// A bad payload with the right size does not touch the shard.
+		rep, err = server.Call(ctx, rank[0], &train.PSRequest{Op: train.PSPush, Model: cfg.Model, Dim: dim, Layout: digest,
+			Session: 1, Seq: 1, Elems: dim, Payload: make([]byte, 12)})
+		if err != nil || rep.Status != train.PSBadRequest {
+			t.Errorf("undecodable push: %+v, %v", rep, err)
+		}
+		wg.Wait()
+	})
+}
