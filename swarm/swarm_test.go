@@ -156,6 +156,22 @@ func TestFetchWaitsForVersion(t *testing.T) {
 	}
 }
 
+var (
+	mnistOnce        sync.Once
+	mnistTr, mnistTe *data.Set
+	mnistErr         error
+)
+
+// testMNIST loads MNIST once for the package's tests.
+func testMNIST(t testing.TB) (train, test *data.Set) {
+	t.Helper()
+	mnistOnce.Do(func() { mnistTr, mnistTe, mnistErr = data.LoadMNIST("") })
+	if mnistErr != nil {
+		t.Fatal(mnistErr)
+	}
+	return mnistTr, mnistTe
+}
+
 // fedSwarm returns n connected swarm peers that see each other, a worker
 // for each on its IID share of the first samples MNIST training images,
 // and a context for the test (60 s).
@@ -166,10 +182,7 @@ func fedSwarm(t *testing.T, n, samples int) ([]*Peer, []*train.Worker, context.C
 
 // fedSwarmNet is fedSwarm, with the mocknet.
 func fedSwarmNet(t *testing.T, n, samples int, link ...mocknet.LinkOptions) ([]*Peer, []*train.Worker, context.Context, mocknet.Mocknet) {
-	tr, _, err := data.LoadMNIST("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, _ := testMNIST(t)
 	small := tr.Head(samples)
 	shards, _ := data.IID(small.Len(), n, 1)
 	ps, mn := newSwarmNet(t, n, link...)
@@ -182,6 +195,7 @@ func fedSwarmNet(t *testing.T, n, samples int, link ...mocknet.LinkOptions) ([]*
 		}
 		wc := train.DefaultWorkerConfig()
 		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
+		var err error
 		if workers[i], err = train.NewWorker(wc, small.Subset(shards[i])); err != nil {
 			t.Fatal(err)
 		}

@@ -286,3 +286,11 @@ func planRetry(s psCallState, err error, st PSStatus, el, startGrace time.Durati
 	}
 	return psFailover
 }
+
+// PSElect returns the servers (shard i's is servers[i]) and their backups
+// that members elect for a model of dim parameters with n servers (0:
+// one per four peers): what RunPS will use, for logs and tests.
+func PSElect(members []peerid.ID, model string, dim, n int) (servers, backups []peerid.ID, err error) {
+	l, err := planLayout(members, model, dim, n)
+	return l.Servers, l.Backups, err
+}
