@@ -418,10 +418,13 @@ func TestRunBadInput(t *testing.T) {
 		"bad config":         {[]string{"run", "--config", badCfg}, "not a JSON object"},
 		"conflicting modes":  {[]string{"run", "--mode", "sync", "--strategy", "fedprox"}, "conflicting"},
 		"unknown mode":       {[]string{"run", "--mode", "telepathy"}, "unknown --mode"},
-		"compress federated": {[]string{"run", "--compress", "fp16"}, "--compress applies to --mode sync, async and federated with --strategy streaming-diloco"},
+		"compress federated": {[]string{"run", "--compress", "fp16"}, "--compress applies to --mode sync, async, ps and federated with --strategy streaming-diloco"},
 		"endless async":      {[]string{"run", "--mode", "async", "--steps", "0"}, "needs a --duration"},
 		"bad policy":         {[]string{"run", "--mode", "async", "--policy", "hinge:x"}, "policy"},
 		"bad gossip":         {[]string{"run", "--mode", "gossip", "--gossip", "flood"}, "gossip algorithm"},
+		"ps servers":         {[]string{"run", "--mode", "ps", "--servers", "3", "--min-peers", "2"}, "--servers 3 needs --min-peers ≥ 3"},
+		"ps lambda":          {[]string{"run", "--mode", "ps", "--dc-lambda", "-1"}, "DC-ASGD λ -1"},
+		"ps flag elsewhere":  {[]string{"run", "--mode", "async", "--servers", "2"}, "--servers applies to --mode ps"},
 		"bad shard":          {[]string{"run", "--shard", "3/2"}, "--shard"},
 		"resume without":     {[]string{"run", "--resume"}, "--checkpoint"},
 		"other model":        {[]string{"run", "--resume", "--checkpoint", wrongCk, "--limit", "100", "--min-peers", "1", "--mdns=false", "--listen", "/ip4/127.0.0.1/tcp/0"}, "checkpoint is for model"},
@@ -509,6 +512,7 @@ func TestAsyncModes(t *testing.T) {
 		{"--mode", "async", "--async", "fedbuff", "--buffer-k", "2", "--compress", "fp16"},
 		{"--mode", "gossip"},
 		{"--mode", "gossip", "--gossip", "sgp"},
+		{"--mode", "ps", "--compress", "int8"},
 	} {
 		t.Run(strings.Join(mode[1:], " "), func(t *testing.T) {
 			dir := t.TempDir()
@@ -529,6 +533,9 @@ func TestAsyncModes(t *testing.T) {
 					exchanged = true
 				}
 				if _, err := fmt.Sscanf(last.Note, "%d exchanges", &b); err == nil && b > 0 {
+					exchanged = true
+				}
+				if _, err := fmt.Sscanf(last.Note, "pushed %d", &b); err == nil && b > 0 {
 					exchanged = true
 				}
 				ck, err := train.LoadCheckpoint(filepath.Join(dir, fmt.Sprintf("c%d", i)), 1<<24)

@@ -18,6 +18,7 @@ import (
 	"github.com/starling-ml/starling/internal/attack"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
+	"github.com/starling-ml/starling/staleness"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/workload"
@@ -50,7 +51,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9090")
 	minPeers := fs.Int("min-peers", 2, "wait for this many live peers, this one included, before training")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for --min-peers")
-	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped")
+	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped; ps: how long a worker waits for a server before it fails over to the shard's backup")
 	aggRule := sw.Aggregate.Rule
 	fs.Var(rule.Flag{Rule: &aggRule}, "aggregate", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L (default "+aggRule.String()+")")
 	// Data.
@@ -93,12 +94,13 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	fs.TextVar(&atk, "attack", attack.Attack{}, "experiments only, with --allow-attack: this peer lies in what it contributes: scale:S (S·update, default -10), signflip, noise:σ, nan, stale:K (the contribution of K rounds ago), flood[:count=N,size=X] (N unserved announcements of X× the vector's size per contribution)")
 	allowAttack := fs.Bool("allow-attack", false, "allow --attack (a lying peer, for experiments on --aggregate and --clip-peers)")
 	var compress compression.Spec
-	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models; federated streaming-diloco: codec of the outer gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
+	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models; ps: codec of pushed gradients; federated streaming-diloco: codec of the outer gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
 	d := peerrun.DefaultSyncOptions()
-	jobSteps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip: local steps of this peer (0: until --duration)")
-	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip: evaluate, report and checkpoint every N steps")
+	jobSteps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip, ps: local steps of this peer (0: until --duration)")
+	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip, ps: evaluate, report and checkpoint every N steps")
 	buildSync := syncFlags(fs, jobSteps, evalEvery)
 	buildAsync := asyncFlags(fs, jobSteps, evalEvery)
+	buildPS := psFlags(fs)
 
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
@@ -150,6 +152,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 			o.Fed.LocalEpochs = *epochs
 		}
 		o.Sync, o.Async = buildSync(), buildAsync()
+		o.PS = buildPS(o.Async.Async.Policy)
 		if err := applyTuning(fs, &o); err != nil {
 			return o, err
 		}
@@ -262,7 +265,7 @@ func asyncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.AsyncOpt
 	d := peerrun.DefaultAsyncOptions()
 	strategy := fs.String("async", d.Async.Mode, "async: fedasync (mix each fresh model in) or fedbuff (apply after K buffered deltas)")
 	policy := d.Async.Policy
-	fs.TextVar(&policy, "policy", d.Async.Policy, "async: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S")
+	fs.TextVar(&policy, "policy", d.Async.Policy, "async, ps: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S (ps: of pushed gradients, const by default; +ssp:S drops those more than S updates stale)")
 	alpha := fs.Float64("alpha", d.Async.Alpha, "async: fedasync mixing rate α")
 	bufferK := fs.Int("buffer-k", d.Async.BufferK, "async: fedbuff contributions per server step K")
 	serverLR := fs.Float64("server-lr", d.Async.ServerLR, "async: fedbuff server learning rate η")
@@ -271,7 +274,7 @@ func asyncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.AsyncOpt
 	algo := fs.String("gossip", d.Gossip.Algorithm, "gossip: algorithm: adpsgd (pairwise averaging, also \"pairwise\") or sgp (push-sum, also \"pushsum\")")
 	every := fs.Int("gossip-every", d.Gossip.Every, "gossip: local steps between two exchanges")
 	period := fs.Duration("gossip-period", 0, "gossip: least time between two exchanges this peer starts (0: none)")
-	duration := fs.Duration("duration", 0, "async, gossip: stop training after this long (0: only --steps)")
+	duration := fs.Duration("duration", 0, "async, gossip, ps: stop training after this long (0: only --steps)")
 	clipPeers := fs.Float64("clip-peers", d.Async.ClipFactor, "async (fedasync), gossip (adpsgd, sgp): "+clipPeersUsage)
 	bufRule := d.Async.BufferRule
 	fs.Var(rule.Flag{Rule: &bufRule}, "buffer-rule", "async: "+bufferRuleUsage+" (default "+bufRule.String()+")")
@@ -289,6 +292,25 @@ func asyncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.AsyncOpt
 			o.Gossip.Algorithm = train.GossipPushSum
 		}
 		return o
+	}
+}
+
+// psFlags defines the flags only --mode ps reads on fs; the returned
+// function takes --policy's value (shared with async), which ps uses only
+// when it was given: its own default is const (plain asynchronous SGD).
+func psFlags(fs *flag.FlagSet) func(policy staleness.Policy) train.PSConfig {
+	d := train.DefaultPSConfig()
+	servers := fs.Int("servers", 0, "ps: how many peers serve a shard of the parameters each, elected among the peers present at start (0: one per four peers); each shard's replica is on the next server, or the next peer")
+	lambda := fs.Float64("dc-lambda", d.DCLambda, "ps: DC-ASGD's λ: a server corrects a stale gradient g by λ·g⊙g⊙(w − w_bak) (0: off)")
+	return func(policy staleness.Policy) train.PSConfig {
+		c := d
+		c.Servers, c.DCLambda, c.LR = *servers, *lambda, 0
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "policy" })
+		if set {
+			c.Policy = policy
+		}
+		return c
 	}
 }
 
@@ -311,12 +333,12 @@ func checkModeFlags(fs *flag.FlagSet) error {
 var modeOnlyFlags = map[string][]string{
 	"strategy": {"federated"}, "rounds": {"federated"}, "fraction": {"federated"},
 	"local-epochs": {"federated"}, "local-steps": {"federated"}, "round-timeout": {"federated"}, "overlap": {"federated"},
-	"steps": {"sync", "async", "gossip"}, "eval-every": {"sync", "async", "gossip"},
-	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async", "federated"}, // federated: streaming-diloco alone (peerrun.Options.Validate)
-	"async": {"async"}, "policy": {"async"}, "alpha": {"async"}, "buffer-k": {"async"},
+	"steps": {"sync", "async", "gossip", "ps"}, "eval-every": {"sync", "async", "gossip", "ps"},
+	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async", "federated", "ps"}, // federated: streaming-diloco alone (peerrun.Options.Validate)
+	"async": {"async"}, "policy": {"async", "ps"}, "servers": {"ps"}, "dc-lambda": {"ps"}, "alpha": {"async"}, "buffer-k": {"async"},
 	"server-lr": {"async"}, "publish-every": {"async"}, "round-time": {"async"},
 	"gossip": {"gossip"}, "gossip-every": {"gossip"}, "gossip-period": {"gossip"},
-	"duration": {"async", "gossip"}, "clip-peers": {"async", "gossip"}, "buffer-rule": {"async"},
+	"duration": {"async", "gossip", "ps"}, "clip-peers": {"async", "gossip"}, "buffer-rule": {"async"},
 }
 
 // Usage of the flags against lying peers, shared by peer run and peer

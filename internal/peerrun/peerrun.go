@@ -73,8 +73,12 @@ type Options struct {
 	Backend device.Backend
 	// Sync holds the settings of --mode sync.
 	Sync SyncOptions
-	// Async holds the settings of --mode async and --mode gossip.
+	// Async holds the settings of --mode async and --mode gossip, and
+	// the steps, duration and evaluation interval of --mode ps.
 	Async AsyncOptions
+	// PS holds the settings of --mode ps (Run fills in the model id,
+	// the steps and the codec; LR 0 takes the worker's).
+	PS train.PSConfig
 	// Compress is the codec of what this peer sends: sync's gradient
 	// all-reduce, async's published models, streaming-diloco's outer
 	// gradients. The zero Spec sends float32.
@@ -248,13 +252,16 @@ func (o *Options) Validate() error {
 	if err := o.validateAsync(); err != nil {
 		return err
 	}
+	if err := o.validatePS(); err != nil {
+		return err
+	}
 	if o.Mode == "sync" {
 		if err := o.Sync.validate(); err != nil {
 			return err
 		}
 	}
-	if !o.Compress.IsZero() && o.Mode != "sync" && o.Mode != "async" && !o.streaming() {
-		return fmt.Errorf("%w: --compress applies to --mode sync, async and federated with --strategy streaming-diloco, not %s", ErrUsage, o.Mode)
+	if !o.Compress.IsZero() && o.Mode != "sync" && o.Mode != "async" && o.Mode != "ps" && !o.streaming() {
+		return fmt.Errorf("%w: --compress applies to --mode sync, async, ps and federated with --strategy streaming-diloco, not %s", ErrUsage, o.Mode)
 	}
 	if o.streaming() && o.Compress.ErrorFeedback() {
 		return fmt.Errorf("%w: --compress %s: streaming-diloco's fragments differ in length, so its all-reduce keeps no error-feedback residual (drop ,ef)", ErrUsage, o.Compress)
@@ -412,6 +419,8 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		sum.Strategy = opts.Async.Async.Mode + " " + opts.Async.Async.Policy.String()
 	case "gossip":
 		sum.Strategy = opts.Async.Gossip.Algorithm
+	case "ps":
+		sum.Strategy = "ps " + opts.PS.Policy.String()
 	}
 	var mu sync.Mutex
 	report := func(pr Progress) {
@@ -505,7 +514,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 // Horizon returns the local steps this peer is to take, which a schedule
 // other than constant spans: the rounds times the local steps (or epochs
 // of a shard of shardLen samples) of --mode federated, the job's steps of
-// sync, --steps of async and gossip (0 when only --duration bounds them).
+// sync, --steps of async, gossip and ps (0 when only --duration bounds them).
 func (o *Options) Horizon(shardLen int) int {
 	switch o.Mode {
 	case "federated":
@@ -516,7 +525,7 @@ func (o *Options) Horizon(shardLen int) int {
 		return o.Fed.Rounds * per
 	case "sync":
 		return o.Sync.Sync.Steps
-	case "async", "gossip":
+	case "async", "gossip", "ps":
 		return o.Async.Steps
 	}
 	return 0
