@@ -74,10 +74,14 @@ type Config struct {
 	// all-reduce and the vectors fedasync and fedbuff publish; the zero
 	// Spec keeps Async.Codec and float32 all-reduces.
 	Compress compression.Spec `json:"compress,omitzero"`
-	// Worker, Async and Gossip configure the peers and the strategies.
+	// Worker, Async, Gossip and PS configure the peers and the
+	// strategies. The ps strategy takes its model id from the
+	// architecture, its learning rate from Worker.LR when PS.LR is 0, its
+	// codec from Compress and its call timeout from StallTimeout.
 	Worker train.WorkerConfig `json:"worker"`
 	Async  train.AsyncConfig  `json:"async"`
 	Gossip train.GossipConfig `json:"gossip"`
+	PS     train.PSConfig     `json:"ps"`
 }
 
 // DefaultConfig returns 4 IID peers on a 1 Gbit/s, 500 µs LAN training
@@ -90,7 +94,7 @@ func DefaultConfig() Config {
 		Peers: 4, Strategy: "fedasync", Bandwidth: 125e6, Latency: 500 * time.Microsecond, Seed: 1,
 		Duration: 30 * time.Second, MonitorEvery: time.Second, Partition: "iid",
 		SnapshotEvery: 250 * time.Millisecond, SyncAlgorithm: "butterfly", StallTimeout: aggregate.DefaultConfig().StallTimeout,
-		Worker: w, Async: a, Gossip: g,
+		Worker: w, Async: a, Gossip: g, PS: train.DefaultPSConfig(),
 	}
 }
 
@@ -197,6 +201,9 @@ func ParseKill(s string) (map[int]time.Duration, error) {
 func (c Config) Label() string {
 	if c.Strategy == "fedasync" || c.Strategy == "fedbuff" {
 		return c.Strategy + " " + c.Async.Policy.String()
+	}
+	if c.Strategy == "ps" && c.PS.Policy.String() != "const" {
+		return c.Strategy + " " + c.PS.Policy.String()
 	}
 	return c.Strategy
 }

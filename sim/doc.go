@@ -24,6 +24,7 @@
 // Strategies are registered by name (Register); "fedasync", "fedbuff"
 // (train.RunAsync), "adpsgd", "sgp" (train.RunGossip), "sync" (train.Sync:
 // synchronous data-parallel SGD, one all-reduce of the gradients per step
-// through aggregate.Runner over aggregate/p2p) and "local" (no
+// through aggregate.Runner over aggregate/p2p), "ps" (train.RunPS: the
+// parameter-server mode over swarm.PSTransport) and "local" (no
 // communication) are built in.
 package sim

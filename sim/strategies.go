@@ -59,6 +59,27 @@ func init() {
 	Register("sgp", gossipStrategy(train.GossipPushSum))
 	Register("local", localStrategy)
 	Register("sync", syncStrategy)
+	Register("ps", psStrategy)
+}
+
+// psStrategy is the parameter-server mode (train.RunPS) among the whole
+// group, over the protocol of swarm.PSTransport.
+func psStrategy(ctx context.Context, p *Peer) (any, error) {
+	cfg := p.Config.PS
+	cfg.Model, cfg.SnapshotEvery = p.Config.Async.Model, p.Config.SnapshotEvery
+	if cfg.LR == 0 {
+		cfg.LR = p.Config.Worker.LR
+	}
+	if !p.Config.Compress.IsZero() {
+		cfg.Codec = p.Config.Compress
+	}
+	if p.Config.StallTimeout > 0 {
+		cfg.CallTimeout = p.Config.StallTimeout
+	}
+	dim := len(p.Worker.Model.Params)
+	t := swarm.NewPSTransport(p.Swarm.Node, 8*dim+1024, cfg.CallTimeout)
+	defer t.Close()
+	return train.RunPS(ctx, p.Worker, t, p.Group, cfg, p.Rec)
 }
 
 // transport starts the peer's stream transport over its node; a fetch
