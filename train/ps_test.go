@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/staleness"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/train/traintest"
 )
@@ -102,18 +103,24 @@ func TestPSTrainsInMemory(t *testing.T) {
 	cfg.Servers, cfg.MaxSteps = 2, 150
 	sums, errs, _ := runPSPeers(t, ws, cfg, -1, 0)
 	_, test := train.MNIST(t)
-	var applied int64
+	var applied, compensated int64
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("peer %d: %v", i, err)
 		}
 		applied += sums[i].Applied
+		compensated += sums[i].Compensated
 		if sums[i].Steps != 150 || sums[i].Pushes != 2*150 || sums[i].Failovers != 0 {
 			t.Errorf("peer %d: %+v", i, sums[i])
 		}
 	}
 	if applied != 4*150*2 {
 		t.Errorf("servers applied %d gradients, want %d", applied, 4*150*2)
+	}
+	// Four workers at one pace: most gradients are a step or so stale,
+	// and DC-ASGD corrects them.
+	if compensated < applied/2 {
+		t.Errorf("%d of %d gradients compensated", compensated, applied)
 	}
 	if _, acc := train.Evaluate(ws[3].Model, test); acc < 0.8 {
 		t.Errorf("accuracy %.3f after 600 asynchronous steps", acc)
@@ -220,4 +227,28 @@ func TestPSRefusesOtherModel(t *testing.T) {
 		}
 		wg.Wait()
 	})
+}
+
+// TestPSSSPDropsStragglerGradients: with an SSP bound of 4, the gradients
+// of a worker 8× slower than the two others (τ ≈ 16) are dropped, and the
+// fast workers', a step or two stale, are applied.
+func TestPSSSPDropsStragglerGradients(t *testing.T) {
+	ws := psWorkers(t, 3)
+	train.SetSlowdown(ws[0], 8)
+	cfg := psConfig()
+	cfg.Servers, cfg.MaxSteps, cfg.Policy = 1, 40, staleness.SSP(4)
+	sums, errs, _ := runPSPeers(t, ws, cfg, -1, 0)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+	}
+	if sums[0].Stale == 0 || sums[0].Stale+sums[0].Pushes != 40 {
+		t.Errorf("straggler: %d stale of %d pushes", sums[0].Stale, sums[0].Stale+sums[0].Pushes)
+	}
+	for _, s := range sums[1:] {
+		if s.Stale != 0 || s.MeanTau > 4 {
+			t.Errorf("fast worker: %d stale, mean τ %.1f", s.Stale, s.MeanTau)
+		}
+	}
 }
