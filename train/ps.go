@@ -206,6 +206,9 @@ type psWorker struct {
 	encs     []compression.Codec
 	bufs     [][]byte
 
+	rec   Recorder
+	start time.Time
+
 	mu                                sync.Mutex // guards the counters
 	pushes, stale, failovers, applied int
 	tauSum                            float64
@@ -232,6 +235,7 @@ func (pw *psWorker) request(op PSOp, shard int) PSRequest {
 // run pulls the parameters and steps until MaxSteps or ctx's end, then
 // pulls the final parameters and tells the servers it is done.
 func (pw *psWorker) run(ctx context.Context, rec Recorder, start time.Time) error {
+	pw.rec, pw.start = rec, start
 	w := pw.w
 	if err := pw.all(ctx, func(ctx context.Context, i int) error { return pw.pull(ctx, i) }); err != nil {
 		return err
@@ -316,6 +320,7 @@ func (pw *psWorker) push(ctx context.Context, i int) error {
 	case PSOK:
 		pw.applied++
 		pw.tauSum += float64(rep.Tau)
+		pw.rec.Event(Event{Peer: string(pw.self), At: time.Since(pw.start), Kind: "merge", Staleness: int(rep.Tau), Weight: rep.Weight, Bytes: int64(len(r.Payload))})
 		fallthrough
 	default:
 		pw.pushes++
