@@ -62,6 +62,13 @@ func (*killAt) Event(train.Event) {}
 // victim ≥ 0 is killed (unreachable, its run cancelled) at its step
 // killStep.
 func runPSPeers(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victim, killStep int) ([]*train.PSSummary, []error, []peerid.ID) {
+	return runPSPeersFault(t, ws, cfg, victim, killStep, false)
+}
+
+// runPSPeersFault is runPSPeers; with freeze, the victim is not killed but
+// frozen for the others (their calls to it hang until their deadline) while
+// it goes on training and calling them.
+func runPSPeersFault(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victim, killStep int, freeze bool) ([]*train.PSSummary, []error, []peerid.ID) {
 	t.Helper()
 	k := len(ws)
 	ids := make([]peerid.ID, k)
@@ -78,7 +85,10 @@ func runPSPeers(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victim, ki
 			net := f.Join(ids[i])
 			pctx, pcancel := context.WithCancel(ctx)
 			var rec train.Recorder
-			if i == victim {
+			switch {
+			case i == victim && freeze:
+				rec = &killAt{at: killStep, kill: func() { f.Stall(ids[i]) }}
+			case i == victim:
 				rec = &killAt{at: killStep, kill: func() { f.Kill(ids[i]); pcancel() }}
 			}
 			wg.Go(func() {
@@ -250,5 +260,44 @@ func TestPSSSPDropsStragglerGradients(t *testing.T) {
 		if s.Stale != 0 || s.MeanTau > 4 {
 			t.Errorf("fast worker: %d stale, mean τ %.1f", s.Stale, s.MeanTau)
 		}
+	}
+}
+
+// TestPSFrozenServerInMemory: the server, 10× slower than the others,
+// freezes for them at its step 3 but goes on training. Their calls time out and go to the
+// backup, which takes over; the frozen server's next replica is refused,
+// so it stops serving and its own worker moves to the backup too. Every
+// worker finishes, and the shard holds each acknowledged push once.
+func TestPSFrozenServerInMemory(t *testing.T) {
+	ws := psWorkers(t, 4)
+	cfg := psConfig()
+	cfg.Servers, cfg.MaxSteps = 1, 200
+	ids := []peerid.ID{"p0", "p1", "p2", "p3"}
+	rank := train.PSRank(ids, cfg.Model)
+	victim, backup := int(rank[0][1]-'0'), int(rank[1][1]-'0')
+	// The frozen server trains slower than the others, so that it still
+	// pushes after they have moved to the backup.
+	train.SetSlowdown(ws[victim], 10)
+	sums, errs, _ := runPSPeersFault(t, ws, cfg, victim, 3, true)
+	var acked int
+	var final uint64
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+		acked += sums[i].Pushes
+		final = max(final, sums[i].Versions[0])
+		if sums[i].Steps != 200 {
+			t.Errorf("peer %d stopped at step %d", i, sums[i].Steps)
+		}
+		if i != backup && sums[i].Failovers != 1 {
+			t.Errorf("peer %d failed over %d times", i, sums[i].Failovers)
+		}
+	}
+	if sums[backup].Promoted != 1 {
+		t.Errorf("backup took over %d shards", sums[backup].Promoted)
+	}
+	if final != uint64(acked) {
+		t.Errorf("shard at version %d; workers had %d pushes acknowledged", final, acked)
 	}
 }
