@@ -18,6 +18,13 @@
 //	defer t.Close()
 //	sum, err := train.RunAsync(ctx, worker, &swarm.StreamNet{CP: p.Control, T: t}, asyncCfg, rec)
 //
+// The parameter-server mode (train.RunPS) runs on a PSTransport: one
+// stream per request over /starling/ps/1.0.0.
+//
+//	t := swarm.NewPSTransport(p.Node, maxPayload, stallTimeout)
+//	defer t.Close()
+//	sum, err := train.RunPS(ctx, worker, t, p.Members(), psCfg, rec)
+//
 // A peer whose training stops before the job's end (train.Leaver,
 // train.SyncStatus's Done) says so in its heartbeat at once; the others
 // leave it out of Members from then on, even while its node stays up.

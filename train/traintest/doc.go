@@ -13,6 +13,8 @@
 //   - MemGossipNet: a train.GossipNet (and GossipProgress, with a
 //     StepBoard) over an average.MemNetwork, for AD-PSGD and SGP
 //     (RunGossip).
+//   - PSFabric: a train.PSNet fabric for the parameter-server mode (RunPS),
+//     with Kill and Stall to take a server down.
 //
 // A run of asynchronous peers on one bus:
 //
