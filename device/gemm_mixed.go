@@ -16,17 +16,22 @@ func F32(x []float32, ld int) Mat { return Mat{F: x, LD: ld} }
 // BF16 is a bfloat16 operand.
 func BF16(x []uint16, ld int) Mat { return Mat{H: x, LD: ld} }
 
-// Blocks of a mixed GEMM: a bfloat16 operand is widened mixedKC steps of
-// k (and mixedMC rows of A, mixedNC columns of B) at a time into float32
-// scratch, the packing step of the GEMM, and be.Gemm multiplies the
-// blocks, accumulating in float32 into C. A block of A is 384×256 floats
-// (384 KiB), of B at most 256×1024 (1 MiB): the scratch stays small next
-// to the operands, and each value of a bfloat16 operand is widened once
-// (B's once per block of rows of A: n·k·m/384 against 2·m·n·k FLOPs).
+// Blocks of a mixed GEMM: a bfloat16 operand is widened at least mixedKC
+// steps of k (and mixedMC rows of A, at most mixedNC columns of B) at a
+// time into float32 scratch, the packing step of the GEMM, and be.Gemm
+// multiplies the blocks, accumulating in float32 into C. Where a
+// bfloat16 block is narrow (few columns of B, or a short k), its other
+// side grows until it holds mixedBlock values, so that no sub-GEMM is too
+// small to pay for its call (a convolution's weight gradient over a batch
+// of 1×5×5 patches is 25 columns wide and 50,176 steps deep). The scratch
+// stays at most about 1 MiB, and each value of a bfloat16 operand is
+// widened once (B's once per block of rows of A: n·k·m/384 against
+// 2·m·n·k FLOPs).
 const (
-	mixedKC = 256
-	mixedMC = 384
-	mixedNC = 1024
+	mixedKC    = 256
+	mixedMC    = 384
+	mixedNC    = 1024
+	mixedBlock = 1 << 16
 )
 
 type mixedBuf struct{ a, b []float32 }
@@ -53,13 +58,17 @@ func GemmMixed(be Backend, tA, tB bool, m, n, k int, alpha float32, a, b Mat, be
 	}
 	checkMixed("a", a, tA, m, k)
 	checkMixed("b", b, tB, k, n)
-	mb, nb := m, n
+	mb, nb, kc := m, n, min(k, mixedKC)
+	width := 1 // the widest bfloat16 block, across k
 	if a.H != nil {
-		mb = min(m, mixedMC)
+		mb = min(m, max(mixedMC, mixedBlock/kc))
+		width = max(width, mb)
 	}
 	if b.H != nil {
 		nb = min(n, mixedNC)
+		width = max(width, nb)
 	}
+	kc = min(k, max(kc, mixedBlock/width))
 	buf := mixedBufs.get()
 	defer mixedBufs.put(buf)
 	for i0 := 0; i0 < m; i0 += mb {
@@ -67,8 +76,8 @@ func GemmMixed(be Backend, tA, tB bool, m, n, k int, alpha float32, a, b Mat, be
 		for j0 := 0; j0 < n; j0 += nb {
 			nj := min(nb, n-j0)
 			cij := c[i0*ldc+j0:]
-			for p0 := 0; p0 < k; p0 += mixedKC {
-				kp := min(mixedKC, k-p0)
+			for p0 := 0; p0 < k; p0 += kc {
+				kp := min(kc, k-p0)
 				ab, lda := block(&buf.a, a, tA, i0, mi, p0, kp)
 				bb, ldb := block(&buf.b, b, !tB, j0, nj, p0, kp)
 				bt := float32(1)

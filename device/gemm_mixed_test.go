@@ -20,7 +20,7 @@ func TestGemmMixed(t *testing.T) {
 		return x
 	}
 	for _, be := range []Backend{Default(), NewCPU()} {
-		for _, sh := range [][3]int{{3, 5, 7}, {mixedMC + 17, 33, mixedKC + 9}, {20, mixedNC + 5, 2*mixedKC + 1}} {
+		for _, sh := range [][3]int{{3, 5, 7}, {mixedMC + 17, 33, mixedKC + 9}, {20, mixedNC + 5, 2*mixedKC + 1}, {5, 3, mixedBlock + 7}} {
 			m, n, k := sh[0], sh[1], sh[2]
 			for _, tA := range []bool{false, true} {
 				for _, tB := range []bool{false, true} {
