@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"math"
 	"sync"
+	"unsafe"
+
+	"github.com/starling-ml/starling/device"
 )
 
 // FP32 is the identity codec: raw little-endian float32s, bit-exact.
@@ -213,6 +216,25 @@ func decodeF16Go(dst []float32, p []byte) {
 	}
 }
 
+// encodeBF16LE writes src as little-endian bfloat16s: device's bulk
+// conversion straight into out where the machine is little-endian.
+func encodeBF16LE(out []byte, src []float32) {
+	if nativeLE && len(src) > 0 {
+		device.EncodeBF16(unsafe.Slice((*uint16)(unsafe.Pointer(&out[:2*len(src)][0])), len(src)), src)
+		return
+	}
+	encodeBF16Go(out, src)
+}
+
+// decodeBF16LE reads len(dst) little-endian bfloat16s from p.
+func decodeBF16LE(dst []float32, p []byte) {
+	if nativeLE && len(dst) > 0 {
+		device.DecodeBF16(dst, unsafe.Slice((*uint16)(unsafe.Pointer(&p[:2*len(dst)][0])), len(dst)))
+		return
+	}
+	decodeBF16Go(dst, p)
+}
+
 func encodeBF16Go(out []byte, src []float32) {
 	out = out[:2*len(src)]
 	for i, v := range src {
@@ -230,6 +252,6 @@ func decodeBF16Go(dst []float32, p []byte) {
 var (
 	encodeF16  = encodeF16Go
 	decodeF16  = decodeF16Go
-	encodeBF16 = encodeBF16Go
-	decodeBF16 = decodeBF16Go
+	encodeBF16 = encodeBF16LE
+	decodeBF16 = decodeBF16LE
 )

@@ -1,6 +1,10 @@
 package compression
 
-import "math"
+import (
+	"math"
+
+	"github.com/starling-ml/starling/device"
+)
 
 // Scalar conversions between float32 and the 16-bit formats. The bulk loops in
 // dense.go call these; they are written so the compiler inlines them.
@@ -65,14 +69,8 @@ func f16ToF32(h uint16) float32 {
 	return math.Float32frombits(o | uint32(h&0x8000)<<16)
 }
 
-// f32ToBF16 converts the float32 bit pattern f to bfloat16 with round to
-// nearest even; NaN stays a quiet NaN.
-func f32ToBF16(f uint32) uint16 {
-	if f&0x7fffffff > 0x7f800000 {
-		return uint16(f>>16) | 0x40
-	}
-	return uint16((f + 0x7fff + (f>>16)&1) >> 16)
-}
+// f32ToBF16 and bf16ToF32 are device's conversions (one rounding rule for
+// the codec and for mixed-precision training).
+func f32ToBF16(f uint32) uint16 { return device.BF16Bits(f) }
 
-// bf16ToF32 converts the bfloat16 h to float32 exactly.
-func bf16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+func bf16ToF32(h uint16) float32 { return device.FromBF16(h) }

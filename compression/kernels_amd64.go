@@ -16,9 +16,6 @@ func f16EncodeAVX2(dst *byte, src *float32, n int)
 func f16DecodeAVX2(dst *float32, src *byte, n int)
 
 //go:noescape
-func bf16EncodeAVX2(dst *byte, src *float32, n int)
-
-//go:noescape
 func absmaxAVX2(src *float32, n int) uint32
 
 //go:noescape
@@ -36,7 +33,6 @@ func init() {
 	}
 	encodeF16 = encodeF16AVX2
 	decodeF16 = decodeF16AVX2
-	encodeBF16 = encodeBF16AVX2
 	absmaxBits = absmaxBitsAVX2
 	quantise = quantiseAVX2Go
 	dequantise = dequantiseAVX2Go
@@ -58,15 +54,6 @@ func decodeF16AVX2(dst []float32, p []byte) {
 		f16DecodeAVX2(&dst[0], &p[0], n)
 	}
 	decodeF16Go(dst[n:], p[2*n:])
-}
-
-func encodeBF16AVX2(out []byte, src []float32) {
-	out = out[:2*len(src)]
-	n := len(src) &^ 15
-	if n > 0 {
-		bf16EncodeAVX2(&out[0], &src[0], n)
-	}
-	encodeBF16Go(out[2*n:], src[n:])
 }
 
 func absmaxBitsAVX2(x []float32) uint32 {

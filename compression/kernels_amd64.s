@@ -12,14 +12,6 @@ DATA infMinus1<>+0(SB)/4, $0x7f7fffff // |x| > this ⇔ Inf or NaN
 GLOBL infMinus1<>(SB), RODATA|NOPTR, $4
 DATA f16MaxBits<>+0(SB)/4, $0x477fe000 // 65504.0
 GLOBL f16MaxBits<>(SB), RODATA|NOPTR, $4
-DATA infBits<>+0(SB)/4, $0x7f800000
-GLOBL infBits<>(SB), RODATA|NOPTR, $4
-DATA one<>+0(SB)/4, $1
-GLOBL one<>(SB), RODATA|NOPTR, $4
-DATA round7fff<>+0(SB)/4, $0x7fff
-GLOBL round7fff<>(SB), RODATA|NOPTR, $4
-DATA quiet<>+0(SB)/4, $0x40
-GLOBL quiet<>(SB), RODATA|NOPTR, $4
 // VPERMD order that undoes the lane interleaving of VPACKSSDW+VPACKSSWB.
 DATA packPerm<>+0(SB)/4, $0
 DATA packPerm<>+4(SB)/4, $4
@@ -84,46 +76,6 @@ f16d_loop:
 	ADDQ $64, DI
 	SUBQ $16, CX
 	JNZ  f16d_loop
-	VZEROUPPER
-	RET
-
-// BF16(R) leaves in R the bfloat16 of each float (low 16 bits of each dword):
-// (f + 0x7fff + (f>>16 & 1)) >> 16, or f>>16 | 0x40 for NaN. Clobbers Y1–Y4.
-#define BF16(R) \
-	VPSRLD   $16, R, Y1 \
-	VPAND    Y11, Y1, Y2 \
-	VPADDD   R, Y2, Y2 \
-	VPADDD   Y12, Y2, Y2 \
-	VPSRLD   $16, Y2, Y2 \
-	VPAND    Y10, R, Y3 \
-	VPCMPGTD Y13, Y3, Y3 \
-	VPOR     Y14, Y1, Y4 \
-	VPBLENDVB Y3, Y4, Y2, R
-
-// func bf16EncodeAVX2(dst *byte, src *float32, n int)
-TEXT ·bf16EncodeAVX2(SB), NOSPLIT, $0-24
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), CX
-	VPBROADCASTD absMask<>(SB), Y10
-	VPBROADCASTD one<>(SB), Y11
-	VPBROADCASTD round7fff<>(SB), Y12
-	VPBROADCASTD infBits<>(SB), Y13
-	VPBROADCASTD quiet<>(SB), Y14
-
-bf16e_loop:
-	VMOVUPS (SI), Y5
-	BF16(Y5)
-	VMOVUPS 32(SI), Y6
-	BF16(Y6)
-	// Pack 2×8 dwords (each < 2¹⁶) to 16 words; fix the lane order.
-	VPACKUSDW Y6, Y5, Y7
-	VPERMQ    $0xd8, Y7, Y7
-	VMOVDQU   Y7, (DI)
-	ADDQ $64, SI
-	ADDQ $32, DI
-	SUBQ $16, CX
-	JNZ  bf16e_loop
 	VZEROUPPER
 	RET
 

@@ -3,6 +3,7 @@ package device_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/starling-ml/starling/device"
@@ -81,6 +82,55 @@ func benchGemm(b *testing.B, be device.Backend, s gemmShape) {
 	// measure of kernel speed (divide by the cores used for per-core speed).
 	if cpu := processCPU() - cpu0; cpu > 0 {
 		b.ReportMetric(flops/cpu.Seconds()/1e9, "GFLOP/cpu-s")
+	}
+}
+
+// BenchmarkGemmMixed runs the CNN's shapes as nn's BF16 mode calls them
+// (bfloat16 weights; the convolutions' im2col matrix in bfloat16, so a
+// convolution's forward reads two bfloat16 operands and its weight
+// gradient one) against the float32 GEMM in the same run.
+func BenchmarkGemmMixed(b *testing.B) {
+	be := device.NewFast()
+	for _, s := range gemmShapes[6:] {
+		conv := strings.HasPrefix(s.name, "cnn/conv")
+		bfA := conv && strings.HasSuffix(s.name, "-fwd")
+		bfB := !strings.HasSuffix(s.name, "-dW") || conv
+		if !bfA && !bfB {
+			continue
+		}
+		for _, p := range []string{"fp32", "bf16"} {
+			b.Run(fmt.Sprintf("%s-%dx%dx%d/precision=%s", s.name, s.m, s.n, s.k, p), func(b *testing.B) {
+				a, bb, c := gemmOperands(s)
+				lda, ldb := s.k, s.n
+				if s.tA {
+					lda = s.m
+				}
+				if s.tB {
+					ldb = s.k
+				}
+				am, bm := device.F32(a, lda), device.F32(bb, ldb)
+				if p == "bf16" && bfA {
+					h := make([]uint16, len(a))
+					device.EncodeBF16(h, a)
+					am = device.BF16(h, lda)
+				}
+				if p == "bf16" && bfB {
+					h := make([]uint16, len(bb))
+					device.EncodeBF16(h, bb)
+					bm = device.BF16(h, ldb)
+				}
+				b.ReportAllocs()
+				cpu0 := processCPU()
+				for b.Loop() {
+					device.GemmMixed(be, s.tA, s.tB, s.m, s.n, s.k, 1, am, bm, 0, c, s.n)
+				}
+				flops := 2 * float64(s.m) * float64(s.n) * float64(s.k) * float64(b.N)
+				b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				if cpu := processCPU() - cpu0; cpu > 0 {
+					b.ReportMetric(flops/cpu.Seconds()/1e9, "GFLOP/cpu-s")
+				}
+			})
+		}
 	}
 }
 

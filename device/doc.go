@@ -5,7 +5,9 @@
 //
 // # Model
 //
-// Every tensor is a row-major []float32 owned by the caller. Kernels never
+// Every tensor is a row-major []float32 owned by the caller; GemmMixed
+// also reads operands stored as bfloat16 ([]uint16, converted with
+// EncodeBF16 and DecodeBF16), accumulating in float32. Kernels never
 // allocate on the hot path, never retain their arguments after returning, and
 // never do I/O. A Backend is safe for concurrent use by several goroutines as
 // long as they do not write the same slices.

@@ -126,8 +126,11 @@ type Dense struct {
 
 	pos          int // vectors per sample
 	w, b, dw, db []float32
+	wh           []uint16 // BF16: the bfloat16 copy of w
 	x, y, dx     []float32
 }
+
+func (l *Dense) useBF16(h [][]uint16) { l.wh = h[0] }
 
 // Kind implements Layer.
 func (l *Dense) Kind() string { return "Linear" }
@@ -166,7 +169,7 @@ func (l *Dense) Forward(be device.Backend, x []float32, n int) []float32 {
 	rows := n * l.pos
 	l.x = x
 	l.y = grow(l.y, rows*l.Out)
-	be.Gemm(false, true, rows, l.Out, l.In, 1, x, l.In, l.w, l.In, 0, l.y, l.Out)
+	device.GemmMixed(be, false, true, rows, l.Out, l.In, 1, device.F32(x, l.In), weightMat(l.w, l.wh, l.In), 0, l.y, l.Out)
 	switch {
 	case l.NoBias && l.ReLU:
 		be.ReLU(l.y, l.y)
@@ -194,7 +197,7 @@ func (l *Dense) Backward(be device.Backend, dy []float32, n int, needDx bool) []
 		return nil
 	}
 	l.dx = grow(l.dx, rows*l.In)
-	be.Gemm(false, false, rows, l.In, l.Out, 1, dy, l.Out, l.w, l.In, 0, l.dx, l.In)
+	device.GemmMixed(be, false, false, rows, l.In, l.Out, 1, device.F32(dy, l.Out), weightMat(l.w, l.wh, l.In), 0, l.dx, l.In)
 	return l.dx
 }
 
@@ -240,6 +243,43 @@ type Conv2D struct {
 	geom             device.ConvGeom
 	wt, b, dw, db    []float32
 	col, y, dcol, dx []float32
+	// BF16: the bfloat16 weights, the im2col matrix in bfloat16 (kept for
+	// the weight gradient) and one sample's float32 im2col on the way.
+	wth, colh []uint16
+	colx      []float32
+}
+
+func (l *Conv2D) useBF16(h [][]uint16) { l.wth = h[0] }
+
+// im2col fills the im2col matrix of the batch x (n samples) and returns it
+// as a GEMM operand: float32, or in BF16 mode bfloat16, rounded one
+// sample at a time so that no float32 copy of the whole matrix exists.
+func (l *Conv2D) im2col(be device.Backend, x []float32, n int) device.Mat {
+	g := l.geom
+	g.N = n
+	rows, cc := g.ColRows(), g.ColCols()
+	if l.wth == nil {
+		l.col = grow(l.col, rows*cc)
+		be.Im2Col(l.col, x, g)
+		return device.F32(l.col, cc)
+	}
+	l.colh = growHalf(l.colh, rows*cc)
+	g.N = 1
+	per, in := g.ColRows()*cc, l.h*l.w*l.In
+	l.colx = grow(l.colx, per)
+	for s := 0; s < n; s++ {
+		be.Im2Col(l.colx, x[s*in:(s+1)*in], g)
+		device.EncodeBF16(l.colh[s*per:(s+1)*per], l.colx)
+	}
+	return device.BF16(l.colh, cc)
+}
+
+// colMat is the im2col matrix of the last Forward as a GEMM operand.
+func (l *Conv2D) colMat() device.Mat {
+	if l.wth != nil {
+		return device.BF16(l.colh, l.geom.ColCols())
+	}
+	return device.F32(l.col, l.geom.ColCols())
 }
 
 // Kind implements Layer.
@@ -280,10 +320,9 @@ func (l *Conv2D) Forward(be device.Backend, x []float32, n int) []float32 {
 	g := l.geom
 	g.N = n
 	rows, cc := g.ColRows(), g.ColCols()
-	l.col = grow(l.col, rows*cc)
-	be.Im2Col(l.col, x, g)
+	col := l.im2col(be, x, n)
 	l.y = grow(l.y, rows*l.Out)
-	be.Gemm(false, true, rows, l.Out, cc, 1, l.col, cc, l.wt, cc, 0, l.y, l.Out)
+	device.GemmMixed(be, false, true, rows, l.Out, cc, 1, col, weightMat(l.wt, l.wth, cc), 0, l.y, l.Out)
 	if l.ReLU {
 		be.BiasReLU(l.y, l.b, rows, l.Out)
 	} else {
@@ -300,14 +339,14 @@ func (l *Conv2D) Backward(be device.Backend, dy []float32, n int, needDx bool) [
 	if l.ReLU {
 		be.ReLUBackward(dy, dy, l.y)
 	}
-	be.Gemm(true, false, l.Out, cc, rows, 1, dy, l.Out, l.col, cc, 0, l.dw, cc)
+	device.GemmMixed(be, true, false, l.Out, cc, rows, 1, device.F32(dy, l.Out), l.colMat(), 0, l.dw, cc)
 	clear(l.db)
 	be.SumRows(l.db, dy, rows, l.Out)
 	if !needDx {
 		return nil
 	}
 	l.dcol = grow(l.dcol, rows*cc)
-	be.Gemm(false, false, rows, cc, l.Out, 1, dy, l.Out, l.wt, cc, 0, l.dcol, cc)
+	device.GemmMixed(be, false, false, rows, cc, l.Out, 1, device.F32(dy, l.Out), weightMat(l.wt, l.wth, cc), 0, l.dcol, cc)
 	l.dx = grow(l.dx, n*l.h*l.w*l.In)
 	clear(l.dx)
 	be.Col2Im(l.dx, l.dcol, g)

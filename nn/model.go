@@ -35,6 +35,7 @@ type options struct {
 	be   device.Backend
 	arch string
 	init func(name string, p ParamSpec) Initializer
+	prec Precision
 }
 
 func resolve(opts []Option) options {
@@ -91,6 +92,8 @@ type Model struct {
 	stoch   []stochastic
 	step    uint64
 	probs   []float32
+	prec    Precision
+	half    []uint16 // BF16: Params rounded to bfloat16 before each forward pass
 }
 
 type stochastic struct {
@@ -155,15 +158,29 @@ func NewModel(root Layer, in Shape, loss Loss, seed uint64, opts ...Option) (*Mo
 	}
 	m.Params = make([]float32, total)
 	m.Grads = make([]float32, total)
+	switch o.prec {
+	case FP32:
+	case BF16:
+		m.prec, m.half = BF16, make([]uint16, total)
+	default:
+		return nil, fmt.Errorf("%w: %s: %v", ErrArch, arch, o.prec)
+	}
 	vi := 0
 	for _, nd := range m.nodes {
 		p, g := make([][]float32, len(nd.specs)), make([][]float32, len(nd.specs))
+		h := make([][]uint16, len(nd.specs))
 		for j := range nd.specs {
 			v := m.views[vi]
 			p[j], g[j] = m.Params[v.Offset:v.Offset+v.Len], m.Grads[v.Offset:v.Offset+v.Len]
+			if m.half != nil {
+				h[j] = m.half[v.Offset : v.Offset+v.Len]
+			}
 			vi++
 		}
 		nd.l.Bind(p, g)
+		if l, ok := nd.l.(bf16Layer); ok && m.half != nil {
+			l.useBF16(h)
+		}
 	}
 	m.Init(seed)
 	return m, nil
@@ -174,6 +191,9 @@ const stochSalt = 0x5d0b5d0b5d0b5d0b
 
 // Backend returns the compute backend the model runs on.
 func (m *Model) Backend() device.Backend { return m.be }
+
+// Precision returns the format the model computes in.
+func (m *Model) Precision() Precision { return m.prec }
 
 // Root returns the model's root layer.
 func (m *Model) Root() Layer { return m.root }
@@ -235,6 +255,11 @@ func (m *Model) forward(x []float32, n int, training bool) []float32 {
 	}
 	for _, s := range m.stoch {
 		s.l.SetTraining(training, device.Hash64(s.seed, m.step))
+	}
+	if m.half != nil {
+		// Params may have changed since the last pass (an optimiser
+		// step, an average with peers): round them afresh.
+		device.EncodeBF16(m.half, m.Params)
 	}
 	return m.root.Forward(m.be, x[:n*m.Input.Size()], n)
 }

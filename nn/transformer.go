@@ -202,7 +202,15 @@ type GELU struct {
 	noParams
 	size    int
 	y, grad []float32 // output and GELU'(x)
+	bf16    bool      // keep GELU'(x) in gradh as bfloat16 (BF16 mode)
+	gradh   []uint16
 }
+
+func (l *GELU) useBF16([][]uint16) { l.bf16 = true }
+
+// geluChunk is how many values GELU computes at a time in BF16 mode,
+// through a float32 derivative buffer of that size.
+const geluChunk = 1 << 17
 
 // Kind implements Layer.
 func (l *GELU) Kind() string { return "GELU" }
@@ -212,8 +220,19 @@ func (l *GELU) Setup(in Shape) (Shape, error) { l.size = in.Size(); return in, n
 
 // Forward implements Layer.
 func (l *GELU) Forward(be device.Backend, x []float32, n int) []float32 {
-	l.y, l.grad = grow(l.y, n*l.size), grow(l.grad, n*l.size)
-	be.GELU(l.y, l.grad, x[:n*l.size])
+	l.y = grow(l.y, n*l.size)
+	if !l.bf16 {
+		l.grad = grow(l.grad, n*l.size)
+		be.GELU(l.y, l.grad, x[:n*l.size])
+		return l.y
+	}
+	l.gradh = growHalf(l.gradh, n*l.size)
+	l.grad = grow(l.grad, min(geluChunk, n*l.size))
+	for s := 0; s < n*l.size; s += geluChunk {
+		e := min(s+geluChunk, n*l.size)
+		be.GELU(l.y[s:e], l.grad[:e-s], x[s:e])
+		device.EncodeBF16(l.gradh[s:e], l.grad[:e-s])
+	}
 	return l.y
 }
 
@@ -223,7 +242,15 @@ func (l *GELU) Backward(be device.Backend, dy []float32, n int, needDx bool) []f
 		return nil
 	}
 	dy = dy[:n*l.size]
-	be.Mul(dy, dy, l.grad)
+	if !l.bf16 {
+		be.Mul(dy, dy, l.grad)
+		return dy
+	}
+	for s := 0; s < len(dy); s += geluChunk {
+		e := min(s+geluChunk, len(dy))
+		device.DecodeBF16(l.grad[:e-s], l.gradh[s:e])
+		be.Mul(dy[s:e], dy[s:e], l.grad[:e-s])
+	}
 	return dy
 }
 

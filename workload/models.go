@@ -25,9 +25,10 @@ const MetaVocab = "starling.vocab"
 // training: the error is one line that starts with the file's path and,
 // for a tensor missing or of another shape, names the tensor and both
 // shapes; a file Save wrote for another vocabulary of the same size is
-// refused with ErrVocab. The constructor is safe for concurrent use.
-func (w *Workload) Models(be device.Backend, initFile string) (func(seed uint64) (*nn.Model, error), error) {
-	build := w.ModelFunc(nn.WithBackend(be))
+// refused with ErrVocab. Further opts (nn.WithPrecision) apply to every
+// model. The constructor is safe for concurrent use.
+func (w *Workload) Models(be device.Backend, initFile string, opts ...nn.Option) (func(seed uint64) (*nn.Model, error), error) {
+	build := w.ModelFunc(append([]nn.Option{nn.WithBackend(be)}, opts...)...)
 	if initFile == "" {
 		return build, nil
 	}

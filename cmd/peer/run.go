@@ -18,6 +18,7 @@ import (
 	"github.com/starling-ml/starling/internal/attack"
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
+	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/staleness"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
@@ -71,6 +72,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	seed := fs.Uint64("seed", 1, "model initialisation seed (the same on every peer) and sampling seed")
 	slow := fs.Float64("slowdown", 0, "make this peer N times slower (straggler experiments)")
 	dev := fs.String("device", "cpu", "backend the model and the all-reduce compute on: cpu (the fastest here), gonum, or cpu/ISA")
+	prec := fs.String("precision", "fp32", "fp32, or bf16: bfloat16 weights and saved activations with float32 accumulation (master weights and what peers exchange stay float32)")
 	initFile := fs.String("init", "", "start from these weights: a safetensors state dict of the model (from --save, peer train --save or torch)")
 	save := fs.String("save", "", "write the final model to this file as a PyTorch state dict (safetensors)")
 	// Federated.
@@ -158,6 +160,9 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		}
 		if o.Backend, err = deviceByName(*dev); err != nil {
 			return o, err
+		}
+		if o.Precision, err = nn.ParsePrecision(*prec); err != nil {
+			return o, fmt.Errorf("--precision: %w", err)
 		}
 		o.Log = log
 		return o, nil

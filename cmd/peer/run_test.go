@@ -11,6 +11,7 @@ import (
 
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
+	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/workload"
 )
@@ -79,6 +80,12 @@ func TestRunDevice(t *testing.T) {
 	o, err := runOptions(t, nil, "--device", "gonum")
 	if err != nil || o.Backend == nil || o.Backend.Name() != "cpu/gonum" {
 		t.Fatalf("--device gonum: %v, backend %v", err, o.Backend)
+	}
+	if o, err = runOptions(t, nil, "--precision", "bf16"); err != nil || o.Precision != nn.BF16 {
+		t.Fatalf("--precision bf16: %v, %v", err, o.Precision)
+	}
+	if _, err = runOptions(t, nil, "--precision", "int8"); err == nil || !strings.Contains(err.Error(), `--precision: nn: unknown precision "int8"`) {
+		t.Fatalf("--precision int8: %v", err)
 	}
 	_, err = runOptions(t, nil, "--device", "tpu")
 	if err == nil || !strings.Contains(err.Error(), `--device: device: unknown backend "tpu"`) || strings.Contains(err.Error(), "\n") {

@@ -26,6 +26,7 @@ type trainOptions struct {
 	Local    train.LocalConfig
 	Data     workload.Config
 	Device   device.Backend
+	Prec     nn.Precision
 	Init     string // safetensors file to start from
 	Save     string // safetensors file to write the trained model to
 	JSON     string // summary file
@@ -57,6 +58,7 @@ func trainFlags(fs *flag.FlagSet) func() (trainOptions, error) {
 	save := fs.String("save", "", "save the trained weights to this safetensors file (a PyTorch state dict; for charlm its metadata holds the vocabulary)")
 	initW := fs.String("init", "", "start from the weights in this safetensors file instead of a random initialisation")
 	dev := fs.String("device", "cpu", "backend: cpu (the fastest CPU backend here), gonum, or cpu/ISA")
+	prec := fs.String("precision", "fp32", "fp32, or bf16: bfloat16 weights and saved activations with float32 accumulation and float32 master weights")
 	return func() (trainOptions, error) {
 		if *limit < 0 {
 			return trainOptions{}, fmt.Errorf("train: --limit must not be negative")
@@ -69,6 +71,10 @@ func trainFlags(fs *flag.FlagSet) func() (trainOptions, error) {
 		if err != nil {
 			return trainOptions{}, err
 		}
+		p, err := nn.ParsePrecision(*prec)
+		if err != nil {
+			return trainOptions{}, fmt.Errorf("--precision: %w", err)
+		}
 		o := trainOptions{
 			Local: train.LocalConfig{
 				Model: *model, Epochs: *epochs, Steps: *steps, Duration: *duration, Batch: *batch, LR: float32(*lr),
@@ -76,7 +82,7 @@ func trainFlags(fs *flag.FlagSet) func() (trainOptions, error) {
 				EvalBatch: def.EvalBatch, EvalEvery: *evalEvery, EvalSamples: *evalSamples,
 			},
 			Data:   workload.Config{Model: *model, Data: *dataDir, Limit: *limit, Seed: *seed},
-			Device: be, Init: *initW, Save: *save, JSON: *jsonOut, HasTuned: tuned,
+			Device: be, Prec: p, Init: *initW, Save: *save, JSON: *jsonOut, HasTuned: tuned,
 		}
 		if tuned {
 			set := map[string]bool{}
@@ -132,6 +138,11 @@ type trainSummary struct {
 	ModelID string `json:"model_id"`
 	Vocab   int    `json:"vocab,omitempty"`
 	Init    string `json:"init,omitempty"`
+	// Precision is --precision; PeakRSSMB the process's peak resident
+	// memory (getrusage's maxrss; 0 where unknown), which with the
+	// dataset counts every buffer of the model.
+	Precision string  `json:"precision"`
+	PeakRSSMB float64 `json:"peak_rss_mb,omitempty"`
 }
 
 func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -152,7 +163,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	models, err := wl.Models(o.Device, o.Init)
+	models, err := wl.Models(o.Device, o.Init, nn.WithPrecision(o.Prec))
 	if err != nil {
 		return fmt.Errorf("train: --init %w", err)
 	}
@@ -172,10 +183,10 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if wl.Text() {
 		fmt.Fprintf(stderr, "training %s (%d parameters)%s on %d windows of %s (%v; %d validation windows; %d binary files skipped)%s, batch %d, %s lr %g (%s) on %s\n",
-			wl.Arch(), wl.Params(), from, wl.Train.Len(), wl.Source, wl.Vocab, wl.Test.Len(), len(wl.Skipped), bounds, cfg.Batch, cfg.Optimizer, cfg.LR, cfg.Schedule, o.Device.Name())
+			wl.Arch(), wl.Params(), from, wl.Train.Len(), wl.Source, wl.Vocab, wl.Test.Len(), len(wl.Skipped), bounds, cfg.Batch, cfg.Optimizer, cfg.LR, cfg.Schedule, deviceName(o.Device.Name(), o.Prec))
 	} else {
-		fmt.Fprintf(stderr, "training %s%s on %d samples of %s%s, batch %d, %s lr %g (%s)\n",
-			cfg.Model, from, wl.Train.Len(), wl.Source, bounds, cfg.Batch, cfg.Optimizer, cfg.LR, cfg.Schedule)
+		fmt.Fprintf(stderr, "training %s%s on %d samples of %s%s, batch %d, %s lr %g (%s) on %s\n",
+			cfg.Model, from, wl.Train.Len(), wl.Source, bounds, cfg.Batch, cfg.Optimizer, cfg.LR, cfg.Schedule, deviceName(o.Device.Name(), o.Prec))
 	}
 	bar := progress.New(stderr)
 	var (
@@ -224,10 +235,10 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if wl.Text() {
 		fmt.Fprintf(stdout, "validation %.4f bits/char (loss %.4f, next-char accuracy %.2f%%) after %d steps, %.1fs, %.0f tokens/s on %s\n",
-			sum.ValBitsPerChar, sum.TestLoss, 100*sum.TestAccuracy, sum.Steps, sum.WallS, sum.TokensPerSec, sum.Backend)
+			sum.ValBitsPerChar, sum.TestLoss, 100*sum.TestAccuracy, sum.Steps, sum.WallS, sum.TokensPerSec, deviceName(sum.Backend, o.Prec))
 	} else {
 		fmt.Fprintf(stdout, "test accuracy %.2f%% (loss %.4f) after %d epochs, %d steps, %.1fs, %.0f samples/s on %s\n",
-			100*sum.TestAccuracy, sum.TestLoss, sum.Epochs, sum.Steps, sum.WallS, sum.SamplesPerSec, sum.Backend)
+			100*sum.TestAccuracy, sum.TestLoss, sum.Epochs, sum.Steps, sum.WallS, sum.SamplesPerSec, deviceName(sum.Backend, o.Prec))
 	}
 	if o.Save != "" {
 		if err := wl.Save(m, o.Save); err != nil {
@@ -235,7 +246,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	if o.JSON != "" {
-		out := trainSummary{Summary: sum, Data: wl.Source, ModelID: wl.ID(), Init: o.Init}
+		out := trainSummary{Summary: sum, Data: wl.Source, ModelID: wl.ID(), Init: o.Init, Precision: o.Prec.String(), PeakRSSMB: peakRSSMB()}
 		if wl.Vocab != nil {
 			out.Vocab = wl.Vocab.Size()
 		}
@@ -248,4 +259,13 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	return nil
+}
+
+// deviceName is the backend's name, with the precision when it is not
+// float32.
+func deviceName(be string, p nn.Precision) string {
+	if p == nn.FP32 {
+		return be
+	}
+	return be + " " + p.String()
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/starling-ml/starling/internal/attack"
 	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/internal/ui"
+	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/trace"
 	"github.com/starling-ml/starling/train"
@@ -71,6 +72,9 @@ type Options struct {
 	// Backend is the device the model and the all-reduce compute on
 	// (nil: device.Default()).
 	Backend device.Backend
+	// Precision is the format the model computes in (nn.WithPrecision);
+	// the parameters peers exchange stay float32 either way.
+	Precision nn.Precision
 	// Sync holds the settings of --mode sync.
 	Sync SyncOptions
 	// Async holds the settings of --mode async and --mode gossip, and
@@ -316,7 +320,7 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 		wcfg.TotalSteps = opts.Horizon(shard.Len())
 		wcfg.Schedule = openEnded(wcfg.Schedule, wcfg.TotalSteps)
 	}
-	models, err := wl.Models(opts.Backend, opts.Init)
+	models, err := wl.Models(opts.Backend, opts.Init, nn.WithPrecision(opts.Precision))
 	if err != nil {
 		return nil, fmt.Errorf("--init: %w", err)
 	}
