@@ -7,16 +7,17 @@ type ID uint8
 // Codec ids. New codecs take the next free value and an entry in the
 // descriptor table (registry.go).
 const (
-	IDFP32     ID = 0 // raw little-endian float32 (no compression)
-	IDFP16     ID = 1 // IEEE 754 half precision
-	IDBF16     ID = 2 // bfloat16, round to nearest even
-	IDInt8     ID = 3 // int8 blockwise with a per-block absmax scale
-	IDTopK     ID = 4 // top-k sparsification, delta-encoded indices
-	IDRandK    ID = 5 // random-k sparsification
-	IDSign     ID = 6 // 1 bit per value plus a scale (EF-SignSGD)
-	IDPowerSGD ID = 7 // low-rank P/Q factors of a matrix
-	IDFP4      ID = 8 // 4-bit floats (E2M1) with a per-block scale
-	IDInt4     ID = 9 // 4-bit integers with a per-block absmax scale
+	IDFP32     ID = 0  // raw little-endian float32 (no compression)
+	IDFP16     ID = 1  // IEEE 754 half precision
+	IDBF16     ID = 2  // bfloat16, round to nearest even
+	IDInt8     ID = 3  // int8 blockwise with a per-block absmax scale
+	IDTopK     ID = 4  // top-k sparsification, delta-encoded indices
+	IDRandK    ID = 5  // random-k sparsification
+	IDSign     ID = 6  // 1 bit per value plus a scale (EF-SignSGD)
+	IDPowerSGD ID = 7  // low-rank P/Q factors of a matrix
+	IDFP4      ID = 8  // 4-bit floats (E2M1) with a per-block scale
+	IDInt4     ID = 9  // 4-bit integers with a per-block absmax scale
+	IDSparse   ID = 10 // every nonzero value, top-k's layout (lossless)
 
 	// IDEntropy is set on top of another id when the encoded bytes were
 	// further wrapped by the entropy stage (zstd or S2).

@@ -159,6 +159,13 @@ var descs = [...]Desc{
 		MaxEncodedLen: func(n int) int { return maxHeader(n) + 4*n + (n+1)/2 },
 		build:         func(v values) Codec { return Int4{Block: v.get("block").i} },
 	},
+	// Lossless, so Dense; its encodings merge at a hop as top-k's do.
+	IDSparse: {
+		ID: IDSparse, Name: "sparse", Doc: "every nonzero value, delta-coded indices (lossless; for vectors sparse already)",
+		Dense: true, Sparse: true, Hop: IDFP32, Entropy: EntropyZstd,
+		MaxEncodedLen: func(n int) int { return maxHeader(n) + 4*n + n*uvarintLen(uint64(n)) },
+		build:         func(values) Codec { return Sparse{} },
+	},
 }
 
 // decoders holds a codec of every id with its default parameters, for
@@ -268,6 +275,7 @@ func Dense(c Codec) bool {
 //	powersgd  rank*=4, seed=0           rank-r PowerSGD (SetLayout for shapes)
 //	fp4       block*=64                 4-bit floats E2M1, absmax/6 per block
 //	int4      block*=64                 4-bit integers −7…7, absmax/7 per block
+//	sparse                              every nonzero value (lossless)
 //
 // Examples: "topk:0.01,ef", "int8:block=256", "sign:ef", "powersgd:rank=2,ef".
 

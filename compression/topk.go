@@ -327,7 +327,7 @@ func (it *sparseIter) init(src []byte, n int) error {
 		return fmt.Errorf("%w: empty", ErrCorrupt)
 	}
 	id := ID(src[0])
-	if id != IDTopK && id != IDRandK {
+	if id != IDTopK && id != IDRandK && id != IDSparse {
 		return fmt.Errorf("%w: id %d is not sparse", ErrCorrupt, id)
 	}
 	r, err := readHeader(src, id, n)

@@ -15,7 +15,9 @@
 # [local model | global model | outer momentum] in fp32 every H steps),
 # sdlc-fp4-a0, -a75, -a90 (α = 0, 0.75, 0.9), sdlc-fp4-overlap (overlap τ = TAU, default H/F/2),
 # diloco-fp4 (streaming-diloco with one fragment and α = 0: DiLoCo that
-# sends fp4 outer gradients).
+# sends fp4 outer gradients), demo (--mode sync --strategy demo[:$DEMO],
+# DeMo's sparse DCT coefficients of each peer's momentum and a sign step,
+# at --lr $DEMO_LR when set, else the model's).
 set -u
 cd "$(dirname "$0")/.."
 N=${N:-4}; STEPS=${STEPS:-600}; H=${H:-100}; F=${F:-4}
@@ -73,6 +75,7 @@ run sdlc-fp4-a0 --mode federated --strategy "$SD,alpha=0" --rounds $R --compress
 run sdlc-fp4-a75 --mode federated --strategy "$SD,alpha=0.75" --rounds $R --compress fp4
 run sdlc-fp4-a90 --mode federated --strategy "$SD,alpha=0.9" --rounds $R --compress fp4
 run sdlc-fp4-overlap --mode federated --strategy "$SD,overlap=$TAU" --rounds $R --compress fp4
+run demo --mode sync --strategy "demo${DEMO:+:$DEMO}" --steps "$STEPS" --eval-every "$STEPS" ${DEMO_LR:+--lr "$DEMO_LR"}
 run diloco-fp4 --mode federated --strategy "streaming-diloco:h=$H,fragments=1,alpha=0" --rounds $R --compress fp4
 if [ -s "$d/rows" ]; then
   python3 - "$d/rows" <<'EOF'

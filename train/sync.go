@@ -78,6 +78,12 @@ type SyncConfig struct {
 	// starts alone: a restarted peer must not start a job of its own
 	// beside the running one. 2 s (two gossip heartbeats).
 	Discover time.Duration
+	// DeMo, when on, exchanges DeMo's sparse momentum coefficients instead
+	// of the gradients and hands the optimiser their sign (see DeMo): the
+	// worker's optimiser should be plain SGD, and the all-reduce's codec
+	// "sparse". Its momentum is this peer's own: a peer that (re)joins
+	// starts it at zero.
+	DeMo DeMoConfig
 }
 
 // DefaultSyncConfig returns the defaults documented on SyncConfig, for a
@@ -100,7 +106,7 @@ func (c SyncConfig) Validate() error {
 	case c.SnapshotEvery < 0 || c.Discover < 0:
 		return fmt.Errorf("%w: snapshot interval and discovery wait must not be negative", ErrSync)
 	}
-	return nil
+	return c.DeMo.Validate()
 }
 
 // StepInfo describes a step as one peer saw it.
@@ -145,6 +151,12 @@ func Sync(ctx context.Context, w *Worker, net Net, cfg SyncConfig, rec Recorder,
 	}
 	s := &syncPeer{w: w, net: net, cfg: cfg, rec: rec, st: st, self: net.Self(), start: time.Now(),
 		avg: make([]float32, len(w.Model.Params)), version: uint64(w.Steps)}
+	if cfg.DeMo.On() {
+		if s.demo, err = NewDeMo(cfg.DeMo, w.Model.Views(), w.Model.Backend()); err != nil {
+			return err
+		}
+		s.send = make([]float32, len(w.Model.Params))
+	}
 	err = s.run(ctx, onStep)
 	switch {
 	case cfg.Fixed:
@@ -186,6 +198,8 @@ type syncPeer struct {
 	self  peerid.ID
 	start time.Time
 	avg   []float32
+	demo  *DeMo     // nil: plain data-parallel SGD
+	send  []float32 // DeMo's coefficients
 
 	version  uint64      // steps applied
 	group    []peerid.ID // the group of the last step; nil: (re)join first
@@ -282,9 +296,16 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		}
 		group = a.group
 	}
+	send := w.Model.Grads
+	if s.demo != nil {
+		endDeMo := trace.Start(ctx, trace.Train, "encode", int64(next))
+		s.demo.Prepare(s.send, w.Model.Grads)
+		endDeMo()
+		send = s.send
+	}
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StepTimeout)
 	endAR := trace.StartArgs(ctx, trace.Net, "allreduce", int64(next), trace.Args{"floats": len(w.Model.Grads), "group": len(group)})
-	used, err := s.net.AllReduce(sctx, next, group, s.avg, w.Model.Grads, float64(k))
+	used, err := s.net.AllReduce(sctx, next, group, s.avg, send, float64(k))
 	endAR()
 	cancel()
 	if err != nil {
@@ -295,7 +316,12 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		return StepInfo{}, err
 	}
 	endApply := trace.Start(ctx, trace.Train, "apply", int64(next))
-	copy(w.Model.Grads, s.avg)
+	if s.demo != nil {
+		s.demo.Commit()
+		s.demo.Finish(w.Model.Grads, s.avg)
+	} else {
+		copy(w.Model.Grads, s.avg)
+	}
 	w.Apply(k)
 	endApply()
 	s.version, s.group, s.left = next, used, false

@@ -76,7 +76,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	initFile := fs.String("init", "", "start from these weights: a safetensors state dict of the model (from --save, peer train --save or torch)")
 	save := fs.String("save", "", "write the final model to this file as a PyTorch state dict (safetensors)")
 	// Federated.
-	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H], streaming-diloco[:h=H,fragments=F,alpha=α,overlap=τ]")
+	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H], streaming-diloco[:h=H,fragments=F,alpha=α,overlap=τ]; --mode sync: dp (the default) or demo[:chunk=64,k=32,beta=0.999] (DeMo: each peer's momentum, the k largest DCT coefficients of each chunk×chunk tile sent, a sign step)")
 	overlap := fs.Int("overlap", 0, "streaming-diloco: inner steps τ that a fragment's all-reduce overlaps before its result is merged (as overlap=τ in --strategy; must be below h/fragments)")
 	rounds := fs.Int("rounds", 20, "federated rounds")
 	fraction := fs.Float64("fraction", 1, "fraction C of live peers sampled per round")
@@ -138,7 +138,12 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		o.Worker = train.WorkerConfig{Model: *model, Batch: *batch, LR: float32(*lr), Optimizer: *opt, Schedule: *sched,
 			WeightDecay: float32(*wd), ClipNorm: *clip, ModelSeed: *seed, DataSeed: *seed*7919 + uint64(o.Shard) + 1, Slowdown: *slow}
 		o.Fed = fed
-		if err := o.Fed.ParseStrategy(*strategy); err != nil {
+		var demo train.DeMoConfig
+		if *mode == "sync" && flagSet(fs, "strategy") {
+			if demo, err = train.ParseSyncStrategy(*strategy); err != nil {
+				return o, fmt.Errorf("--strategy: %w", err)
+			}
+		} else if err := o.Fed.ParseStrategy(*strategy); err != nil {
 			return o, err
 		}
 		o.Fed.Rounds, o.Fed.Fraction, o.Fed.Seed, o.Fed.RoundTimeout = *rounds, *fraction, *seed, *roundTimeout
@@ -155,8 +160,12 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		}
 		o.Sync, o.Async = buildSync(), buildAsync()
 		o.PS = buildPS(o.Async.Async.Policy)
+		o.Sync.Sync.DeMo = demo
 		if err := applyTuning(fs, &o); err != nil {
 			return o, err
+		}
+		if demo.On() && !flagSet(fs, "optimizer") {
+			o.Worker.Optimizer = "sgd" // DeMo's sign step is plain SGD on sign(Q)
 		}
 		if o.Backend, err = deviceByName(*dev); err != nil {
 			return o, err
@@ -336,7 +345,7 @@ func checkModeFlags(fs *flag.FlagSet) error {
 
 // modeOnlyFlags names flags that only one mode reads.
 var modeOnlyFlags = map[string][]string{
-	"strategy": {"federated"}, "rounds": {"federated"}, "fraction": {"federated"},
+	"strategy": {"federated", "sync"}, "rounds": {"federated"}, "fraction": {"federated"},
 	"local-epochs": {"federated"}, "local-steps": {"federated"}, "round-timeout": {"federated"}, "overlap": {"federated"},
 	"steps": {"sync", "async", "gossip", "ps"}, "eval-every": {"sync", "async", "gossip", "ps"},
 	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async", "federated", "ps"}, // federated: streaming-diloco alone (peerrun.Options.Validate)

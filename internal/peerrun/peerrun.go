@@ -263,6 +263,9 @@ func (o *Options) Validate() error {
 		if err := o.Sync.validate(); err != nil {
 			return err
 		}
+		if o.Sync.Sync.DeMo.On() && o.Worker.Optimizer != "sgd" {
+			return fmt.Errorf("%w: --strategy demo takes a sign step with plain SGD: use --optimizer sgd, not %s", ErrUsage, o.Worker.Optimizer)
+		}
 	}
 	if !o.Compress.IsZero() && o.Mode != "sync" && o.Mode != "async" && o.Mode != "ps" && !o.streaming() {
 		return fmt.Errorf("%w: --compress applies to --mode sync, async, ps and federated with --strategy streaming-diloco, not %s", ErrUsage, o.Mode)
@@ -288,6 +291,9 @@ func (o *Options) streaming() bool {
 func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	if opts.Mode == "sync" && opts.Sync.Sync.DeMo.On() && opts.Compress.IsZero() {
+		opts.Compress = compression.MustSpec("sparse") // DeMo's coefficients, exactly
 	}
 	if opts.Mode == "sync" || opts.streaming() {
 		opts.Swarm.Aggregate.Compress = opts.Compress
