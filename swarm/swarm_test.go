@@ -164,12 +164,25 @@ func fedSwarm(t *testing.T, n, samples int) ([]*Peer, []*train.Worker, context.C
 	return ps, workers, ctx
 }
 
+var (
+	mnistOnce  sync.Once
+	mnistTrain *data.Set
+	mnistErr   error
+)
+
+// mnist loads the MNIST training set once per test binary.
+func mnist(t *testing.T) *data.Set {
+	t.Helper()
+	mnistOnce.Do(func() { mnistTrain, _, mnistErr = data.LoadMNIST("") })
+	if mnistErr != nil {
+		t.Fatal(mnistErr)
+	}
+	return mnistTrain
+}
+
 // fedSwarmNet is fedSwarm, with the mocknet.
 func fedSwarmNet(t *testing.T, n, samples int, link ...mocknet.LinkOptions) ([]*Peer, []*train.Worker, context.Context, mocknet.Mocknet) {
-	tr, _, err := data.LoadMNIST("")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := mnist(t)
 	small := tr.Head(samples)
 	shards, _ := data.IID(small.Len(), n, 1)
 	ps, mn := newSwarmNet(t, n, link...)
@@ -182,6 +195,7 @@ func fedSwarmNet(t *testing.T, n, samples int, link ...mocknet.LinkOptions) ([]*
 		}
 		wc := train.DefaultWorkerConfig()
 		wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", uint64(i+1)
+		var err error
 		if workers[i], err = train.NewWorker(wc, small.Subset(shards[i])); err != nil {
 			t.Fatal(err)
 		}
