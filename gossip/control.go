@@ -12,6 +12,7 @@ import (
 
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
@@ -99,7 +100,13 @@ type options struct {
 	clock  Clock
 	log    *slog.Logger
 	psOpts []pubsub.Option
+	status *wire.Status
 }
+
+// WithStatus sets the status the first heartbeats carry, before any
+// SetStatus (default: the zero status). A federated peer says there that
+// it has not joined any round yet.
+func WithStatus(st wire.Status) Option { return func(o *options) { o.status = &st } }
 
 // WithClock injects the clock (default: the wall clock).
 func WithClock(c Clock) Option { return func(o *options) { o.clock = c } }
@@ -148,7 +155,17 @@ type ControlPlane struct {
 
 	// warnedVersion is set once a peer on another wire version was logged.
 	warnedVersion atomic.Bool
+
+	notify *network.NotifyBundle
 }
+
+// DisconnectGrace is how long after its last connection to this peer
+// closed a member is forgotten, unless it reconnected meanwhile. A killed
+// process is so out of the view within moments instead of PeerTTL, and
+// when it restarts under the same identity the others know it only by its
+// new heartbeats (a restarted federated peer says there that it has not
+// joined yet), never by the status its previous life last sent.
+const DisconnectGrace = 500 * time.Millisecond
 
 // New starts a GossipSub router on h with strict message signing, joins the
 // swarm's two topics with their validators and, if configured, starts
@@ -194,6 +211,9 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 		start = 1
 	}
 	c.seq.Store(uint64(start))
+	if o.status != nil {
+		c.SetStatus(*o.status)
+	}
 
 	// The router lives until Close; its context is not a caller's.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -228,6 +248,21 @@ func New(h host.Host, cfg Config, opts ...Option) (*ControlPlane, error) {
 		cancel()
 		return nil, err
 	}
+	c.notify = &network.NotifyBundle{
+		DisconnectedF: func(nw network.Network, conn network.Conn) {
+			p := conn.RemotePeer()
+			if nw.Connectedness(p) == network.Connected {
+				return
+			}
+			time.AfterFunc(DisconnectGrace, func() {
+				if ctx.Err() != nil || nw.Connectedness(p) == network.Connected {
+					return
+				}
+				c.forget(idOf(p))
+			})
+		},
+	}
+	h.Network().Notify(c.notify)
 	c.wg.Add(3)
 	go c.readHeartbeats(ctx)
 	go c.readAnnouncements(ctx)
@@ -266,6 +301,7 @@ func (c *ControlPlane) join() error {
 // router. It waits for the goroutines it owns and is idempotent.
 func (c *ControlPlane) Close() error {
 	c.closeOnce.Do(func() {
+		c.h.Network().StopNotify(c.notify)
 		close(c.done)
 		c.hbSub.Cancel()
 		c.annSub.Cancel()
@@ -345,6 +381,19 @@ func (c *ControlPlane) Expire() []peerid.ID {
 	c.hbReplay.Prune(now, c.cfg.ReplayRetention)
 	c.annReplay.Prune(now, c.cfg.ReplayRetention)
 	return c.members.Expire(now)
+}
+
+// forget removes p from the view (its connections closed).
+func (c *ControlPlane) forget(p peerid.ID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.members.Get(p, c.clock.Now()); !ok {
+		return
+	}
+	c.members.Remove(p)
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.log.Debug("gossip: peer disconnected", "peer", p)
 }
 
 func (c *ControlPlane) nextSeq() uint64 { return c.seq.Add(1) }

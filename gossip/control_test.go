@@ -432,3 +432,50 @@ func TestHeartbeatBurst(t *testing.T) {
 		}
 	}
 }
+
+// TestDisconnectedPeerForgotten: a peer whose connections close (a killed
+// process) leaves the view within DisconnectGrace, long before PeerTTL;
+// when it comes back, the view holds the status of its new heartbeats
+// (WithStatus: the first ones), not the one its previous life sent.
+func TestDisconnectedPeerForgotten(t *testing.T) {
+	mn, hosts := mesh(t, 2)
+	cfg := manualConfig()
+	cfg.PeerTTL = time.Minute
+	cps := startPlanes(t, hosts, cfg, realClock{})
+	connect(t, mn)
+	waitTopicPeers(t, cps, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cps[1].SetStatus(wire.Status{Version: 7})
+	if err := cps[1].Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id1 := idOf(hosts[1].ID())
+	eventually(t, 10*time.Second, "the first heartbeat", func() bool { _, ok := cps[0].Peer(id1); return ok })
+	cps[1].Close()
+	start := time.Now()
+	if err := mn.DisconnectPeers(hosts[0].ID(), hosts[1].ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "forgetting the disconnected peer", func() bool { _, ok := cps[0].Peer(id1); return !ok })
+	if took := time.Since(start); took < DisconnectGrace/2 {
+		t.Errorf("forgotten after %v, within the grace of %v", took, DisconnectGrace)
+	}
+	// The same identity comes back with a new control plane.
+	cp, err := New(hosts[1], cfg, WithStatus(wire.Status{JoinAt: 99}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Close()
+	if _, err := mn.ConnectPeers(hosts[0].ID(), hosts[1].ID()); err != nil {
+		t.Fatal(err)
+	}
+	waitTopicPeers(t, []*ControlPlane{cps[0], cp}, 1)
+	if err := cp.Beat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the new life's heartbeat", func() bool { _, ok := cps[0].Peer(id1); return ok })
+	if pi, _ := cps[0].Peer(id1); pi.JoinAt != 99 || pi.Version != 0 {
+		t.Fatalf("view holds %+v, want the new life's status (JoinAt 99)", pi.Status)
+	}
+}

@@ -108,5 +108,10 @@ func (m *Membership) Expire(now time.Time) []peerid.ID {
 	return gone
 }
 
+// Remove forgets id at once (its connections closed: a killed process).
+// A later heartbeat makes it live again, with the status that heartbeat
+// carries, not the one it had.
+func (m *Membership) Remove(id peerid.ID) { delete(m.peers, id) }
+
 // Len returns the number of peers held (live or not yet expired).
 func (m *Membership) Len() int { return len(m.peers) }

@@ -80,6 +80,14 @@ type Config struct {
 	// must be reachable by its clients, so this also forces AutoNAT's
 	// verdict to "public".
 	RelayService bool
+	// Relays are static relays (multiaddrs with /p2p/ID, --relay): a node
+	// that finds itself unreachable (AutoNAT) books a circuit v2 slot on
+	// them and advertises the relayed addresses, so that peers that cannot
+	// dial it reach it there and hole punching can upgrade the connection.
+	Relays []string
+	// AutoRelay makes such a node look for relays among the peers it is
+	// connected to that offer the relay service (RelayService).
+	AutoRelay bool
 
 	// ConnLow and ConnHigh are the connection manager's watermarks: above
 	// ConnHigh it trims down to ConnLow, oldest unprotected peers first.
@@ -147,6 +155,7 @@ func DefaultConfig() Config {
 		RendezvousInterval: time.Minute,
 		NATPortMap:         true,
 		HolePunching:       true,
+		AutoRelay:          true,
 		NATService:         true,
 		ConnLow:            64,
 		ConnHigh:           128,
@@ -177,6 +186,7 @@ func TestConfig() Config {
 	c.NATPortMap = false
 	c.HolePunching = false
 	c.NATService = false
+	c.AutoRelay = false
 	return c
 }
 
@@ -185,6 +195,9 @@ func TestConfig() Config {
 func (c *Config) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	if _, err := relayInfos(c.Relays); err != nil {
+		return bad("%v", err)
 	}
 	if c.SwarmName == "" || strings.ContainsAny(c.SwarmName, "/\n ") {
 		return bad("SwarmName %q must be non-empty without '/', spaces or newlines", c.SwarmName)
@@ -262,4 +275,17 @@ func isQUIC(a ma.Multiaddr) bool {
 	}
 	_, err = a.ValueForProtocol(ma.P_QUIC)
 	return err == nil
+}
+
+// relayInfos parses static relay addresses (with /p2p/ID).
+func relayInfos(addrs []string) ([]peer.AddrInfo, error) {
+	var out []peer.AddrInfo
+	for _, a := range addrs {
+		ai, err := peer.AddrInfoFromString(a)
+		if err != nil {
+			return nil, fmt.Errorf("relay %q: want a multiaddr ending in /p2p/ID: %v", a, err)
+		}
+		out = append(out, *ai)
+	}
+	return out, nil
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -20,6 +21,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	logging "github.com/libp2p/go-libp2p/gologshim"
 	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
+	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
@@ -68,6 +70,9 @@ type options struct {
 	onPeer func(peer.AddrInfo)
 	hooks  *testHooks
 	ref    *refusals // from log
+	// private makes the node take itself for unreachable (tests of
+	// relays on loopback, where AutoNAT has nobody to ask).
+	private bool
 }
 
 // WithRegistry makes the node register its collectors (and libp2p's) in
@@ -189,7 +194,23 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		// publicly reachable; a node configured as a relay is.
 		lopts = append(lopts, libp2p.EnableRelayService(), libp2p.ForceReachabilityPublic())
 	}
+	// Relays for a node behind a NAT: the static ones, else the connected
+	// peers that offer the relay service.
+	var hostRef atomic.Pointer[host.Host]
+	if relays, _ := relayInfos(cfg.Relays); len(relays) > 0 {
+		lopts = append(lopts, libp2p.EnableAutoRelayWithStaticRelays(relays))
+	} else if cfg.AutoRelay {
+		lopts = append(lopts, libp2p.EnableAutoRelayWithPeerSource(func(ctx context.Context, num int) <-chan peer.AddrInfo {
+			return relayCandidates(hostRef.Load(), num)
+		}, autorelay.WithMinCandidates(1), autorelay.WithMinInterval(autoRelayInterval)))
+	}
+	if o.private {
+		lopts = append(lopts, libp2p.ForceReachabilityPrivate())
+	}
 	h, err := libp2p.New(lopts...)
+	if err == nil {
+		hostRef.Store(&h)
+	}
 	if err != nil {
 		rm.Close()
 		return nil, fmt.Errorf("node: building libp2p host: %w", err)
@@ -585,4 +606,32 @@ func (n *Node) Close() error {
 	}
 	n.wg.Wait()
 	return errors.Join(errs...)
+}
+
+// autoRelayInterval is how often an unreachable node looks again among
+// its connected peers for relays (a variable for tests).
+var autoRelayInterval = 10 * time.Second
+
+// hopProto is circuit v2's relay (hop) protocol, which a relay offers.
+const hopProto = "/libp2p/circuit/relay/0.2.0/hop"
+
+// relayCandidates returns up to num of the peers h is connected to that
+// offer the relay service, on a closed channel.
+func relayCandidates(hp *host.Host, num int) <-chan peer.AddrInfo {
+	ch := make(chan peer.AddrInfo, max(num, 0))
+	defer close(ch)
+	if hp == nil {
+		return ch
+	}
+	h := *hp
+	for _, p := range h.Network().Peers() {
+		if len(ch) >= num {
+			break
+		}
+		if ok, err := h.Peerstore().SupportsProtocols(p, hopProto); err != nil || len(ok) == 0 {
+			continue
+		}
+		ch <- peer.AddrInfo{ID: p, Addrs: h.Peerstore().Addrs(p)}
+	}
+	return ch
 }

@@ -14,8 +14,10 @@ import (
 	"github.com/starling-ml/starling/aggregate/p2p"
 	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/gossip/wire"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/train"
 )
 
 // Config gathers the settings of a peer's parts. Gossip.Model is the id of
@@ -81,9 +83,18 @@ type Peer struct {
 type Option func(*options)
 
 type options struct {
-	node []node.Option
-	wrap func(aggregate.Transport) aggregate.Transport
-	be   device.Backend
+	node    []node.Option
+	wrap    func(aggregate.Transport) aggregate.Transport
+	be      device.Backend
+	pending bool
+}
+
+// WithJoinPending makes the peer's heartbeats say, from the first one,
+// that it has not chosen the round it joins (train.JoinPending) until its
+// strategy sets a status: the federated peers already running then never
+// put a peer that is still starting up into a round's group.
+func WithJoinPending() Option {
+	return func(opts *options) { opts.pending = true }
 }
 
 // WithNodeOptions passes options to node.New or node.Attach.
@@ -146,6 +157,9 @@ func build(n *node.Node, cfg Config, o options) (*Peer, error) {
 	var ropts []aggregate.Option
 	if o.be != nil {
 		ropts = append(ropts, aggregate.WithBackend(o.be))
+	}
+	if o.pending {
+		gopts = append(gopts, gossip.WithStatus(wire.Status{JoinAt: train.JoinPending}))
 	}
 	if cfg.Log != nil {
 		gopts = append(gopts, gossip.WithLogger(cfg.Log))

@@ -244,13 +244,24 @@ type fedPeer struct {
 	start time.Time
 	// departed holds the peers whose status said Done (noteDepartures).
 	departed map[peerid.ID]bool
+	// joinAt is the first round this peer takes part in (joinRound;
+	// JoinPending until it is chosen), which its status carries.
+	joinAt uint64
 }
 
 // members returns the live members and notes the peers that stopped (or
 // came back).
 func (f *fedPeer) members() []peerid.ID {
-	noteDepartures(f.departed, f.net.Statuses())
-	return f.net.Members()
+	m, _ := f.look()
+	return m
+}
+
+// look returns the live members and the others' statuses, and notes the
+// peers that stopped (or came back).
+func (f *fedPeer) look() ([]peerid.ID, map[peerid.ID]Status) {
+	st := f.net.Statuses()
+	noteDepartures(f.departed, st)
+	return f.net.Members(), st
 }
 
 func (f *fedPeer) quorate(members, ref []peerid.ID) bool {
@@ -266,7 +277,19 @@ func (f *fedPeer) event(kind, detail string) {
 // publish serves state as version and says so in this peer's status.
 func (f *fedPeer) publish(ctx context.Context, version uint64, state []float32) {
 	f.net.Publish(version, state)
-	f.net.SetStatus(ctx, Status{Version: version})
+	f.net.SetStatus(ctx, Status{Version: version, JoinAt: f.joinAt})
+}
+
+// awaitFounders gives the peers that started beside this one, and have
+// not chosen their first round yet, up to alignWait to do so.
+func (f *fedPeer) awaitFounders(ctx context.Context) error {
+	deadline := time.Now().Add(min(f.cfg.RoundTimeout/4, alignWait))
+	for anyPending(f.net.Statuses()) && time.Now().Before(deadline) {
+		if err := ctxtime.Sleep(ctx, alignPoll); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // awaitMajority waits, up to cfg.RoundTimeout, until the members at round
@@ -389,7 +412,7 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	completed := false // every round done, whether sampled or not
 	start := time.Now()
 	self := net.Self()
-	f := &fedPeer{net: net, cfg: cfg, rec: rec, self: self, start: start, departed: map[peerid.ID]bool{}}
+	f := &fedPeer{net: net, cfg: cfg, rec: rec, self: self, start: start, departed: map[peerid.ID]bool{}, joinAt: JoinPending}
 	defer func() {
 		if !completed && version < uint64(cfg.Rounds) { // stopped early, whatever the reason
 			announceStop(ctx, func(ctx context.Context) { net.SetStatus(ctx, Status{Version: version, Done: true}) })
@@ -406,6 +429,9 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		copy(st, state[n:])
 		version = cfg.Resume.Version
 	}
+	// Until it has chosen its first round, no round takes this peer in
+	// (admitted): the others never wait for a peer still starting up.
+	f.publish(ctx, version, state)
 	if cfg.CatchUp > 0 {
 		// A late or restarted peer takes the newest state the others hold:
 		// it looks for them for up to CatchUp, then asks them without
@@ -431,7 +457,16 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 	}
 	copy(w.Model.Params, global)
+	// Choose the first round, at a boundary every running peer hears of
+	// before it forms that round's group, and say so.
+	f.joinAt = joinRound(version, f.net.Statuses())
+	f.event("join", fmt.Sprintf("version %d: joining at round %d", version, f.joinAt))
 	f.publish(ctx, version, state)
+	if f.joinAt == version+1 {
+		if err := f.awaitFounders(ctx); err != nil {
+			return err
+		}
+	}
 	if version > 0 && (cfg.Resume == nil || version > cfg.Resume.Version) && onRound != nil {
 		if onRound(RoundInfo{Round: version, Synced: true, Global: global, State: state, Elapsed: time.Since(start)}) {
 			return nil
@@ -453,10 +488,25 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if version >= r {
-			continue // fetched past this round
+		if version >= r || r < f.joinAt {
+			continue // fetched past this round, or not joined yet
 		}
-		members := f.members()
+		if r == f.joinAt && version+1 < r {
+			// Joining a running federation: wait for the state round r
+			// starts from, which the others publish as they finish r−1.
+			from := othersOf(self, f.members())
+			if v, err := fetchState(ctx, net, from, r-1, state, cfg.RoundTimeout); err == nil {
+				if adopt(v) {
+					return nil
+				}
+				if v >= r {
+					continue
+				}
+			} else if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+		members, statuses := f.look()
 		if ref == nil {
 			ref = members // before a first completed round: the first view
 		}
@@ -469,9 +519,11 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			if !back {
 				ref = members // the others are taken for dead
 			}
+			statuses = f.net.Statuses()
 			align = true // the majority may be rounds ahead
 		}
-		plan := planRound(cfg.Seed, cfg.Fraction, self, r, version, members)
+		plan := planRound(cfg.Seed, cfg.Fraction, self, r, version,
+			admitted(self, f.joinAt, r, members, statuses), admitted(self, f.joinAt, r-1, members, statuses))
 		if !plan.join {
 			continue
 		}
@@ -523,6 +575,18 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		if onRound != nil && onRound(info) {
 			return nil
+		}
+	}
+	// A peer that came too late to take part (it would join past the last
+	// round) takes the others' final state.
+	if last := uint64(cfg.Rounds); f.joinAt > last && version < last {
+		if v, err := fetchState(ctx, net, othersOf(self, f.members()), last, state, cfg.RoundTimeout); err == nil {
+			f.event("caught-up", fmt.Sprintf("final version %d", v))
+			if adopt(v) {
+				return nil
+			}
+		} else if ctx.Err() != nil {
+			return ctx.Err()
 		}
 	}
 	// A failed last round has no next round to mend it: take the others'

@@ -64,6 +64,70 @@ func liveVersions(statuses map[peerid.ID]Status) map[peerid.ID]uint64 {
 	return out
 }
 
+// admitted returns the members that take part in round r: members less
+// the peers whose status says they join later (JoinAt > r, JoinPending
+// included), self judged by selfJoin (its own JoinAt). Every peer that
+// heard the same declarations derives the same set, so a (re)joining peer
+// enters the rounds of all the others at the same round boundary instead
+// of the group each forms from its heartbeat view.
+func admitted(self peerid.ID, selfJoin, r uint64, members []peerid.ID, statuses map[peerid.ID]Status) []peerid.ID {
+	out := make([]peerid.ID, 0, len(members))
+	for _, p := range members {
+		at := statuses[p].JoinAt
+		if p == self {
+			at = selfJoin
+		}
+		if at <= r {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// joinLead is how many rounds past the newest version it sees a peer
+// joining a running federation declares: the others are in round top+1;
+// a peer that finished it as the joiner looked (its status on the way)
+// may already have formed round top+2's group, so the first round that
+// every running peer forms after hearing the declaration is top+3.
+const joinLead = 3
+
+// joinRound returns the first round a starting peer at version takes part
+// in, given the others' statuses. A running peer is one that is neither
+// stopped nor pending and has completed the first round it declared (or
+// declares none). With no running peer, or at a fresh start (nobody, this
+// peer included, has a version yet), it is version+1: it founds the
+// federation with the peers starting beside it, which wait for each
+// other's declarations (anyPending) before their first round. Otherwise
+// the federation is running and it joins joinLead rounds past the newest
+// version among the running peers (or its own, if newer).
+func joinRound(version uint64, statuses map[peerid.ID]Status) uint64 {
+	top, running := version, false
+	for _, st := range statuses {
+		if st.Done || st.JoinAt == JoinPending || (st.JoinAt != 0 && st.Version < st.JoinAt) {
+			continue // stopped, pending, or not through its first round
+		}
+		running = true
+		top = max(top, st.Version)
+	}
+	if !running || top == 0 {
+		return version + 1
+	}
+	return top + joinLead
+}
+
+// anyPending reports whether a live peer has not chosen its first round
+// yet: a founding peer gives such peers a moment before its first round,
+// so that the federation's first groups include the peers that started
+// with it.
+func anyPending(statuses map[peerid.ID]Status) bool {
+	for _, st := range statuses {
+		if !st.Done && st.JoinAt == JoinPending {
+			return true
+		}
+	}
+	return false
+}
+
 // roundPlan is a peer's decision at the start of round r, once it holds a
 // majority of its reference.
 type roundPlan struct {
@@ -78,13 +142,14 @@ type roundPlan struct {
 	from   []peerid.ID
 }
 
-// planRound decides round r for a peer at version among members.
-func planRound(seed uint64, fraction float64, self peerid.ID, r, version uint64, members []peerid.ID) roundPlan {
+// planRound decides round r for a peer at version, given the members
+// admitted to round r and to round r−1.
+func planRound(seed uint64, fraction float64, self peerid.ID, r, version uint64, members, prev []peerid.ID) roundPlan {
 	p := roundPlan{sampled: Sample(seed, r, members, fraction)}
 	p.join = slices.Contains(p.sampled, self)
 	if p.join && version+1 < r {
 		p.behind = true
-		p.from = othersOf(self, Sample(seed, r-1, members, fraction), p.sampled)
+		p.from = othersOf(self, Sample(seed, r-1, prev, fraction), p.sampled)
 	}
 	return p
 }

@@ -87,11 +87,91 @@ func TestPlanRound(t *testing.T) {
 			roundPlan{sampled: pids("b"), join: true, behind: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := planRound(1, c.fraction, c.self, c.r, c.version, c.members)
+			got := planRound(1, c.fraction, c.self, c.r, c.version, c.members, c.members)
 			if !slices.Equal(got.sampled, c.want.sampled) || got.join != c.want.join || got.behind != c.want.behind || !slices.Equal(got.from, c.want.from) {
 				t.Fatalf("got %+v, want %+v", got, c.want)
 			}
 		})
+	}
+}
+
+func TestPlanRoundSamplesTheAdmitted(t *testing.T) {
+	// A peer behind asks round r−1's sample of the peers admitted to
+	// r−1, which a joiner of round r is not part of.
+	five := pids("a", "b", "c", "d", "e")
+	got := planRound(1, 1, "b", 4, 1, five, pids("a", "b", "c"))
+	if !got.behind || !slices.Equal(got.from, pids("a", "c")) {
+		t.Fatalf("got %+v, want to fetch from a and c", got)
+	}
+}
+
+func TestAdmitted(t *testing.T) {
+	members := pids("a", "b", "c", "d", "e")
+	statuses := map[peerid.ID]Status{
+		"b": {Version: 7},                      // declares nothing (an older peer, sync's idle)
+		"c": {Version: 7, JoinAt: 1},           // founded the federation
+		"d": {Version: 3, JoinAt: 9},           // rejoins at round 9
+		"e": {Version: 0, JoinAt: JoinPending}, // still starting up
+	}
+	for _, c := range []struct {
+		name     string
+		self     peerid.ID
+		selfJoin uint64
+		r        uint64
+		want     []peerid.ID
+	}{
+		{"a joiner waits for its round", "a", 1, 8, pids("a", "b", "c")},
+		{"at the joiner's round it is in", "a", 1, 9, pids("a", "b", "c", "d")},
+		{"later rounds keep it", "a", 1, 12, pids("a", "b", "c", "d")},
+		{"self before its own round", "d", 9, 8, pids("a", "b", "c")},
+		{"self at its own round", "d", 9, 9, pids("a", "b", "c", "d")},
+		{"self pending, its stale status ignored", "e", JoinPending, 20, pids("a", "b", "c", "d")},
+		{"self declared, its stale pending status ignored", "e", 20, 20, members},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := admitted(c.self, c.selfJoin, c.r, members, statuses); !slices.Equal(got, c.want) {
+				t.Fatalf("got %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestJoinRound(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		version  uint64
+		statuses map[peerid.ID]Status
+		want     uint64
+	}{
+		{"alone", 0, nil, 1},
+		{"fresh start, the others pending", 0, map[peerid.ID]Status{"b": {JoinAt: JoinPending}}, 1},
+		{"fresh start, the others declared round 1", 0, map[peerid.ID]Status{"b": {JoinAt: 1}, "c": {JoinAt: 1}}, 1},
+		{"resumed swarm, the others pending", 6, map[peerid.ID]Status{"b": {Version: 6, JoinAt: JoinPending}}, 7},
+		{"resumed swarm, the others declared but not through a round", 6,
+			map[peerid.ID]Status{"b": {Version: 6, JoinAt: 7}}, 7},
+		{"running federation: join past its newest version", 4,
+			map[peerid.ID]Status{"b": {Version: 10, JoinAt: 1}, "c": {Version: 9, JoinAt: 1}}, 10 + joinLead},
+		{"caught up with the running peers", 10, map[peerid.ID]Status{"b": {Version: 10, JoinAt: 1}}, 10 + joinLead},
+		{"peers that declare nothing are running", 0, map[peerid.ID]Status{"b": {Version: 5}}, 5 + joinLead},
+		{"stopped and pending peers do not count", 2,
+			map[peerid.ID]Status{"b": {Version: 50, Done: true}, "c": {Version: 40, JoinAt: JoinPending}, "d": {Version: 8, JoinAt: 1}}, 8 + joinLead},
+		{"another joiner does not count", 2,
+			map[peerid.ID]Status{"b": {Version: 3, JoinAt: 12}, "d": {Version: 9, JoinAt: 1}}, 9 + joinLead},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := joinRound(c.version, c.statuses); got != c.want {
+				t.Fatalf("joinRound = %d, want %d", got, c.want)
+			}
+		})
+	}
+}
+
+func TestAnyPending(t *testing.T) {
+	if anyPending(map[peerid.ID]Status{"a": {JoinAt: 1}, "b": {JoinAt: JoinPending, Done: true}}) {
+		t.Error("a declared and a stopped peer are not pending")
+	}
+	if !anyPending(map[peerid.ID]Status{"a": {JoinAt: 1}, "b": {JoinAt: JoinPending}}) {
+		t.Error("a pending peer not seen")
 	}
 }
 

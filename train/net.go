@@ -35,13 +35,21 @@ type Net interface {
 	Statuses() map[peerid.ID]Status
 }
 
+// JoinPending is the JoinAt of a federated peer that has started but not
+// yet chosen the round it joins: no round takes it in (see Federated). A
+// network that starts a peer's heartbeats before its strategy runs sends
+// it from the first one (swarm.WithJoinPending).
+const JoinPending = ^uint64(0)
+
 // Status is what a peer tells the others about its progress.
 type Status struct {
 	// Version is the number of rounds (federated) or steps (sync) the
 	// peer has applied: its model version.
 	Version uint64
 	// JoinAt, when not 0, says the peer waits to join a synchronous job
-	// at that step (and Version is not meaningful).
+	// at that step (and Version is not meaningful). A federated peer
+	// names the first round it takes part in (and Version stays
+	// meaningful); JoinPending says it has not chosen one yet.
 	JoinAt uint64
 	// Done says the peer stopped training before the job's end and takes
 	// part in nothing more, although it may still be reachable. (A peer

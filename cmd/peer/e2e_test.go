@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -60,6 +61,9 @@ func binary(t *testing.T) string {
 }
 
 type proc struct {
+	// joined lists the rounds whose all-reduce this peer took part in
+	// (filled by waitGaps).
+	joined []int
 	cmd    *exec.Cmd
 	lines  chan peerrun.Progress
 	done   chan error
@@ -202,11 +206,29 @@ func (p *proc) waitRound(t *testing.T, r int, timeout time.Duration) peerrun.Pro
 
 func (p *proc) wait(t *testing.T, timeout time.Duration) {
 	t.Helper()
+	p.waitGaps(t, timeout)
+}
+
+// waitGaps is wait, and returns the time between each of the peer's
+// progress lines and the one before (by their Seconds), keyed by round.
+func (p *proc) waitGaps(t *testing.T, timeout time.Duration) map[int]float64 {
+	t.Helper()
+	gaps := map[int]float64{}
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
+		last := -1.0
 		for pr := range p.lines {
 			if pr.Note != "" {
 				t.Logf("%s round %d: %s", pr.Peer[len(pr.Peer)-6:], pr.Round, pr.Note)
 			}
+			if pr.Peers > 0 && pr.Note == "" {
+				p.joined = append(p.joined, pr.Round)
+			}
+			if last >= 0 && pr.Round > 0 {
+				gaps[pr.Round] = pr.Seconds - last
+			}
+			last = pr.Seconds
 		}
 	}()
 	select {
@@ -217,6 +239,8 @@ func (p *proc) wait(t *testing.T, timeout time.Duration) {
 	case <-time.After(timeout):
 		t.Fatalf("peer did not finish within %v; its log ends:\n%s", timeout, p.stderr.tail(4000))
 	}
+	<-read
+	return gaps
 }
 
 // final waits for peer i's process to end well and returns its last
@@ -282,8 +306,70 @@ func TestKillAndResume(t *testing.T) {
 		states = append(states, c.State)
 	}
 	if !slices.Equal(states[0], states[1]) || !slices.Equal(states[0], states[2]) {
-		t.Fatal("peers ended with different global states")
+		t.Fatalf("peers ended with different global states (0=1 %v, 0=2 %v)", slices.Equal(states[0], states[1]), slices.Equal(states[0], states[2]))
 	}
+}
+
+// TestRejoinNoStall: a peer killed with -9 and restarted with --resume
+// while the others train rejoins at a round boundary: no round of the
+// survivors but the one the peer died in takes more than 1.5 stall
+// timeouts, and the restarted peer takes part in rounds again.
+func TestRejoinNoStall(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	const n, rounds, stall = 3, 30, 2.0
+	sw := swarmFlags(t, dir, n)
+	args := func(i int) []string {
+		a := append(common(rounds), sw(i)...)
+		return append(a, "--local-epochs", "8")
+	}
+	procs := make([]*proc, n)
+	for i := range procs {
+		procs[i] = start(t, bin, args(i)...)
+	}
+	procs[2].waitRound(t, 3, 60*time.Second)
+	procs[2].cmd.Process.Signal(syscall.SIGKILL)
+	<-procs[2].done
+	ck, err := train.LoadCheckpoint(filepath.Join(dir, "c2"), 1<<24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	killedAt := int(ck.Version) + 1 // the round it died in
+	restarted := start(t, bin, append(args(2), "--resume", "--min-peers", "1")...)
+	res := make([]map[int]float64, n)
+	var wg sync.WaitGroup
+	for i, p := range []*proc{procs[0], procs[1], restarted} {
+		wg.Go(func() { res[i] = p.waitGaps(t, 120*time.Second) })
+	}
+	wg.Wait()
+	var all []float64
+	for i := range 2 {
+		worst, at := 0.0, 0
+		for r, g := range res[i] {
+			all = append(all, g)
+			if r > killedAt+1 && g > worst {
+				worst, at = g, r
+			}
+		}
+		t.Logf("peer %d: longest round after round %d (the kill) %.2f s, round %d; %s", i, killedAt+1, worst, at, fmtGaps(res[i]))
+		if worst > 1.5*stall {
+			t.Errorf("peer %d: round %d took %.2f s, more than 1.5 stall timeouts", i, at, worst)
+		}
+	}
+	slices.Sort(all)
+	t.Logf("survivors' round times: median %.3f s, max %.3f s", all[len(all)/2], all[len(all)-1])
+	t.Logf("the restarted peer took part in rounds %v", restarted.joined)
+	if len(restarted.joined) == 0 {
+		t.Error("the restarted peer never took part in a round again")
+	}
+}
+
+func fmtGaps(g map[int]float64) string {
+	var b strings.Builder
+	for _, r := range slices.Sorted(maps.Keys(g)) {
+		fmt.Fprintf(&b, " %d:%.2f", r, g[r])
+	}
+	return b.String()
 }
 
 // TestDeadConnectAddress: a --connect address nobody answers at (a peer

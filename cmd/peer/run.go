@@ -39,11 +39,13 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	mode := fs.String("mode", "federated", "training mode: "+strings.Join(peerrun.Modes(), ", "))
 	// Network.
 	swarmName := fs.String("swarm", "starling", "swarm name: peers of one swarm find each other (mDNS service, DHT prefix, gossip topics)")
-	var listen, connect, bootstrap, allow cli.List
+	var listen, connect, bootstrap, allow, relays cli.List
 	fs.Var(&listen, "listen", "multiaddrs to listen on (default: TCP and QUIC on port 4001, all interfaces; TCP only with --psk)")
 	fs.Var(&connect, "connect", "multiaddrs (with /p2p/ID) of peers to dial, in the background with backoff for the whole run (one that is down does not stop it)")
 	fs.Var(&bootstrap, "bootstrap", "multiaddrs (with /p2p/ID) of DHT bootstrap peers; turns the DHT on")
 	fs.Var(&allow, "allow", "peer IDs allowed to connect (default: everyone who passes the swarm key)")
+	fs.Var(&relays, "relay", "multiaddr (with /p2p/ID) of a relay to book when this peer is unreachable (behind a NAT); repeatable. Without one, peers offering --relay-service are used")
+	relayService := fs.Bool("relay-service", false, "relay other peers' control traffic (circuit v2; never tensors): run it on a publicly reachable peer")
 	mdns := fs.Bool("mdns", true, "discover peers on the LAN by mDNS")
 	dht := fs.Bool("dht", false, "run the private DHT rendezvous (on by itself with --bootstrap)")
 	psk := fs.String("psk", "", "swarm key file (from peer keygen --psk): a private swarm over TCP")
@@ -123,6 +125,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 			n.ListenAddrs = listen
 		}
 		n.Bootstrap = bootstrap
+		n.Relays, n.RelayService = relays, *relayService
 		n.DHT = *dht || len(bootstrap) > 0
 		for _, a := range allow {
 			id, err := peer.Decode(a)

@@ -75,7 +75,7 @@ func (l loggedEvents) Event(e train.Event) {
 	switch e.Kind {
 	case "minority":
 		l.log.Warn("federated: " + e.Detail)
-	case "majority":
+	case "majority", "join", "caught-up":
 		l.log.Info("federated: " + e.Detail)
 	}
 	l.Recorder.Event(e)

@@ -365,6 +365,11 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	if opts.Backend != nil {
 		sopts = append(sopts, swarm.WithBackend(opts.Backend))
 	}
+	if opts.Mode == "federated" {
+		// No round of the others takes this peer in while it starts up
+		// (train.Federated chooses the round it joins).
+		sopts = append(sopts, swarm.WithJoinPending())
+	}
 	p, err := swarm.Start(ctx, opts.Swarm, sopts...)
 	if err != nil {
 		return nil, err
