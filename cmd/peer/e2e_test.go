@@ -429,6 +429,9 @@ func TestRunBadInput(t *testing.T) {
 		// Refused before the peer starts, not after it waited for others.
 		"fraction":         {[]string{"run", "--fraction", "1.5"}, "fraction C must be in (0, 1]"},
 		"negative rounds":  {[]string{"run", "--rounds", "-1"}, "rounds must be positive"},
+		"group size":       {[]string{"run", "--group-size", "-1"}, "group size must not be negative"},
+		"sync group size":  {[]string{"run", "--mode", "sync", "--group-size", "-2"}, "group size must not be negative"},
+		"agree every":      {[]string{"run", "--mode", "sync", "--agree-every", "0"}, "agreement interval must be at least 1"},
 		"sync steps":       {[]string{"run", "--mode", "sync", "--steps", "0"}, "steps must be positive"},
 		"sync eval":        {[]string{"run", "--mode", "sync", "--eval-every", "0"}, "--eval-every must be positive"},
 		"negative wait":    {[]string{"run", "--wait", "-1s"}, "must not be negative"},
