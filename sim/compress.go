@@ -305,6 +305,7 @@ func CompressionOne(ctx context.Context, cfg CompressConfig, spec compression.Sp
 func compressPeer(ctx context.Context, net train.Net, w *train.Worker, steps, spe int, epochEnd func(int, float64)) (int, int, error) {
 	cfg := train.DefaultSyncConfig()
 	cfg.Steps, cfg.SnapshotEvery = steps, 0
+	cfg.GroupSize = 0 // one group: codecs compare on identical replicas
 	var (
 		lossSum float64
 		samples int

@@ -34,6 +34,12 @@ type FedConfig struct {
 	Seed uint64
 	// Log, if not nil, receives the peers' logs.
 	Log *slog.Logger
+	// Consensus measures, every round, the spread of the participants'
+	// models before their all-reduce (the local models) and after it (the
+	// groups' results), and evaluates every participant's final model
+	// (FedResult.Consensus, FinalMean, FinalMin): with bounded groups
+	// (Fed.GroupSize) the groups' models differ.
+	Consensus bool
 }
 
 // FedResult is the outcome of a simulated federation.
@@ -48,7 +54,110 @@ type FedResult struct {
 	Clients        int           `json:"clients"`
 	Fraction       float64       `json:"fraction"`
 	Partition      string        `json:"partition"`
+	GroupSize      int           `json:"group_size"`
 	Elapsed        time.Duration `json:"-"`
+	// With FedConfig.Consensus: the spread of each round, and the mean and
+	// lowest test accuracy of the participants' final models.
+	Consensus []ConsensusPoint `json:"consensus,omitempty"`
+	FinalMean float64          `json:"final_mean_accuracy,omitempty"`
+	FinalMin  float64          `json:"final_min_accuracy,omitempty"`
+}
+
+// ConsensusPoint is the spread of one round's models: the mean squared
+// distance of the participants' vectors to their mean, before the round's
+// all-reduce (the local models) and after it. Ratio is After/Before; one
+// round of averaging in k random groups of n peers leaves (k−1)/(n−1) of
+// the spread in expectation (Theory).
+type ConsensusPoint struct {
+	Round        int     `json:"round"`
+	Participants int     `json:"participants"`
+	Groups       int     `json:"groups"`
+	Before       float64 `json:"before"`
+	After        float64 `json:"after"`
+	Ratio        float64 `json:"ratio"`
+	Theory       float64 `json:"theory"`
+}
+
+// spreadAcc accumulates vectors for their mean squared distance to their
+// mean; it is safe for concurrent use.
+type spreadAcc struct {
+	mu     sync.Mutex
+	rounds map[uint64]*[2]moments // before, after
+}
+
+type moments struct {
+	n      int
+	sum    []float64
+	sumSq  float64
+	groups map[string]bool
+}
+
+func (a *spreadAcc) add(round uint64, after bool, v []float32, group string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.rounds[round]
+	if r == nil {
+		r = &[2]moments{}
+		a.rounds[round] = r
+	}
+	m := &r[0]
+	if after {
+		m = &r[1]
+	}
+	if m.sum == nil {
+		m.sum, m.groups = make([]float64, len(v)), map[string]bool{}
+	}
+	m.n++
+	m.groups[group] = true
+	for i, x := range v {
+		m.sum[i] += float64(x)
+		m.sumSq += float64(x) * float64(x)
+	}
+}
+
+func (m *moments) spread() float64 {
+	if m.n == 0 {
+		return 0
+	}
+	var sq float64
+	for _, s := range m.sum {
+		sq += s * s
+	}
+	return max(0, m.sumSq/float64(m.n)-sq/float64(m.n*m.n))
+}
+
+func (a *spreadAcc) points() []ConsensusPoint {
+	var out []ConsensusPoint
+	for r, m := range a.rounds {
+		p := ConsensusPoint{Round: int(r), Participants: m[1].n, Groups: len(m[1].groups), Before: m[0].spread(), After: m[1].spread()}
+		if p.Before > 0 {
+			p.Ratio = p.After / p.Before
+		}
+		if p.Participants > 1 {
+			p.Theory = float64(p.Groups-1) / float64(p.Participants-1)
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b ConsensusPoint) int { return a.Round - b.Round })
+	return out
+}
+
+// observed is a train.Net that hands every successful all-reduce's input
+// and result to a spreadAcc.
+type observed struct {
+	train.Net
+	acc *spreadAcc
+	n   int // the model's parameters: the vectors' first n values
+}
+
+func (o observed) AllReduce(ctx context.Context, round uint64, group []peerid.ID, dst, src []float32, weight float64) ([]peerid.ID, error) {
+	used, err := o.Net.AllReduce(ctx, round, group, dst, src, weight)
+	if err == nil {
+		g := fmt.Sprint(used)
+		o.acc.add(round, false, src[:o.n], g)
+		o.acc.add(round, true, dst[:o.n], g)
+	}
+	return used, err
 }
 
 // RoundPoint is the global model's test accuracy after a round.
@@ -93,7 +202,10 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 	}
 	defer netw.close()
 
-	res := &FedResult{RoundsToTarget: -1, Strategy: cfg.Fed.Strategy, Clients: cfg.Clients, Fraction: cfg.Fed.Fraction, Partition: cfg.Partition}
+	res := &FedResult{RoundsToTarget: -1, Strategy: cfg.Fed.Strategy, Clients: cfg.Clients, Fraction: cfg.Fed.Fraction, Partition: cfg.Partition,
+		GroupSize: cfg.Fed.GroupSize}
+	acc := &spreadAcc{rounds: map[uint64]*[2]moments{}}
+	finals := make([][]float32, cfg.Clients) // with Consensus: each peer's last global model
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
@@ -136,14 +248,44 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 		if err != nil {
 			return nil, fmt.Errorf("client %d: %w", i, err)
 		}
-		net := fixedMembers{Net: p.Swarm.Net(wc.Batch), group: p.Group, board: board}
+		var net train.Net = fixedMembers{Net: p.Swarm.Net(wc.Batch), group: p.Group, board: board}
+		on := onRound
+		if cfg.Consensus {
+			net = observed{Net: net, acc: acc, n: len(w.Model.Params)}
+			on = func(ri train.RoundInfo) bool {
+				if int(ri.Round) == cfg.Fed.Rounds {
+					finals[i] = slices.Clone(ri.Global)
+				}
+				return onRound(ri)
+			}
+		}
 		wg.Go(func() {
-			errs[i] = train.Federated(ctx, w, net, cfg.Fed, nil, onRound)
+			errs[i] = train.Federated(ctx, w, net, cfg.Fed, nil, on)
 		})
 	}
 	wg.Wait()
 	res.Elapsed = time.Since(start)
 	res.WallS = res.Elapsed.Seconds()
+	if cfg.Consensus {
+		res.Consensus = acc.points()
+		res.FinalMin = 1
+		var k int
+		for _, f := range finals {
+			if f == nil {
+				continue
+			}
+			copy(eval.Model.Params, f)
+			_, a := eval.Evaluate(testSet)
+			res.FinalMean += a
+			res.FinalMin = min(res.FinalMin, a)
+			k++
+		}
+		if k > 0 {
+			res.FinalMean /= float64(k)
+		} else {
+			res.FinalMin = 0
+		}
+	}
 	for _, err := range errs {
 		if err != nil && !errors.Is(err, context.Canceled) {
 			return res, err

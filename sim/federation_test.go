@@ -36,3 +36,35 @@ func TestFixedMembersStatuses(t *testing.T) {
 		t.Errorf("a sees %v, want no one (itself left out)", got)
 	}
 }
+
+// TestFederationBoundedGroups: 12 clients in groups of at most 4 (three
+// groups, re-drawn each round) over mocknet. Each round's averaging keeps
+// about (k−1)/(n−1) = 2/11 of the spread of the local models, the groups'
+// models differ after it, and the clients learn.
+func TestFederationBoundedGroups(t *testing.T) {
+	tr, te := mnist(t)
+	fed := train.DefaultFedConfig()
+	fed.Rounds, fed.Fraction, fed.GroupSize, fed.LocalEpochs = 2, 1, 4, 1
+	wc := train.DefaultWorkerConfig()
+	wc.Model, wc.Batch, wc.LR, wc.Optimizer = "logreg", 10, 0.05, "sgd"
+	cfg := FedConfig{Clients: 12, Partition: "iid", Fed: fed, Worker: wc, Seed: 1, Consensus: true}
+	res, err := Federation(context.Background(), cfg, tr.Head(2400), te.Head(1000), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Consensus) != 2 {
+		t.Fatalf("consensus of %d rounds: %+v", len(res.Consensus), res.Consensus)
+	}
+	for _, c := range res.Consensus {
+		t.Logf("%+v", c)
+		if c.Participants != 12 || c.Groups != 3 {
+			t.Errorf("round %d: %d participants in %d groups, want 12 in 3", c.Round, c.Participants, c.Groups)
+		}
+		if !(c.After > 0) || c.Ratio > 0.6 {
+			t.Errorf("round %d: spread %.3g before, %.3g after", c.Round, c.Before, c.After)
+		}
+	}
+	if res.FinalMean < 0.7 {
+		t.Errorf("final mean accuracy %.3f", res.FinalMean)
+	}
+}

@@ -27,6 +27,15 @@ type FedConfig struct {
 	// Fraction is C, the fraction of live peers sampled each round (at
 	// least one peer is always sampled).
 	Fraction float64
+	// GroupSize bounds the averaging groups: a round whose sample holds
+	// more peers splits it into groups of at most GroupSize, drawn afresh
+	// each round from (Seed, round, sample) by aggregate.Partition, and
+	// each group averages on its own; the groups' models differ until later
+	// rounds mix them. 0 averages the whole sample as one group. 16
+	// (hivemind's target_group_size is of that order: a group's all-reduce
+	// is then a few hops, and one slow peer holds up 15 others, not all).
+	// Streaming DiLoCo ignores it.
+	GroupSize int
 	// LocalEpochs is E, passes over the peer's shard per round. When zero,
 	// LocalSteps sets the local work instead.
 	LocalEpochs int
@@ -77,7 +86,7 @@ type FedState struct {
 // DefaultFedConfig returns FedAvg with C = 0.1 and E = 1, as in McMahan et
 // al. 2017's MNIST experiments.
 func DefaultFedConfig() FedConfig {
-	return FedConfig{Strategy: "fedavg", Rounds: 100, Fraction: 0.1, LocalEpochs: 1, ServerLR: 1, Seed: 1,
+	return FedConfig{Strategy: "fedavg", Rounds: 100, Fraction: 0.1, GroupSize: 16, LocalEpochs: 1, ServerLR: 1, Seed: 1,
 		RoundTimeout: 2 * time.Minute, ResetClientOpt: true, CatchUp: 2 * time.Second}
 }
 
@@ -138,6 +147,8 @@ func (c FedConfig) Validate() error {
 		return fmt.Errorf("%w: rounds must be positive", ErrStrategy)
 	case !(c.Fraction > 0 && c.Fraction <= 1):
 		return fmt.Errorf("%w: fraction C must be in (0, 1], got %v", ErrStrategy, c.Fraction)
+	case c.GroupSize < 0:
+		return fmt.Errorf("%w: group size must not be negative, got %d", ErrStrategy, c.GroupSize)
 	case c.LocalEpochs < 0 || c.LocalSteps < 0 || (c.LocalEpochs == 0 && c.LocalSteps == 0):
 		return fmt.Errorf("%w: set local epochs E or local steps H", ErrStrategy)
 	case !(c.ServerLR > 0):
@@ -316,7 +327,7 @@ func (f *fedPeer) awaitMajority(ctx context.Context, r uint64, ref, members []pe
 	}
 }
 
-// alignRound lines up with the other peers sampled for round r
+// alignRound lines up with the other peers of its group of round r
 // (planAlign), looking for up to alignWait: if one has already finished
 // round r, it fetches the newest state into state and returns its version
 // (else it returns version).
@@ -370,9 +381,10 @@ type RoundInfo struct {
 // it checks whether it is sampled; if so it brings its global state up to
 // date (fetching it from the previous round's participants when it missed
 // rounds), trains locally from the global model, all-reduces its delta
-// with the other sampled peers weighted by shard size, and applies the
+// with the other sampled peers of its group weighted by shard size (all
+// of them, unless the sample is larger than GroupSize), and applies the
 // server optimiser to the averaged delta, identically on every
-// participant. onRound, if not nil, is called after each round this peer
+// participant of the group. onRound, if not nil, is called after each round this peer
 // took part in; returning true stops the peer. A peer that stops before
 // the last round tells the others so (a Done status). A round that
 // fails for this peer leaves it the previous state as that round's
@@ -522,13 +534,13 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			statuses = f.net.Statuses()
 			align = true // the majority may be rounds ahead
 		}
-		plan := planRound(cfg.Seed, cfg.Fraction, self, r, version,
+		plan := planRound(cfg.Seed, cfg.Fraction, cfg.GroupSize, self, r, version,
 			admitted(self, f.joinAt, r, members, statuses), admitted(self, f.joinAt, r-1, members, statuses))
 		if !plan.join {
 			continue
 		}
 		if align {
-			v, err := f.alignRound(ctx, state, version, r, plan.sampled)
+			v, err := f.alignRound(ctx, state, version, r, plan.group)
 			if err != nil {
 				return err
 			}
@@ -681,8 +693,8 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 	if len(send) > n {
 		copy(send[n:], state)
 	}
-	endAR := trace.StartArgs(ctx, trace.Net, "allreduce", int64(r), trace.Args{"floats": len(send), "sampled": len(plan.sampled)})
-	used, err := net.AllReduce(ctx, r, plan.sampled, avg, send, float64(w.ShardSize()))
+	endAR := trace.StartArgs(ctx, trace.Net, "allreduce", int64(r), trace.Args{"floats": len(send), "sampled": len(plan.sampled), "group": len(plan.group)})
+	used, err := net.AllReduce(ctx, r, plan.group, avg, send, float64(w.ShardSize()))
 	endAR()
 	if err != nil {
 		// No result for round r here: keep the state of r−1 as version r,

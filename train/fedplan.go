@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -135,6 +136,11 @@ type roundPlan struct {
 	sampled []peerid.ID
 	// join reports that this peer is in sampled; if not, it skips round r.
 	join bool
+	// group is the part of sampled this peer averages with (sorted): all
+	// of it, or, when the sample is larger than the group size, this
+	// peer's group of its partition (aggregate.Partition), re-drawn each
+	// round. Nil when the peer is not sampled.
+	group []peerid.ID
 	// behind reports that the peer missed rounds (its version is below
 	// r−1): it fetches the state after round r−1 from from, round r−1's
 	// sample less itself, else round r's, before it trains.
@@ -143,10 +149,14 @@ type roundPlan struct {
 }
 
 // planRound decides round r for a peer at version, given the members
-// admitted to round r and to round r−1.
-func planRound(seed uint64, fraction float64, self peerid.ID, r, version uint64, members, prev []peerid.ID) roundPlan {
+// admitted to round r and to round r−1, with averaging groups of at most
+// groupSize peers (< 1: one group).
+func planRound(seed uint64, fraction float64, groupSize int, self peerid.ID, r, version uint64, members, prev []peerid.ID) roundPlan {
 	p := roundPlan{sampled: Sample(seed, r, members, fraction)}
 	p.join = slices.Contains(p.sampled, self)
+	if p.join {
+		p.group = aggregate.GroupOf(seed, r, p.sampled, groupSize, self)
+	}
 	if p.join && version+1 < r {
 		p.behind = true
 		p.from = othersOf(self, Sample(seed, r-1, prev, fraction), p.sampled)

@@ -87,7 +87,7 @@ func TestPlanRound(t *testing.T) {
 			roundPlan{sampled: pids("b"), join: true, behind: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := planRound(1, c.fraction, c.self, c.r, c.version, c.members, c.members)
+			got := planRound(1, c.fraction, 16, c.self, c.r, c.version, c.members, c.members)
 			if !slices.Equal(got.sampled, c.want.sampled) || got.join != c.want.join || got.behind != c.want.behind || !slices.Equal(got.from, c.want.from) {
 				t.Fatalf("got %+v, want %+v", got, c.want)
 			}
@@ -99,7 +99,7 @@ func TestPlanRoundSamplesTheAdmitted(t *testing.T) {
 	// A peer behind asks round r−1's sample of the peers admitted to
 	// r−1, which a joiner of round r is not part of.
 	five := pids("a", "b", "c", "d", "e")
-	got := planRound(1, 1, "b", 4, 1, five, pids("a", "b", "c"))
+	got := planRound(1, 1, 16, "b", 4, 1, five, pids("a", "b", "c"))
 	if !got.behind || !slices.Equal(got.from, pids("a", "c")) {
 		t.Fatalf("got %+v, want to fetch from a and c", got)
 	}
@@ -172,6 +172,43 @@ func TestAnyPending(t *testing.T) {
 	}
 	if !anyPending(map[peerid.ID]Status{"a": {JoinAt: 1}, "b": {JoinAt: JoinPending}}) {
 		t.Error("a pending peer not seen")
+	}
+}
+
+// TestPlanRoundGroups: a sample larger than the group size is split into
+// bounded groups that every sampled peer derives alike; a sample that fits
+// is one group.
+func TestPlanRoundGroups(t *testing.T) {
+	var members []peerid.ID
+	for i := range 40 {
+		members = append(members, peerid.ID(fmt.Sprintf("p%02d", i)))
+	}
+	groups := map[string][]peerid.ID{}
+	for _, self := range members {
+		p := planRound(1, 1, 16, self, 3, 2, members, members)
+		if !p.join || len(p.group) > 16 || len(p.group) < 13 || !slices.Contains(p.group, self) {
+			t.Fatalf("%s: group %v", self, p.group)
+		}
+		groups[fmt.Sprint(p.group)] = p.group
+	}
+	if len(groups) != 3 {
+		t.Fatalf("40 peers in groups of ≤ 16: %d distinct groups, want 3", len(groups))
+	}
+	for _, g := range groups {
+		for _, q := range g {
+			if other := planRound(1, 1, 16, q, 3, 2, members, members).group; !slices.Equal(other, g) {
+				t.Fatalf("%s puts itself in %v, a peer of its group in %v", q, other, g)
+			}
+		}
+	}
+	if p := planRound(1, 1, 16, "p00", 4, 3, members, members); slices.Equal(p.group, planRound(1, 1, 16, "p00", 3, 2, members, members).group) {
+		t.Fatal("the same group two rounds running")
+	}
+	if p := planRound(1, 1, 0, "p00", 3, 2, members, members); !slices.Equal(p.group, members) {
+		t.Fatalf("group size 0: group of %d, want all 40", len(p.group))
+	}
+	if p := planRound(1, 0.1, 16, "p00", 3, 2, members, members); p.join && !slices.Equal(p.group, p.sampled) {
+		t.Fatalf("a sample of 4 is one group: %v vs %v", p.group, p.sampled)
 	}
 }
 

@@ -84,13 +84,31 @@ type SyncConfig struct {
 	// "sparse". Its momentum is this peer's own: a peer that (re)joins
 	// starts it at zero.
 	DeMo DeMoConfig
+	// GroupSize bounds the all-reduce groups. A step whose group holds
+	// more peers splits it into groups of at most GroupSize, drawn afresh
+	// each step from (step, group) by aggregate.Partition, so every peer
+	// derives the same groups without a message; each group averages its
+	// members' gradients and their parameters (which then differ between
+	// groups until later steps mix them: the spread shrinks by about
+	// 1/GroupSize a step). 0: one group however large. 16.
+	GroupSize int
+	// AgreeEvery makes every AgreeEvery-th step (steps 1, 1+AgreeEvery, …)
+	// of a job in bounded groups an agreement step: the whole group
+	// all-reduces, and that all-reduce's votes fix, identically on every
+	// peer, the set the groups of the next steps are drawn from (peers'
+	// views of the members differ for a heartbeat or so, and groups drawn
+	// from different sets do not meet). Peers join at agreement steps; a
+	// peer that dies is left out of its group's steps by a stall timeout
+	// each until the next one. 1: every step is one (no bounded groups).
+	// 20.
+	AgreeEvery int
 }
 
 // DefaultSyncConfig returns the defaults documented on SyncConfig, for a
 // 1000-step job.
 func DefaultSyncConfig() SyncConfig {
 	return SyncConfig{Steps: 1000, StepTimeout: 2 * time.Minute, JoinLead: 2 * time.Second, JoinTimeout: 5 * time.Minute,
-		SnapshotEvery: 100, Discover: 2 * time.Second}
+		SnapshotEvery: 100, Discover: 2 * time.Second, GroupSize: 16, AgreeEvery: 20}
 }
 
 // ErrSync reports synchronous settings that cannot work.
@@ -105,6 +123,10 @@ func (c SyncConfig) Validate() error {
 		return fmt.Errorf("%w: step timeout, join lead and join timeout must be positive", ErrSync)
 	case c.SnapshotEvery < 0 || c.Discover < 0:
 		return fmt.Errorf("%w: snapshot interval and discovery wait must not be negative", ErrSync)
+	case c.GroupSize < 0:
+		return fmt.Errorf("%w: group size must not be negative, got %d", ErrSync, c.GroupSize)
+	case c.GroupSize > 0 && c.AgreeEvery < 1:
+		return fmt.Errorf("%w: agreement interval must be at least 1 step with bounded groups, got %d", ErrSync, c.AgreeEvery)
 	}
 	return c.DeMo.Validate()
 }
@@ -113,7 +135,8 @@ func (c SyncConfig) Validate() error {
 type StepInfo struct {
 	// Step is the number of steps applied: the model version.
 	Step uint64
-	// Group lists the peers whose gradients step Step averaged (sorted).
+	// Group lists the peers whose gradients step Step averaged (sorted):
+	// with bounded groups (SyncConfig.GroupSize), this peer's group.
 	Group []peerid.ID
 	// Loss and Samples are this peer's batch loss and size for the step.
 	Loss    float64
@@ -200,13 +223,17 @@ type syncPeer struct {
 	avg   []float32
 	demo  *DeMo     // nil: plain data-parallel SGD
 	send  []float32 // DeMo's coefficients
+	// mix and mixAvg are [gradients | parameters], for bounded groups.
+	mix, mixAvg []float32
 
-	version  uint64      // steps applied
-	group    []peerid.ID // the group of the last step; nil: (re)join first
-	rate     float64     // steps per second (moving average)
-	lastStep time.Time   // when the last step was applied
-	left     bool        // the last attempt failed: equal peers may be ahead
-	started  bool        // the first join (with its discovery wait) is done
+	version uint64 // steps applied
+	// group is the job's group at the last step (all its bounded groups
+	// together); nil: (re)join first.
+	group    []peerid.ID
+	rate     float64   // steps per second (moving average)
+	lastStep time.Time // when the last step was applied
+	left     bool      // the last attempt failed: equal peers may be ahead
+	started  bool      // the first join (with its discovery wait) is done
 }
 
 func (s *syncPeer) run(ctx context.Context, onStep func(StepInfo) bool) error {
@@ -296,16 +323,34 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 		}
 		group = a.group
 	}
-	send := w.Model.Grads
+	// DeMo sends its coefficients in place of the gradients.
+	grads := w.Model.Grads
 	if s.demo != nil {
 		endDeMo := trace.Start(ctx, trace.Train, "encode", int64(next))
 		s.demo.Prepare(s.send, w.Model.Grads)
 		endDeMo()
-		send = s.send
+		grads = s.send
+	}
+	// In bounded groups (and at their agreement steps) the parameters are
+	// averaged with the gradients: the groups' models differ.
+	mine, src, dst := group, grads, s.avg
+	bounded := s.cfg.GroupSize > 0 && len(group) > s.cfg.GroupSize
+	grouped := groupedStep(next, group, s.cfg.GroupSize, s.cfg.AgreeEvery)
+	if grouped {
+		mine = aggregate.GroupOf(0, next, group, s.cfg.GroupSize, s.self)
+	}
+	if bounded {
+		n := len(w.Model.Params)
+		if len(s.mix) != 2*n {
+			s.mix, s.mixAvg = make([]float32, 2*n), make([]float32, 2*n)
+		}
+		copy(s.mix[:n], grads)
+		copy(s.mix[n:], w.Model.Params)
+		src, dst = s.mix, s.mixAvg
 	}
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StepTimeout)
-	endAR := trace.StartArgs(ctx, trace.Net, "allreduce", int64(next), trace.Args{"floats": len(w.Model.Grads), "group": len(group)})
-	used, err := s.net.AllReduce(sctx, next, group, s.avg, send, float64(k))
+	endAR := trace.StartArgs(ctx, trace.Net, "allreduce", int64(next), trace.Args{"floats": len(src), "group": len(mine)})
+	used, err := s.net.AllReduce(sctx, next, mine, dst, src, float64(k))
 	endAR()
 	cancel()
 	if err != nil {
@@ -313,18 +358,39 @@ func (s *syncPeer) step(ctx context.Context) (StepInfo, error) {
 			// The whole group got it: the mean gradient is not finite.
 			return StepInfo{}, &syncFatal{fmt.Errorf("%w: step %d: %w", ErrDiverged, next, err)}
 		}
-		return StepInfo{}, err
+		if !grouped || ctx.Err() != nil {
+			return StepInfo{}, err
+		}
+		// A failed group is not a failed job: the groups' models differ
+		// anyway, so this peer takes the step on its own gradient, as a
+		// hivemind peer whose averaging fails does, and the next steps'
+		// groups mix it back in. Leaving to rejoin would change the set
+		// the groups are drawn from mid-interval.
+		s.event("group-failed", fmt.Sprintf("step %d: stepping alone: %v", next, err))
+		copy(dst, src)
+		used = []peerid.ID{s.self}
 	}
 	endApply := trace.Start(ctx, trace.Train, "apply", int64(next))
+	n := len(w.Model.Params)
 	if s.demo != nil {
 		s.demo.Commit()
-		s.demo.Finish(w.Model.Grads, s.avg)
+		s.demo.Finish(w.Model.Grads, dst[:n])
 	} else {
-		copy(w.Model.Grads, s.avg)
+		copy(w.Model.Grads, dst[:n])
+	}
+	job := used
+	if bounded {
+		// The group's mean parameters, then its mean gradient's step.
+		copy(w.Model.Params, dst[n:])
+	}
+	if grouped {
+		// Losses in this peer's group are news to the others: the set
+		// changes at the next agreement step.
+		job = group
 	}
 	w.Apply(k)
 	endApply()
-	s.version, s.group, s.left = next, used, false
+	s.version, s.group, s.left = next, job, false
 	now := time.Now()
 	s.rate, s.lastStep = pace(s.rate, s.lastStep, now), now
 	if !s.cfg.Fixed {
@@ -359,6 +425,7 @@ func (s *syncPeer) join(ctx context.Context) (joined bool, err error) {
 			return false, err
 		}
 		plan := planJoin(joinView{self: s.self, version: s.version, steps: steps, left: s.left, lead: lead,
+			groupSize: s.cfg.GroupSize, agreeEvery: s.cfg.AgreeEvery,
 			members: s.net.Members(), statuses: s.net.Statuses(), now: time.Now(), discover: discover, stale: stale})
 		var want uint64 // the version to fetch
 		switch plan.action {

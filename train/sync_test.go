@@ -672,3 +672,105 @@ func runPairLeftOut(t *testing.T, workers []*train.Worker, nets []*traintest.Net
 		}
 	}
 }
+
+// spread returns the peers' mean squared distance to their mean vector.
+func spread(vs [][]float32) float64 {
+	mean := make([]float64, len(vs[0]))
+	for _, v := range vs {
+		for i, x := range v {
+			mean[i] += float64(x) / float64(len(vs))
+		}
+	}
+	var s float64
+	for _, v := range vs {
+		for i, x := range v {
+			d := float64(x) - mean[i]
+			s += d * d
+		}
+	}
+	return s / float64(len(vs))
+}
+
+// TestSyncBoundedGroups: 20 peers with groups of at most 8 average in
+// three groups re-drawn every step; every peer takes every step, and the
+// models stay close (their spread a small fraction of how far they moved).
+func TestSyncBoundedGroups(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) { syncBoundedGroups(t, -1) })
+}
+
+// TestSyncBoundedGroupsKilledPeer: a peer killed mid-job stays in the set
+// the groups are drawn from until the next agreement step; the groups it
+// is drawn into go on without it (or their peers step alone), and every
+// survivor ends with the job, the models close.
+func TestSyncBoundedGroupsKilledPeer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) { syncBoundedGroups(t, 7) })
+}
+
+func syncBoundedGroups(t *testing.T, kill int) {
+	const n, steps, at = 20, 16, 5
+	job := newMemJob(300 * time.Millisecond)
+	workers, nets := memPeers(t, job, n, 64, 0)
+	init := slices.Clone(workers[0].Model.Params)
+	cfg := train.DefaultSyncConfig()
+	cfg.Steps, cfg.GroupSize, cfg.AgreeEvery = steps, 8, 8 // agreement at steps 1 and 9
+	var mu sync.Mutex
+	groups := map[uint64]map[string]bool{} // step → distinct groups
+	last := make([]train.StepInfo, n)
+	errs := runMem(t, workers, nets, cfg, 0, func(k int, si train.StepInfo) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		last[k] = si
+		if si.Step == 1 || si.Step == 9 {
+			// With a peer killed, laggards of the failed groups may miss
+			// the agreement step and rejoin.
+			if len(si.Group) < n-1 && (kill < 0 || len(si.Group) < n/2) {
+				t.Errorf("peer %d step %d (agreement): group of %d", k, si.Step, len(si.Group))
+			}
+		} else if kill < 0 || si.Step < at {
+			if si.Failed || si.Joined || len(si.Group) > 8 || len(si.Group) < 6 {
+				t.Errorf("peer %d step %d: group of %d (failed %v, joined %v)", k, si.Step, len(si.Group), si.Failed, si.Joined)
+			}
+			if groups[si.Step] == nil {
+				groups[si.Step] = map[string]bool{}
+			}
+			groups[si.Step][fmt.Sprint(si.Group)] = true
+		}
+		if k == kill && si.Step == at {
+			job.netw.Kill(nets[k].ID)
+			job.board.Leave(nets[k].ID)
+			return true
+		}
+		return false
+	})
+	var finals [][]float32
+	for k := range n {
+		if k == kill {
+			continue
+		}
+		if errs[k] != nil {
+			t.Fatalf("peer %d: %v", k, errs[k])
+		}
+		if last[k].Step != steps {
+			t.Fatalf("peer %d ended at step %d", k, last[k].Step)
+		}
+		finals = append(finals, workers[k].Model.Params)
+	}
+	for s := uint64(2); s < at; s++ {
+		if len(groups[s]) != 3 {
+			t.Errorf("step %d: %d distinct groups, want 3", s, len(groups[s]))
+		}
+	}
+	if fmt.Sprint(groups[3]) == fmt.Sprint(groups[4]) {
+		t.Error("steps 3 and 4 had the same groups")
+	}
+	var moved float64
+	for i, x := range workers[0].Model.Params {
+		d := float64(x - init[i])
+		moved += d * d
+	}
+	sp := spread(finals)
+	t.Logf("spread %.3g, squared distance moved %.3g (ratio %.2g)", sp, moved, sp/moved)
+	if sp > 0.03*moved { // 0.1 when groups average gradients only
+		t.Errorf("the models drifted apart: spread %.3g against %.3g moved", sp, moved)
+	}
+}

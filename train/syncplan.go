@@ -46,9 +46,13 @@ type joinView struct {
 	// step may be ahead of it.
 	left bool
 	// lead is how far ahead, at the others' pace, it declares its step.
-	lead     time.Duration
-	members  []peerid.ID
-	statuses map[peerid.ID]Status // the others' (Net.Statuses)
+	lead time.Duration
+	// groupSize and agreeEvery are SyncConfig's: a job of more running
+	// peers than groupSize runs in bounded groups, and a peer joins it at
+	// an agreement step, where the whole job all-reduces.
+	groupSize, agreeEvery int
+	members               []peerid.ID
+	statuses              map[peerid.ID]Status // the others' (Net.Statuses)
 	// now is the time of the look; until discover a peer that knows of
 	// nobody waits for discovery, and until stale a peer that was left out
 	// distrusts statuses that show running peers behind it.
@@ -126,6 +130,9 @@ func planJoin(v joinView) joinPlan {
 	}
 	p := joinPlan{from: ahead, top: top, rate: rate}
 	T := top + 2 + uint64(math.Ceil(rate*v.lead.Seconds()))
+	if v.groupSize > 0 && len(run)+1 > v.groupSize {
+		T = nextAgree(T, v.agreeEvery)
+	}
 	if T > v.steps {
 		p.action, p.at = joinFinal, v.steps
 		p.wait = 4*v.lead + seconds(float64(v.steps-min(top, v.steps))/max(rate, 1))
@@ -222,4 +229,29 @@ func pace(rate float64, last, now time.Time) float64 {
 	default:
 		return 0.9*rate + 0.1/dt
 	}
+}
+
+// groupedStep reports whether step next of a job whose group is group
+// runs in bounded groups (SyncConfig.GroupSize): the group is larger than
+// size and next is not an agreement step. Agreement steps, the first of
+// every agreeEvery (1, 1+agreeEvery, …), all-reduce the whole group, and
+// its votes settle, identically on every member, the set the following
+// steps' groups are drawn from: views of the members differ between peers
+// for a heartbeat or so, and groups drawn from different sets do not meet.
+func groupedStep(next uint64, group []peerid.ID, size, agreeEvery int) bool {
+	return size > 0 && len(group) > size && !agreeStep(next, agreeEvery)
+}
+
+// agreeStep reports whether step next is an agreement step.
+func agreeStep(next uint64, agreeEvery int) bool {
+	return agreeEvery <= 1 || (next-1)%uint64(agreeEvery) == 0
+}
+
+// nextAgree returns the first agreement step at or after step t.
+func nextAgree(t uint64, agreeEvery int) uint64 {
+	if agreeStep(t, agreeEvery) || t == 0 {
+		return max(t, 1)
+	}
+	e := uint64(agreeEvery)
+	return (t-1)/e*e + e + 1
 }

@@ -1,6 +1,7 @@
 package train
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -191,5 +192,54 @@ func TestPace(t *testing.T) {
 		if got := pace(c.rate, c.last, c.now); got != c.want {
 			t.Errorf("%s: pace %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+func TestGroupedSteps(t *testing.T) {
+	var twenty []peerid.ID
+	for i := range 20 {
+		twenty = append(twenty, peerid.ID(fmt.Sprintf("p%02d", i)))
+	}
+	for _, c := range []struct {
+		next        uint64
+		group       []peerid.ID
+		size, every int
+		want        bool
+	}{
+		{1, twenty, 8, 10, false},  // agreement step
+		{2, twenty, 8, 10, true},   // bounded
+		{10, twenty, 8, 10, true},  //
+		{11, twenty, 8, 10, false}, // agreement step
+		{2, twenty, 20, 10, false}, // fits one group
+		{2, twenty, 0, 10, false},  // no bound
+		{2, twenty, 8, 1, false},   // every step agrees
+	} {
+		if got := groupedStep(c.next, c.group, c.size, c.every); got != c.want {
+			t.Errorf("groupedStep(%d, %d peers, size %d, every %d) = %v", c.next, len(c.group), c.size, c.every, got)
+		}
+	}
+	for _, c := range []struct {
+		t    uint64
+		e    int
+		want uint64
+	}{{0, 10, 1}, {1, 10, 1}, {2, 10, 11}, {11, 10, 11}, {12, 10, 21}, {7, 1, 7}, {20, 20, 21}} {
+		if got := nextAgree(c.t, c.e); got != c.want {
+			t.Errorf("nextAgree(%d, %d) = %d, want %d", c.t, c.e, got, c.want)
+		}
+	}
+	// A joiner of a job in bounded groups declares an agreement step.
+	statuses := map[peerid.ID]Status{}
+	for _, p := range twenty {
+		statuses[p] = Status{Version: 40, Rate: 1}
+	}
+	t0 := time.Unix(1000, 0)
+	v := joinView{self: "me", version: 0, steps: 1000, lead: 2 * time.Second, members: append(slices.Clone(twenty), "me"),
+		statuses: statuses, now: t0, groupSize: 8, agreeEvery: 10}
+	if p := planJoin(v); p.action != joinDeclare || p.at != 51 {
+		t.Errorf("joiner of 20 peers in groups of 8: %+v, want to declare step 51", p)
+	}
+	v.groupSize = 0
+	if p := planJoin(v); p.action != joinDeclare || p.at != 44 {
+		t.Errorf("joiner without bounded groups: %+v, want to declare step 44", p)
 	}
 }

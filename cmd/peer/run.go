@@ -82,6 +82,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	overlap := fs.Int("overlap", 0, "streaming-diloco: inner steps τ that a fragment's all-reduce overlaps before its result is merged (as overlap=τ in --strategy; must be below h/fragments)")
 	rounds := fs.Int("rounds", 20, "federated rounds")
 	fraction := fs.Float64("fraction", 1, "fraction C of live peers sampled per round")
+	groupSize := fs.Int("group-size", fed.GroupSize, "federated, sync: the most peers one all-reduce averages; a larger round sample (or sync job) splits into groups of at most this many, re-drawn each round (0: one group)")
 	epochs := fs.Int("local-epochs", 1, "local epochs E per round")
 	steps := fs.Int("local-steps", 0, "local steps H per round instead of epochs")
 	roundTimeout := fs.Duration("round-timeout", fed.RoundTimeout, "longest a round may take")
@@ -164,6 +165,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		o.Sync, o.Async = buildSync(), buildAsync()
 		o.PS = buildPS(o.Async.Async.Policy)
 		o.Sync.Sync.DeMo = demo
+		o.Fed.GroupSize, o.Sync.Sync.GroupSize = *groupSize, *groupSize
 		if err := applyTuning(fs, &o); err != nil {
 			return o, err
 		}
@@ -268,9 +270,11 @@ func syncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.SyncOptio
 	d := peerrun.DefaultSyncOptions()
 	stepTimeout := fs.Duration("step-timeout", d.Sync.StepTimeout, "sync: longest one step's all-reduce may take")
 	joinLead := fs.Duration("join-lead", d.Sync.JoinLead, "sync: how far ahead (at the others' pace) a joining peer declares the step it joins at")
+	agree := fs.Int("agree-every", d.Sync.AgreeEvery, "sync, with more peers than --group-size: every N-th step the whole job all-reduces, fixing the set the groups are drawn from; peers join at those steps")
 	return func() peerrun.SyncOptions {
 		o := d
 		o.Sync.Steps, o.Sync.StepTimeout, o.Sync.JoinLead, o.EvalEvery = *steps, *stepTimeout, *joinLead, *evalEvery
+		o.Sync.AgreeEvery = *agree
 		o.Sync.SnapshotEvery = *evalEvery
 		return o
 	}
@@ -348,7 +352,7 @@ func checkModeFlags(fs *flag.FlagSet) error {
 
 // modeOnlyFlags names flags that only one mode reads.
 var modeOnlyFlags = map[string][]string{
-	"strategy": {"federated", "sync"}, "rounds": {"federated"}, "fraction": {"federated"},
+	"strategy": {"federated", "sync"}, "rounds": {"federated"}, "fraction": {"federated"}, "group-size": {"federated", "sync"}, "agree-every": {"sync"},
 	"local-epochs": {"federated"}, "local-steps": {"federated"}, "round-timeout": {"federated"}, "overlap": {"federated"},
 	"steps": {"sync", "async", "gossip", "ps"}, "eval-every": {"sync", "async", "gossip", "ps"},
 	"step-timeout": {"sync"}, "join-lead": {"sync"}, "compress": {"sync", "async", "federated", "ps"}, // federated: streaming-diloco alone (peerrun.Options.Validate)

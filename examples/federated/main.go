@@ -46,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed for the partition, sampling and initialisation")
 	dataDir := fs.String("data", "", "folder with the MNIST IDX files (default: the module cache)")
 	jsonOut := fs.String("json", "", "write rounds_to_target, final_accuracy and the curve to this file")
+	groupSize := fs.Int("group-size", train.DefaultFedConfig().GroupSize, "average in groups of at most this many of a round's sampled clients, re-drawn each round (0: one group)")
+	consensus := fs.Bool("consensus", false, "measure every round's spread of the models before and after averaging, and evaluate every client's final model")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -53,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := fed.ParseStrategy(*strategy); err != nil {
 		return err
 	}
-	fed.Rounds, fed.Fraction, fed.LocalEpochs, fed.Seed = *rounds, *fraction, *epochs, *seed
+	fed.Rounds, fed.Fraction, fed.LocalEpochs, fed.Seed, fed.GroupSize = *rounds, *fraction, *epochs, *seed, *groupSize
 	wc := train.DefaultWorkerConfig()
 	wc.Model, wc.Batch, wc.LR, wc.Optimizer, wc.ModelSeed = *model, *batch, float32(*lr), "sgd", *seed
 	if *model == "2nn" {
@@ -66,7 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg := sim.FedConfig{Clients: *clients, Partition: *partition, Fed: fed, Worker: wc, Target: *target, Seed: *seed}
+	cfg := sim.FedConfig{Clients: *clients, Partition: *partition, Fed: fed, Worker: wc, Target: *target, Seed: *seed, Consensus: *consensus}
 	fmt.Fprintf(stderr, "%s: %d clients (%s), C=%g, E=%d, B=%d, lr %g, model %s, target %.2f%%\n",
 		fed.Strategy, *clients, *partition, *fraction, *epochs, *batch, *lr, *model, 100**target)
 	res, err := sim.Federation(ctx, cfg, trainSet, testSet, func(p sim.RoundPoint) {
@@ -81,6 +83,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "reached %.2f%% in %d rounds (%.0fs); final accuracy %.2f%%\n", 100**target, res.RoundsToTarget, res.TimeToTarget, 100*res.FinalAccuracy)
 	} else {
 		fmt.Fprintf(stdout, "did not reach %.2f%% in %d rounds; final accuracy %.2f%%\n", 100**target, res.Rounds, 100*res.FinalAccuracy)
+	}
+	if *consensus {
+		fmt.Fprintf(stdout, "final accuracy over all %d clients: mean %.2f%%, lowest %.2f%%\n", *clients, 100*res.FinalMean, 100*res.FinalMin)
+		fmt.Fprintln(stdout, "round  peers  groups  spread before  spread after  after/before  theory (k-1)/(n-1)")
+		for _, c := range res.Consensus {
+			fmt.Fprintf(stdout, "%5d  %5d  %6d  %13.4g  %12.4g  %12.4f  %.4f\n", c.Round, c.Participants, c.Groups, c.Before, c.After, c.Ratio, c.Theory)
+		}
 	}
 	if *jsonOut != "" {
 		b, err := json.MarshalIndent(res, "", "  ")
