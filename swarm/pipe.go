@@ -1,0 +1,159 @@
+package swarm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/node"
+	"github.com/starling-ml/starling/peerid"
+	"github.com/starling-ml/starling/train"
+)
+
+// ErrPipeFrame reports a pipeline message from a neighbour whose bytes do
+// not decode.
+var ErrPipeFrame = errors.New("swarm: bad pipeline message")
+
+// pipeTagPrefix marks the pipeline's node tags ("pP"), apart from
+// gossip's ("gX") and the all-reduce's (round mod 2^16 in the top bits;
+// a pipeline peer runs no all-reduce on the same node).
+const pipeTagPrefix node.Tag = 0x7050 << 48
+
+// pipeHeader is the bytes before a message's values: N, Total and len(Y)
+// as little-endian uint32.
+const pipeHeader = 12
+
+func pipeTag(kind train.PipeKind, step uint64, mb int) node.Tag {
+	return pipeTagPrefix | node.Tag(kind)<<40 | node.Tag(mb&0xff)<<32 | node.Tag(step&0xffffffff)
+}
+
+// PipeLink is a train.PipeLink over a node's tensor streams: activations
+// go to Next, gradients to Prev (either empty at the pipeline's ends).
+// One message is one tensor of raw little-endian words: a 12-byte header
+// (samples, the step's samples, targets), the values, the targets. Safe
+// for concurrent use.
+type PipeLink struct {
+	n          *node.Node
+	prev, next peer.ID
+}
+
+var _ train.PipeLink = (*PipeLink)(nil)
+
+// NewPipeLink returns the link of a stage whose neighbours are prev and
+// next ("" at the ends). It fails on an ID that does not parse.
+func NewPipeLink(n *node.Node, prev, next peerid.ID) (*PipeLink, error) {
+	l := &PipeLink{n: n}
+	for _, p := range []struct {
+		id  peerid.ID
+		dst *peer.ID
+	}{{prev, &l.prev}, {next, &l.next}} {
+		if p.id == "" {
+			continue
+		}
+		id, err := peer.Decode(string(p.id))
+		if err != nil {
+			return nil, fmt.Errorf("swarm: pipeline neighbour %q: %w", p.id, err)
+		}
+		*p.dst = id
+	}
+	return l, nil
+}
+
+// PipeStage returns this peer's stage in a pipeline of k stages over
+// members (this peer among them): its place among their IDs sorted, and
+// its neighbours. It fails unless there are exactly k members and this
+// peer is one.
+func PipeStage(self peerid.ID, members []peerid.ID, k int) (stage int, prev, next peerid.ID, err error) {
+	ms := slices.Clone(members)
+	slices.Sort(ms)
+	ms = slices.Compact(ms)
+	if len(ms) != k {
+		return 0, "", "", fmt.Errorf("swarm: a pipeline of %d stages needs %d peers, the swarm has %d", k, k, len(ms))
+	}
+	stage = slices.Index(ms, self)
+	if stage < 0 {
+		return 0, "", "", fmt.Errorf("swarm: peer %s is not among the pipeline's members", self)
+	}
+	if stage > 0 {
+		prev = ms[stage-1]
+	}
+	if stage < k-1 {
+		next = ms[stage+1]
+	}
+	return stage, prev, next, nil
+}
+
+// Send implements train.PipeLink.
+func (l *PipeLink) Send(ctx context.Context, m *train.PipeMsg) error {
+	to := l.next
+	if m.Kind == train.PipeGrad {
+		to = l.prev
+	}
+	if to == "" {
+		return fmt.Errorf("swarm: pipeline: no stage to send a %v to", m.Kind)
+	}
+	words := 3 + len(m.Data) + len(m.Y)
+	b := make([]byte, 4*words)
+	binary.LittleEndian.PutUint32(b[0:], uint32(m.N))
+	binary.LittleEndian.PutUint32(b[4:], uint32(m.Total))
+	binary.LittleEndian.PutUint32(b[8:], uint32(len(m.Y)))
+	o := pipeHeader
+	for _, v := range m.Data {
+		binary.LittleEndian.PutUint32(b[o:], math.Float32bits(v))
+		o += 4
+	}
+	for _, v := range m.Y {
+		binary.LittleEndian.PutUint32(b[o:], uint32(v))
+		o += 4
+	}
+	return l.n.Send(ctx, to, node.Tensor{
+		Tag: pipeTag(m.Kind, m.Step, m.MB), Codec: compression.IDFP32, DType: node.Float32,
+		Shape: []int{words}, Step: m.Step, Payload: b,
+	})
+}
+
+// Recv implements train.PipeLink.
+func (l *PipeLink) Recv(ctx context.Context, kind train.PipeKind, step uint64, mb int) (*train.PipeMsg, error) {
+	from := l.prev
+	if kind == train.PipeGrad {
+		from = l.next
+	}
+	if from == "" {
+		return nil, fmt.Errorf("swarm: pipeline: no stage to receive a %v from", kind)
+	}
+	t, err := l.n.Recv(ctx, from, pipeTag(kind, step, mb), nil)
+	if err != nil {
+		return nil, err
+	}
+	b := t.Payload
+	if len(b) < pipeHeader || len(b)%4 != 0 || t.Step != step {
+		return nil, fmt.Errorf("%w: %d bytes for step %d (want a whole header, words, step %d)", ErrPipeFrame, len(b), t.Step, step)
+	}
+	m := &train.PipeMsg{Kind: kind, Step: step, MB: mb,
+		N: int(binary.LittleEndian.Uint32(b[0:])), Total: int(binary.LittleEndian.Uint32(b[4:]))}
+	ny := int(binary.LittleEndian.Uint32(b[8:]))
+	words := (len(b) - pipeHeader) / 4
+	if ny > words {
+		return nil, fmt.Errorf("%w: %d targets in %d words", ErrPipeFrame, ny, words)
+	}
+	m.Data = make([]float32, words-ny)
+	o := pipeHeader
+	for i := range m.Data {
+		m.Data[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[o:]))
+		o += 4
+	}
+	if ny > 0 {
+		m.Y = make([]int32, ny)
+		for i := range m.Y {
+			m.Y[i] = int32(binary.LittleEndian.Uint32(b[o:]))
+			o += 4
+		}
+	}
+	return m, nil
+}
