@@ -157,3 +157,69 @@ func (l *PipeLink) Recv(ctx context.Context, kind train.PipeKind, step uint64, m
 	}
 	return m, nil
 }
+
+// pipeHelloTag carries a peer's declared stage (PipeAssign).
+const pipeHelloTag = pipeTagPrefix | 0xff<<40
+
+// PipeAssign returns this peer's neighbours in a pipeline of k stages
+// over members (this peer among them). With stage < 0 the stages follow
+// the sorted IDs (PipeStage); otherwise this peer is stage and learns the
+// others' from a hello each member sends every other (so all must name
+// their stage, and each stage must be taken once). ctx bounds the
+// exchange.
+func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []peerid.ID, k, stage int) (int, peerid.ID, peerid.ID, error) {
+	if stage < 0 {
+		return PipeStage(self, members, k)
+	}
+	ms := slices.Compact(peerid.Sorted(slices.Clone(members)))
+	if len(ms) != k || !slices.Contains(ms, self) {
+		return 0, "", "", fmt.Errorf("swarm: a pipeline of %d stages needs %d peers, this one among them; the swarm has %v", k, k, ms)
+	}
+	if stage >= k {
+		return 0, "", "", fmt.Errorf("swarm: stage %d of a %d-stage pipeline", stage, k)
+	}
+	others := make([]peer.ID, 0, k-1)
+	for _, m := range ms {
+		if m == self {
+			continue
+		}
+		id, err := peer.Decode(string(m))
+		if err != nil {
+			return 0, "", "", fmt.Errorf("swarm: member %q: %w", m, err)
+		}
+		others = append(others, id)
+	}
+	hello := binary.LittleEndian.AppendUint32(nil, uint32(stage))
+	errc := make(chan error, len(others))
+	for _, p := range others {
+		go func() {
+			errc <- n.Send(ctx, p, node.Tensor{Tag: pipeHelloTag, Codec: compression.IDFP32, DType: node.Int32, Shape: []int{1}, Payload: hello})
+		}()
+	}
+	byStage := map[int]peerid.ID{stage: self}
+	var err error
+	for _, p := range others {
+		t, rerr := n.Recv(ctx, p, pipeHelloTag, nil)
+		if rerr != nil {
+			err = errors.Join(err, fmt.Errorf("swarm: pipeline: no stage declared by %s: %w", p, rerr))
+			continue
+		}
+		if len(t.Payload) != 4 {
+			err = errors.Join(err, fmt.Errorf("%w: hello of %d bytes from %s", ErrPipeFrame, len(t.Payload), p))
+			continue
+		}
+		s := int(binary.LittleEndian.Uint32(t.Payload))
+		if s >= k || byStage[s] != "" {
+			err = errors.Join(err, fmt.Errorf("swarm: pipeline: %s declares stage %d, which is out of range or taken by %s", p, s, byStage[s]))
+			continue
+		}
+		byStage[s] = peerid.ID(p.String())
+	}
+	for range others {
+		err = errors.Join(err, <-errc)
+	}
+	if err != nil {
+		return 0, "", "", err
+	}
+	return stage, byStage[stage-1], byStage[stage+1], nil
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,4 +130,47 @@ func TestPipelineOverMocknet(t *testing.T) {
 		t.Errorf("stage 1 after stage 2 was cut off: %v, want ErrPipeline", errs[1])
 	}
 	t.Logf("stage 1: %v", errs[1])
+}
+
+func TestPipeAssignDeclared(t *testing.T) {
+	ps, _ := newSwarmNet(t, 3)
+	ids := []peerid.ID{ps[0].ID(), ps[1].ID(), ps[2].ID()}
+	declared := []int{2, 0, 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	type got struct {
+		stage      int
+		prev, next peerid.ID
+		err        error
+	}
+	res := make([]got, 3)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() {
+			s, pr, nx, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, declared[i])
+			res[i] = got{s, pr, nx, err}
+		})
+	}
+	wg.Wait()
+	want := []got{{2, ids[2], "", nil}, {0, "", ids[2], nil}, {1, ids[1], ids[0], nil}}
+	for i := range res {
+		if res[i] != want[i] {
+			t.Errorf("peer %d: %+v, want %+v", i, res[i], want[i])
+		}
+	}
+
+	// Two peers claiming one stage: both see the clash.
+	declared = []int{1, 1, 0}
+	for i, p := range ps {
+		wg.Go(func() {
+			_, _, _, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, declared[i])
+			res[i] = got{err: err}
+		})
+	}
+	wg.Wait()
+	for i := range 2 {
+		if res[i].err == nil || !strings.Contains(res[i].err.Error(), "taken") {
+			t.Errorf("peer %d declaring a taken stage: %v", i, res[i].err)
+		}
+	}
 }
