@@ -92,7 +92,7 @@ func PipeStage(self peerid.ID, members []peerid.ID, k int) (stage int, prev, nex
 // Send implements train.PipeLink.
 func (l *PipeLink) Send(ctx context.Context, m *train.PipeMsg) error {
 	to := l.next
-	if m.Kind == train.PipeGrad {
+	if m.Kind.Backward() {
 		to = l.prev
 	}
 	if to == "" {
@@ -121,7 +121,7 @@ func (l *PipeLink) Send(ctx context.Context, m *train.PipeMsg) error {
 // Recv implements train.PipeLink.
 func (l *PipeLink) Recv(ctx context.Context, kind train.PipeKind, step uint64, mb int) (*train.PipeMsg, error) {
 	from := l.prev
-	if kind == train.PipeGrad {
+	if kind.Backward() {
 		from = l.next
 	}
 	if from == "" {

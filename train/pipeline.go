@@ -18,12 +18,23 @@ var ErrPipeline = errors.New("train: pipeline")
 type PipeKind uint8
 
 const (
-	// PipeAct is a forward activation, sent to the next stage.
+	// PipeAct is a forward activation, sent to the next stage (as is
+	// PipeNormTotal; the other kinds go to the previous one).
 	PipeAct PipeKind = iota + 1
 	// PipeGrad is the gradient of an activation, sent to the previous
 	// stage.
 	PipeGrad
+	// PipeNorm is the sum of the squared gradients of a stage and those
+	// after it (one value), sent to the previous stage, for clipping by
+	// the global norm.
+	PipeNorm
+	// PipeNormTotal is the whole model's squared gradient norm (one
+	// value), which the first stage sends down the pipeline.
+	PipeNormTotal
 )
+
+// Backward reports whether messages of kind k go to the previous stage.
+func (k PipeKind) Backward() bool { return k == PipeGrad || k == PipeNorm }
 
 func (k PipeKind) String() string {
 	switch k {
@@ -31,6 +42,8 @@ func (k PipeKind) String() string {
 		return "activation"
 	case PipeGrad:
 		return "gradient"
+	case PipeNorm, PipeNormTotal:
+		return "gradient norm"
 	}
 	return fmt.Sprintf("PipeKind(%d)", uint8(k))
 }
@@ -59,11 +72,11 @@ type PipeMsg struct {
 // honour ctx's deadline, which the driver always sets. Safe for use by
 // one stage's driver (one call at a time).
 type PipeLink interface {
-	// Send delivers m to the next stage (PipeAct) or the previous one
-	// (PipeGrad).
+	// Send delivers m to the previous stage if m.Kind.Backward(), else
+	// to the next one.
 	Send(ctx context.Context, m *PipeMsg) error
-	// Recv waits for the message of kind for (step, mb): an activation
-	// from the previous stage or a gradient from the next one.
+	// Recv waits for the message of kind for (step, mb): from the next
+	// stage if kind.Backward(), else from the previous one.
 	Recv(ctx context.Context, kind PipeKind, step uint64, mb int) (*PipeMsg, error)
 }
 
@@ -303,6 +316,11 @@ func (p *Pipeline) Step(ctx context.Context) (PipeStep, error) {
 	if st.Last() && (math.IsNaN(res.Loss) || math.IsInf(res.Loss, 0)) {
 		return res, fmt.Errorf("%w: loss is %v at step %d", ErrDiverged, res.Loss, step+1)
 	}
+	if p.w.cfg.ClipNorm > 0 {
+		if err := p.clip(ctx, step); err != nil {
+			return res, err
+		}
+	}
 	t0 := time.Now()
 	copy(st.Grads, p.acc)
 	p.w.Opt.Step(st.Params, st.Grads, p.w.Sched.LR(p.w.Steps))
@@ -311,6 +329,64 @@ func (p *Pipeline) Step(ctx context.Context) (PipeStep, error) {
 	busy += time.Since(t0)
 	res.Samples, res.Busy, res.Wall = p.total, busy, time.Since(start)
 	return res, nil
+}
+
+// clip scales the step's gradient to the worker's ClipNorm by the norm of
+// the whole model's gradient, as Worker.Grad does on one node: the squared
+// norms are summed from the last stage to the first, which sends the
+// total back down.
+func (p *Pipeline) clip(ctx context.Context, step uint64) error {
+	st, be := p.st, p.w.Model.Backend()
+	sq := be.SumSquares(p.acc)
+	one := func(kind PipeKind, from int) (float64, error) {
+		var m *PipeMsg
+		err := p.wait(ctx, fmt.Sprintf("%v of step %d from stage %d", kind, step, from), func(ctx context.Context) (err error) {
+			m, err = p.link.Recv(ctx, kind, step, 0)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		if m == nil || m.Kind != kind || m.Step != step || len(m.Data) != 1 {
+			return 0, fmt.Errorf("%w: stage %d: asked for the %v of step %d, got another message", ErrPipeline, st.Index, kind, step)
+		}
+		return float64(m.Data[0]), nil
+	}
+	send := func(kind PipeKind, v float64, to int) error {
+		m := &PipeMsg{Kind: kind, Step: step, Data: []float32{float32(v)}}
+		return p.wait(ctx, fmt.Sprintf("sending the %v of step %d to stage %d", kind, step, to), func(ctx context.Context) error {
+			return p.link.Send(ctx, m)
+		})
+	}
+	if !st.Last() {
+		after, err := one(PipeNorm, st.Index+1)
+		if err != nil {
+			return err
+		}
+		sq += after
+	}
+	if !st.First() {
+		if err := send(PipeNorm, sq, st.Index-1); err != nil {
+			return err
+		}
+		var err error
+		if sq, err = one(PipeNormTotal, st.Index-1); err != nil {
+			return err
+		}
+	}
+	if !st.Last() {
+		if err := send(PipeNormTotal, sq, st.Index+1); err != nil {
+			return err
+		}
+	}
+	norm, most := math.Sqrt(sq), p.w.cfg.ClipNorm
+	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return fmt.Errorf("%w: gradient norm is %v at step %d", ErrDiverged, norm, step+1)
+	}
+	if norm > most {
+		be.Scale(float32(most/(norm+1e-6)), p.acc)
+	}
+	return nil
 }
 
 // check reports a message that is not the one asked for or whose sizes

@@ -34,9 +34,12 @@ func pipeData(t testing.TB) data.Dataset {
 	return ds
 }
 
-func pipeWorker(t testing.TB, ds data.Dataset, opt string) *train.Worker {
+func pipeWorker(t testing.TB, ds data.Dataset, opt string, clip ...float64) *train.Worker {
 	t.Helper()
 	cfg := train.WorkerConfig{Model: pipeLM.String(), Batch: 8, LR: 0.05, Optimizer: opt, ModelSeed: 3, DataSeed: 4}
+	if len(clip) > 0 {
+		cfg.ClipNorm = clip[0]
+	}
 	w, err := train.NewWorker(cfg, ds, train.WithModel(func(seed uint64) (*nn.Model, error) { return nn.NewCharLM(pipeLM, seed) }))
 	if err != nil {
 		t.Fatal(err)
@@ -46,11 +49,11 @@ func pipeWorker(t testing.TB, ds data.Dataset, opt string) *train.Worker {
 
 // pipeStages builds k workers, each with stage i of its own model, linked
 // by pipe.
-func pipeStages(t testing.TB, ds data.Dataset, k int, pipe *traintest.MemPipe, cfg train.PipeConfig, opt string) []*train.Pipeline {
+func pipeStages(t testing.TB, ds data.Dataset, k int, pipe *traintest.MemPipe, cfg train.PipeConfig, opt string, clip ...float64) []*train.Pipeline {
 	t.Helper()
 	ps := make([]*train.Pipeline, k)
 	for i := range k {
-		w := pipeWorker(t, ds, opt)
+		w := pipeWorker(t, ds, opt, clip...)
 		sts, err := w.Model.Stages(k)
 		if err != nil {
 			t.Fatal(err)
@@ -77,7 +80,8 @@ func stepAll(ctx context.Context, ps []*train.Pipeline) ([]train.PipeStep, []err
 // TestPipelineGradsMatchSingleNode trains the tiny CharLM for three steps
 // on one node and as a pipeline of K stages over the in-memory link, and
 // checks every step's loss, every stage's gradient and parameters against
-// the single node's to 1e-5, for both schedules.
+// the single node's to 1e-5, for both schedules, with and without
+// clipping by the global gradient norm (0.05 clips every step here).
 // (SGD with momentum: Adam turns rounding-level gradients of opposite
 // signs into full steps of opposite signs, so its parameters differ where
 // the gradients agree to 1e-9.)
@@ -86,38 +90,40 @@ func TestPipelineGradsMatchSingleNode(t *testing.T) {
 	for _, sched := range []string{train.PipeGPipe, train.Pipe1F1B} {
 		for _, k := range []int{2, 3, 4} {
 			for _, m := range []int{1, 4} {
-				t.Run(fmt.Sprintf("%s/k=%d/m=%d", sched, k, m), func(t *testing.T) {
-					ref := pipeWorker(t, ds, "momentum")
-					cfg := train.PipeConfig{Micro: m, Schedule: sched, Timeout: 10 * time.Second}
-					ps := pipeStages(t, ds, k, traintest.NewMemPipe(k), cfg, "momentum")
-					for step := range 3 {
-						wantLoss, _, err := ref.Grad(context.Background())
-						if err != nil {
-							t.Fatal(err)
-						}
-						res, errs := stepAll(context.Background(), ps)
-						for i, err := range errs {
+				for _, clip := range []float64{0, 0.05} {
+					t.Run(fmt.Sprintf("%s/k=%d/m=%d/clip=%v", sched, k, m, clip), func(t *testing.T) {
+						ref := pipeWorker(t, ds, "momentum", clip)
+						cfg := train.PipeConfig{Micro: m, Schedule: sched, Timeout: 10 * time.Second}
+						ps := pipeStages(t, ds, k, traintest.NewMemPipe(k), cfg, "momentum", clip)
+						for step := range 3 {
+							wantLoss, _, err := ref.Grad(context.Background())
 							if err != nil {
-								t.Fatalf("step %d stage %d: %v", step, i, err)
+								t.Fatal(err)
+							}
+							res, errs := stepAll(context.Background(), ps)
+							for i, err := range errs {
+								if err != nil {
+									t.Fatalf("step %d stage %d: %v", step, i, err)
+								}
+							}
+							if got := res[k-1].Loss; math.Abs(got-wantLoss) > 1e-5 {
+								t.Errorf("step %d: pipeline loss %v, single node %v", step, got, wantLoss)
+							}
+							for i, p := range ps {
+								st := p.Stage()
+								compare(t, fmt.Sprintf("step %d stage %d grad", step, i), st.Grads, ref.Model.Grads[st.Offset:st.Offset+len(st.Grads)])
+							}
+							ref.Apply(8)
+							for i, p := range ps {
+								st := p.Stage()
+								compare(t, fmt.Sprintf("step %d stage %d params", step, i), st.Params, ref.Model.Params[st.Offset:st.Offset+len(st.Params)])
+							}
+							if sched == train.Pipe1F1B && res[k-1].Recomputed != 0 {
+								t.Errorf("1F1B's last stage recomputed %d forwards", res[k-1].Recomputed)
 							}
 						}
-						if got := res[k-1].Loss; math.Abs(got-wantLoss) > 1e-5 {
-							t.Errorf("step %d: pipeline loss %v, single node %v", step, got, wantLoss)
-						}
-						for i, p := range ps {
-							st := p.Stage()
-							compare(t, fmt.Sprintf("step %d stage %d grad", step, i), st.Grads, ref.Model.Grads[st.Offset:st.Offset+len(st.Grads)])
-						}
-						ref.Apply(8)
-						for i, p := range ps {
-							st := p.Stage()
-							compare(t, fmt.Sprintf("step %d stage %d params", step, i), st.Params, ref.Model.Params[st.Offset:st.Offset+len(st.Params)])
-						}
-						if sched == train.Pipe1F1B && res[k-1].Recomputed != 0 {
-							t.Errorf("1F1B's last stage recomputed %d forwards", res[k-1].Recomputed)
-						}
-					}
-				})
+					})
+				}
 			}
 		}
 	}

@@ -88,7 +88,7 @@ func (l memLink) Send(ctx context.Context, m *train.PipeMsg) error {
 		return errStageDown
 	}
 	to := l.s + 1
-	if m.Kind == train.PipeGrad {
+	if m.Kind.Backward() {
 		to = l.s - 1
 	}
 	if to < 0 || to >= l.p.stages {
