@@ -158,25 +158,41 @@ func (l *PipeLink) Recv(ctx context.Context, kind train.PipeKind, step uint64, m
 	return m, nil
 }
 
-// pipeHelloTag carries a peer's declared stage (PipeAssign).
+// pipeHelloTag carries a peer's stage and step (PipeAssign).
 const pipeHelloTag = pipeTagPrefix | 0xff<<40
 
-// PipeAssign returns this peer's neighbours in a pipeline of k stages
-// over members (this peer among them). With stage < 0 the stages follow
-// the sorted IDs (PipeStage); otherwise this peer is stage and learns the
-// others' from a hello each member sends every other (so all must name
-// their stage, and each stage must be taken once). ctx bounds the
-// exchange.
-func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []peerid.ID, k, stage int) (int, peerid.ID, peerid.ID, error) {
-	if stage < 0 {
-		return PipeStage(self, members, k)
-	}
+// PipePlace is a peer's place in a pipeline, as PipeAssign found it.
+type PipePlace struct {
+	Stage      int
+	Prev, Next peerid.ID // "" at the ends
+	// Steps holds every stage's step as it declared it (its checkpoint's
+	// when resuming); a pipeline must start with all stages at one step.
+	Steps []uint64
+}
+
+// MinStep returns the least of the stages' steps.
+func (p PipePlace) MinStep() uint64 { return slices.Min(p.Steps) }
+
+// PipeAssign places this peer, at step, in a pipeline of k stages over
+// members (this peer among them): at its rank among the sorted IDs when
+// stage < 0, else at stage. Each member sends every other a hello with
+// its stage and step over a tensor stream, so every peer learns its
+// neighbours and everyone's step, and a stage declared twice or out of
+// range is an error on every peer. ctx bounds the exchange.
+func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []peerid.ID, k, stage int, step uint64) (PipePlace, error) {
 	ms := slices.Compact(peerid.Sorted(slices.Clone(members)))
+	if stage < 0 {
+		s, _, _, err := PipeStage(self, ms, k)
+		if err != nil {
+			return PipePlace{}, err
+		}
+		stage = s
+	}
 	if len(ms) != k || !slices.Contains(ms, self) {
-		return 0, "", "", fmt.Errorf("swarm: a pipeline of %d stages needs %d peers, this one among them; the swarm has %v", k, k, ms)
+		return PipePlace{}, fmt.Errorf("swarm: a pipeline of %d stages needs %d peers, this one among them; the swarm has %d", k, k, len(ms))
 	}
 	if stage >= k {
-		return 0, "", "", fmt.Errorf("swarm: stage %d of a %d-stage pipeline", stage, k)
+		return PipePlace{}, fmt.Errorf("swarm: stage %d of a %d-stage pipeline", stage, k)
 	}
 	others := make([]peer.ID, 0, k-1)
 	for _, m := range ms {
@@ -185,26 +201,30 @@ func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []pee
 		}
 		id, err := peer.Decode(string(m))
 		if err != nil {
-			return 0, "", "", fmt.Errorf("swarm: member %q: %w", m, err)
+			return PipePlace{}, fmt.Errorf("swarm: member %q: %w", m, err)
 		}
 		others = append(others, id)
 	}
 	hello := binary.LittleEndian.AppendUint32(nil, uint32(stage))
+	hello = binary.LittleEndian.AppendUint32(hello, uint32(step))
+	hello = binary.LittleEndian.AppendUint32(hello, uint32(step>>32))
 	errc := make(chan error, len(others))
 	for _, p := range others {
 		go func() {
-			errc <- n.Send(ctx, p, node.Tensor{Tag: pipeHelloTag, Codec: compression.IDFP32, DType: node.Int32, Shape: []int{1}, Payload: hello})
+			errc <- n.Send(ctx, p, node.Tensor{Tag: pipeHelloTag, Codec: compression.IDFP32, DType: node.Int32, Shape: []int{3}, Payload: hello})
 		}()
 	}
 	byStage := map[int]peerid.ID{stage: self}
+	place := PipePlace{Stage: stage, Steps: make([]uint64, k)}
+	place.Steps[stage] = step
 	var err error
 	for _, p := range others {
 		t, rerr := n.Recv(ctx, p, pipeHelloTag, nil)
 		if rerr != nil {
-			err = errors.Join(err, fmt.Errorf("swarm: pipeline: no stage declared by %s: %w", p, rerr))
+			err = errors.Join(err, fmt.Errorf("swarm: pipeline: no hello from %s: %w", p, rerr))
 			continue
 		}
-		if len(t.Payload) != 4 {
+		if len(t.Payload) != 12 {
 			err = errors.Join(err, fmt.Errorf("%w: hello of %d bytes from %s", ErrPipeFrame, len(t.Payload), p))
 			continue
 		}
@@ -214,12 +234,14 @@ func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []pee
 			continue
 		}
 		byStage[s] = peerid.ID(p.String())
+		place.Steps[s] = uint64(binary.LittleEndian.Uint32(t.Payload[4:])) | uint64(binary.LittleEndian.Uint32(t.Payload[8:]))<<32
 	}
 	for range others {
 		err = errors.Join(err, <-errc)
 	}
 	if err != nil {
-		return 0, "", "", err
+		return PipePlace{}, err
 	}
-	return stage, byStage[stage-1], byStage[stage+1], nil
+	place.Prev, place.Next = byStage[stage-1], byStage[stage+1]
+	return place, nil
 }

@@ -141,18 +141,23 @@ func TestPipeAssignDeclared(t *testing.T) {
 	type got struct {
 		stage      int
 		prev, next peerid.ID
+		min        uint64
 		err        error
 	}
 	res := make([]got, 3)
 	var wg sync.WaitGroup
 	for i, p := range ps {
 		wg.Go(func() {
-			s, pr, nx, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, declared[i])
-			res[i] = got{s, pr, nx, err}
+			pl, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, declared[i], uint64(10+i))
+			if err != nil {
+				res[i] = got{err: err}
+				return
+			}
+			res[i] = got{pl.Stage, pl.Prev, pl.Next, pl.MinStep(), nil}
 		})
 	}
 	wg.Wait()
-	want := []got{{2, ids[2], "", nil}, {0, "", ids[2], nil}, {1, ids[1], ids[0], nil}}
+	want := []got{{2, ids[2], "", 10, nil}, {0, "", ids[2], 10, nil}, {1, ids[1], ids[0], 10, nil}}
 	for i := range res {
 		if res[i] != want[i] {
 			t.Errorf("peer %d: %+v, want %+v", i, res[i], want[i])
@@ -163,7 +168,7 @@ func TestPipeAssignDeclared(t *testing.T) {
 	declared = []int{1, 1, 0}
 	for i, p := range ps {
 		wg.Go(func() {
-			_, _, _, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, declared[i])
+			_, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, declared[i], 0)
 			res[i] = got{err: err}
 		})
 	}

@@ -101,6 +101,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	buildSync := syncFlags(fs, jobSteps, evalEvery)
 	buildAsync := asyncFlags(fs, jobSteps, evalEvery)
 	buildPS := psFlags(fs)
+	buildPipeline := pipelineFlags(fs, jobSteps, evalEvery)
 
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
@@ -153,6 +154,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		}
 		o.Sync, o.Async = buildSync(), buildAsync()
 		o.PS = buildPS(o.Async.Async.Policy)
+		o.Pipeline = buildPipeline()
 		if err := applyTuning(fs, &o); err != nil {
 			return o, err
 		}
