@@ -25,18 +25,21 @@ var ErrPipeFrame = errors.New("swarm: bad pipeline message")
 // a pipeline peer runs no all-reduce on the same node).
 const pipeTagPrefix node.Tag = 0x7050 << 48
 
-// pipeHeader is the bytes before a message's values: N, Total and len(Y)
-// as little-endian uint32.
-const pipeHeader = 12
+// pipeHeader is the bytes before a message's values: N, Total, len(Y)
+// and MB as little-endian uint32.
+const pipeHeader = 16
 
+// pipeTag is prefix (16 bits) | kind (4) | mb (12) | step (32); the
+// header's MB and the tensor's step catch the wrap-arounds.
 func pipeTag(kind train.PipeKind, step uint64, mb int) node.Tag {
-	return pipeTagPrefix | node.Tag(kind)<<40 | node.Tag(mb&0xff)<<32 | node.Tag(step&0xffffffff)
+	return pipeTagPrefix | node.Tag(kind&0xf)<<44 | node.Tag(mb&0xfff)<<32 | node.Tag(step&0xffffffff)
 }
 
 // PipeLink is a train.PipeLink over a node's tensor streams: activations
 // go to Next, gradients to Prev (either empty at the pipeline's ends).
-// One message is one tensor of raw little-endian words: a 12-byte header
-// (samples, the step's samples, targets), the values, the targets. Safe
+// One message is one tensor of raw little-endian words: a 16-byte header
+// (samples, the step's samples, targets, micro-batch), the values, the
+// targets. Safe
 // for concurrent use.
 type PipeLink struct {
 	n          *node.Node
@@ -98,11 +101,12 @@ func (l *PipeLink) Send(ctx context.Context, m *train.PipeMsg) error {
 	if to == "" {
 		return fmt.Errorf("swarm: pipeline: no stage to send a %v to", m.Kind)
 	}
-	words := 3 + len(m.Data) + len(m.Y)
+	words := pipeHeader/4 + len(m.Data) + len(m.Y)
 	b := make([]byte, 4*words)
 	binary.LittleEndian.PutUint32(b[0:], uint32(m.N))
 	binary.LittleEndian.PutUint32(b[4:], uint32(m.Total))
 	binary.LittleEndian.PutUint32(b[8:], uint32(len(m.Y)))
+	binary.LittleEndian.PutUint32(b[12:], uint32(m.MB))
 	o := pipeHeader
 	for _, v := range m.Data {
 		binary.LittleEndian.PutUint32(b[o:], math.Float32bits(v))
@@ -138,6 +142,9 @@ func (l *PipeLink) Recv(ctx context.Context, kind train.PipeKind, step uint64, m
 	m := &train.PipeMsg{Kind: kind, Step: step, MB: mb,
 		N: int(binary.LittleEndian.Uint32(b[0:])), Total: int(binary.LittleEndian.Uint32(b[4:]))}
 	ny := int(binary.LittleEndian.Uint32(b[8:]))
+	if got := int(binary.LittleEndian.Uint32(b[12:])); got != mb {
+		return nil, fmt.Errorf("%w: micro-batch %d where %d was asked for", ErrPipeFrame, got, mb)
+	}
 	words := (len(b) - pipeHeader) / 4
 	if ny > words {
 		return nil, fmt.Errorf("%w: %d targets in %d words", ErrPipeFrame, ny, words)
@@ -159,7 +166,7 @@ func (l *PipeLink) Recv(ctx context.Context, kind train.PipeKind, step uint64, m
 }
 
 // pipeHelloTag carries a peer's stage and step (PipeAssign).
-const pipeHelloTag = pipeTagPrefix | 0xff<<40
+const pipeHelloTag = pipeTagPrefix | 0xf<<44
 
 // PipePlace is a peer's place in a pipeline, as PipeAssign found it.
 type PipePlace struct {

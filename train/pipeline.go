@@ -1,12 +1,14 @@
 package train
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"time"
 
+	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/nn"
 )
 
@@ -31,6 +33,9 @@ const (
 	// PipeNormTotal is the whole model's squared gradient norm (one
 	// value), which the first stage sends down the pipeline.
 	PipeNormTotal
+	// PipeEval is an activation of an evaluation batch (Pipeline.Evaluate),
+	// sent to the next stage; MB numbers the batch and Total counts them.
+	PipeEval
 )
 
 // Backward reports whether messages of kind k go to the previous stage.
@@ -44,6 +49,8 @@ func (k PipeKind) String() string {
 		return "gradient"
 	case PipeNorm, PipeNormTotal:
 		return "gradient norm"
+	case PipeEval:
+		return "evaluation activation"
 	}
 	return fmt.Sprintf("PipeKind(%d)", uint8(k))
 }
@@ -91,6 +98,8 @@ type PipeConfig struct {
 	// Timeout bounds every wait on a neighbour: a stage that sent nothing
 	// for this long is taken for dead and the pipeline stops.
 	Timeout time.Duration
+	// EvalBatch is the samples per batch of Evaluate (0: EvalBatch(ds)).
+	EvalBatch int
 }
 
 // DefaultPipeConfig returns 4 micro-batches under 1F1B with 30 s to hear
@@ -110,6 +119,9 @@ func (c PipeConfig) Validate() error {
 	}
 	if c.Timeout <= 0 {
 		return fmt.Errorf("%w: timeout %v, want > 0", ErrPipeline, c.Timeout)
+	}
+	if c.EvalBatch < 0 {
+		return fmt.Errorf("%w: evaluation batch %d, want ≥ 0", ErrPipeline, c.EvalBatch)
 	}
 	return nil
 }
@@ -403,10 +415,93 @@ func (p *Pipeline) check(m *PipeMsg, kind PipeKind, step uint64, mb, size int) e
 		return fmt.Errorf("%w: stage %d: activation of step %d micro-batch %d carries %d targets for %d samples", ErrPipeline, p.st.Index, step, mb, len(m.Y), m.N)
 	}
 	if kind == PipeAct && p.st.Last() {
-		for _, c := range m.Y {
-			if c < 0 || int(c) >= p.w.Model.Classes {
-				return fmt.Errorf("%w: stage %d: target %d outside [0, %d)", ErrPipeline, p.st.Index, c, p.w.Model.Classes)
+		return p.targetsOK(m.Y)
+	}
+	return nil
+}
+
+// maxEvalBatches bounds the batches of one Evaluate (the links number
+// them in 12 bits).
+const maxEvalBatches = 4096
+
+// Evaluate runs the samples of ds (the first stage's; the others pass
+// nil) through the pipeline in evaluation mode, in batches of
+// EvalBatch(ds) (at most 4096 of them), and returns the mean loss over
+// every target and the accuracy, as Evaluate does on one node; only the
+// last stage's figures are meaningful (the others return 0, 0). Every
+// stage must call it at the same step, between two Steps.
+func (p *Pipeline) Evaluate(ctx context.Context, ds data.Dataset) (loss, acc float64, err error) {
+	st := p.st
+	step := uint64(p.w.Steps)
+	var x []float32
+	var y []int32
+	var idx []int
+	n, batch, batches := 0, 0, 0
+	if st.First() {
+		if ds == nil || ds.Len() == 0 {
+			return 0, 0, fmt.Errorf("%w: stage 0 has no evaluation data", ErrPipeline)
+		}
+		n, batch = ds.Len(), cmp.Or(p.cfg.EvalBatch, EvalBatch(ds))
+		batch = max(batch, (n+maxEvalBatches-1)/maxEvalBatches)
+		batches = (n + batch - 1) / batch
+		x, y, idx = make([]float32, batch*st.In.Size()), make([]int32, batch*ds.Targets()), make([]int, batch)
+	}
+	var sum float64
+	correct, targets := 0, 0
+	for b := 0; b == 0 || b < batches; b++ {
+		var k int
+		var in []float32
+		var ys []int32
+		if st.First() {
+			k = min(batch, n-b*batch)
+			for j := range k {
+				idx[j] = b*batch + j
 			}
+			ds.Batch(idx[:k], x[:k*st.In.Size()], y[:k*ds.Targets()])
+			in, ys = x[:k*st.In.Size()], y[:k*ds.Targets()]
+		} else {
+			var m *PipeMsg
+			err := p.wait(ctx, fmt.Sprintf("evaluation batch %d at step %d from stage %d", b, step, st.Index-1), func(ctx context.Context) (err error) {
+				m, err = p.link.Recv(ctx, PipeEval, step, b)
+				return err
+			})
+			if err != nil {
+				return 0, 0, err
+			}
+			if m.Kind != PipeEval || m.Step != step || m.MB != b || m.N < 1 || m.Total < 1 || m.Total > maxEvalBatches ||
+				len(m.Data) != m.N*st.In.Size() || len(m.Y) != m.N*p.w.Model.Targets() {
+				return 0, 0, fmt.Errorf("%w: stage %d: evaluation batch %d at step %d does not fit (%d samples, %d values, %d targets)", ErrPipeline, st.Index, b, step, m.N, len(m.Data), len(m.Y))
+			}
+			k, in, ys, batches = m.N, m.Data, m.Y, m.Total
+		}
+		out := st.Forward(in, k, false, 0)
+		if st.Last() {
+			if err := p.targetsOK(ys); err != nil {
+				return 0, 0, err
+			}
+			l, c, _ := st.Loss(out, ys, 1)
+			sum += l * float64(len(ys))
+			correct, targets = correct+c, targets+len(ys)
+			continue
+		}
+		m := &PipeMsg{Kind: PipeEval, Step: step, MB: b, N: k, Total: batches, Data: out, Y: ys}
+		if err := p.wait(ctx, fmt.Sprintf("sending evaluation batch %d at step %d to stage %d", b, step, st.Index+1), func(ctx context.Context) error {
+			return p.link.Send(ctx, m)
+		}); err != nil {
+			return 0, 0, err
+		}
+	}
+	if targets == 0 {
+		return 0, 0, nil
+	}
+	return sum / float64(targets), float64(correct) / float64(targets), nil
+}
+
+// targetsOK reports a target outside the model's classes.
+func (p *Pipeline) targetsOK(ys []int32) error {
+	for _, c := range ys {
+		if c < 0 || int(c) >= p.w.Model.Classes {
+			return fmt.Errorf("%w: stage %d: target %d outside [0, %d)", ErrPipeline, p.st.Index, c, p.w.Model.Classes)
 		}
 	}
 	return nil

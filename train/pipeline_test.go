@@ -224,3 +224,39 @@ func TestPipelineBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineEvaluate: a pipeline's evaluation of a dataset equals one
+// node's, after a training step, on every stage count, in one batch and
+// in 13 (the last one short).
+func TestPipelineEvaluate(t *testing.T) {
+	ds := pipeData(t)
+	for _, c := range []struct{ k, batch int }{{1, 0}, {2, 0}, {4, 0}, {3, 5}} {
+		k := c.k
+		ref := pipeWorker(t, ds, "momentum")
+		if _, err := ref.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		wantLoss, wantAcc := ref.Evaluate(ds)
+		ps := pipeStages(t, ds, k, traintest.NewMemPipe(k), train.PipeConfig{Micro: 2, Schedule: train.Pipe1F1B, Timeout: 10 * time.Second, EvalBatch: c.batch}, "momentum")
+		if _, errs := stepAll(context.Background(), ps); errors.Join(errs...) != nil {
+			t.Fatal(errors.Join(errs...))
+		}
+		loss, acc := make([]float64, k), make([]float64, k)
+		errs := make([]error, k)
+		var wg sync.WaitGroup
+		for i, p := range ps {
+			var in data.Dataset
+			if i == 0 {
+				in = ds
+			}
+			wg.Go(func() { loss[i], acc[i], errs[i] = p.Evaluate(context.Background(), in) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(loss[k-1]-wantLoss) > 1e-5 || math.Abs(acc[k-1]-wantAcc) > 1e-9 {
+			t.Errorf("k=%d batch %d: pipeline evaluates to %v, %v; one node %v, %v", k, c.batch, loss[k-1], acc[k-1], wantLoss, wantAcc)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
 )
@@ -127,10 +128,20 @@ func runPipeline(ctx context.Context, env *Env) error {
 			}
 		}
 		last = ck
+		var test data.Dataset
+		if st.First() {
+			test = env.Test
+		}
+		vloss, vacc, err := pl.Evaluate(ctx, test)
+		if err != nil {
+			return err
+		}
 		pr := Progress{Round: w.Steps, Rounds: o.Steps, Peers: o.Stages, Note: pipeNote(stage, o, busy, wall, samples)}
-		if lossN > 0 {
-			pr.Loss, pr.Accuracy = lossSum/float64(lossN), float64(correct)/float64(max(targets, 1))
-			pr.Note += ", training loss and accuracy of the steps since the last report"
+		if st.Last() {
+			pr.Loss, pr.Accuracy = vloss, vacc
+			pr.Note += fmt.Sprintf(", training loss %.4f and accuracy %.4f since the last report", lossSum/float64(max(lossN, 1)), float64(correct)/float64(max(targets, 1)))
+		} else {
+			pr.Note += " (the last stage reports the evaluation)"
 		}
 		lossSum, lossN, correct, targets = 0, 0, 0, 0
 		env.Report(pr)
