@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/data"
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/nn"
 )
 
@@ -100,6 +101,16 @@ type PipeConfig struct {
 	Timeout time.Duration
 	// EvalBatch is the samples per batch of Evaluate (0: EvalBatch(ds)).
 	EvalBatch int
+	// Replica numbers this pipeline among several that train the same
+	// model on the same data (pipeline × data parallelism): the first
+	// stage of replica r draws its batches with the worker's data seed
+	// mixed with r, so the replicas see different batches.
+	Replica int
+	// Average, when set, replaces the stage's gradient of a step (summed
+	// over the micro-batches, before clipping) by its mean over the
+	// replicas' same stage; it must return an error unless every replica
+	// took part. Nil for a single pipeline.
+	Average func(ctx context.Context, step uint64, grads []float32) error `json:"-"`
 }
 
 // DefaultPipeConfig returns 4 micro-batches under 1F1B with 30 s to hear
@@ -140,6 +151,8 @@ type PipeStep struct {
 	// Recomputed counts the forwards run again to restore a micro-batch's
 	// activations before its backward.
 	Recomputed int
+	// Averaging is the time Config.Average took (part of Wall, not Busy).
+	Averaging time.Duration
 }
 
 // Pipeline is one stage of a pipeline-parallel model: it owns the stage's
@@ -181,6 +194,12 @@ func NewPipeline(w *Worker, st *nn.Stage, link PipeLink, cfg PipeConfig) (*Pipel
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Replica < 0 {
+		return nil, fmt.Errorf("%w: replica %d", ErrPipeline, cfg.Replica)
+	}
+	if cfg.Replica > 0 {
+		w.it = data.NewIterator(w.shard, w.cfg.Batch, w.cfg.DataSeed^device.Hash64(pipeReplicaSalt, uint64(cfg.Replica)))
+	}
 	w.it.DropLast = true // every step's batch splits into Micro parts
 	return &Pipeline{skip: w.Steps,
 		cfg: cfg, w: w, st: st, link: link, ops: ops, acc: make([]float32, len(st.Params)),
@@ -188,6 +207,9 @@ func NewPipeline(w *Worker, st *nn.Stage, link PipeLink, cfg PipeConfig) (*Pipel
 		dlog: make([][]float32, cfg.Micro),
 	}, nil
 }
+
+// pipeReplicaSalt mixes a replica's number into its data seed.
+const pipeReplicaSalt = 0x7069706572706c63
 
 // Stage returns the model stage the pipeline runs.
 func (p *Pipeline) Stage() *nn.Stage { return p.st }
@@ -327,6 +349,13 @@ func (p *Pipeline) Step(ctx context.Context) (PipeStep, error) {
 	}
 	if st.Last() && (math.IsNaN(res.Loss) || math.IsInf(res.Loss, 0)) {
 		return res, fmt.Errorf("%w: loss is %v at step %d", ErrDiverged, res.Loss, step+1)
+	}
+	if p.cfg.Average != nil {
+		t0 := time.Now()
+		if err := p.cfg.Average(ctx, step, p.acc); err != nil {
+			return res, fmt.Errorf("%w: stage %d/%d: averaging step %d's gradient with the other pipelines: %w", ErrPipeline, st.Index, st.Count, step, err)
+		}
+		res.Averaging = time.Since(t0)
 	}
 	if p.w.cfg.ClipNorm > 0 {
 		if err := p.clip(ctx, step); err != nil {

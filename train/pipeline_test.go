@@ -260,3 +260,103 @@ func TestPipelineEvaluate(t *testing.T) {
 		}
 	}
 }
+
+// memAverage returns an Average for n replicas of one stage: each call
+// waits for the n gradients of its step and takes their mean.
+func memAverage(n int) func(ctx context.Context, step uint64, g []float32) error {
+	type round struct {
+		sum   []float32
+		count int
+		done  chan struct{}
+	}
+	var mu sync.Mutex
+	rounds := map[uint64]*round{}
+	return func(ctx context.Context, step uint64, g []float32) error {
+		mu.Lock()
+		r := rounds[step]
+		if r == nil {
+			r = &round{sum: make([]float32, len(g)), done: make(chan struct{})}
+			rounds[step] = r
+		}
+		for i, v := range g {
+			r.sum[i] += v
+		}
+		r.count++
+		if r.count == n {
+			for i := range r.sum {
+				r.sum[i] /= float32(n)
+			}
+			close(r.done)
+		}
+		mu.Unlock()
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		copy(g, r.sum)
+		return nil
+	}
+}
+
+// TestPipelinesAveraging runs two 2-stage pipelines whose stages average
+// their gradients (pipeline × data parallelism): each stage's gradient
+// equals the mean of two single nodes' that draw the two replicas'
+// batches, and the replicas' parameters stay equal.
+func TestPipelinesAveraging(t *testing.T) {
+	ds := pipeData(t)
+	const k, replicas = 2, 2
+	avg := []func(context.Context, uint64, []float32) error{memAverage(replicas), memAverage(replicas)}
+	var all []*train.Pipeline
+	var refs []*train.Worker
+	for r := range replicas {
+		pipe := traintest.NewMemPipe(k)
+		for i := range k {
+			w := pipeWorker(t, ds, "momentum", 0.05)
+			sts, _ := w.Model.Stages(k)
+			p, err := train.NewPipeline(w, sts[i], pipe.Link(i), train.PipeConfig{Micro: 2, Schedule: train.Pipe1F1B, Timeout: 10 * time.Second, Replica: r, Average: avg[i]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, p)
+		}
+		// A single node that draws replica r's batches: a one-stage
+		// pipeline of one micro-batch.
+		w := pipeWorker(t, ds, "momentum")
+		sts, _ := w.Model.Stages(1)
+		if _, err := train.NewPipeline(w, sts[0], traintest.NewMemPipe(1).Link(0), train.PipeConfig{Micro: 1, Schedule: train.Pipe1F1B, Timeout: time.Second, Replica: r}); err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, w)
+	}
+	ref := pipeWorker(t, ds, "momentum", 0.05)
+	for step := range 2 {
+		want := make([]float32, len(ref.Model.Grads))
+		for _, w := range refs {
+			if _, _, err := w.Grad(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for i, g := range w.Model.Grads {
+				want[i] += g / replicas
+			}
+			w.Apply(8) // keep the references at the pipelines' parameters
+		}
+		copy(ref.Model.Grads, want)
+		nn.ClipGlobalNorm(ref.Model.Backend(), ref.Model.Grads, 0.05)
+		if _, errs := stepAll(context.Background(), all); errors.Join(errs...) != nil {
+			t.Fatal(errors.Join(errs...))
+		}
+		for j, p := range all {
+			st := p.Stage()
+			compare(t, fmt.Sprintf("step %d pipeline %d stage %d grad", step, j/k, st.Index), st.Grads, ref.Model.Grads[st.Offset:st.Offset+len(st.Grads)])
+		}
+		ref.Apply(16)
+		for _, w := range refs {
+			copy(w.Model.Params, ref.Model.Params)
+		}
+		for j, p := range all {
+			st := p.Stage()
+			compare(t, fmt.Sprintf("step %d pipeline %d stage %d params", step, j/k, st.Index), st.Params, ref.Model.Params[st.Offset:st.Offset+len(st.Params)])
+		}
+	}
+}
