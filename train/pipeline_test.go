@@ -332,14 +332,20 @@ func TestPipelinesAveraging(t *testing.T) {
 	ref := pipeWorker(t, ds, "momentum", 0.05)
 	for step := range 2 {
 		want := make([]float32, len(ref.Model.Grads))
+		var losses []float64
 		for _, w := range refs {
-			if _, _, err := w.Grad(context.Background()); err != nil {
+			loss, _, err := w.Grad(context.Background())
+			if err != nil {
 				t.Fatal(err)
 			}
+			losses = append(losses, loss)
 			for i, g := range w.Model.Grads {
 				want[i] += g / replicas
 			}
 			w.Apply(8) // keep the references at the pipelines' parameters
+		}
+		if losses[0] == losses[1] {
+			t.Fatalf("step %d: both replicas drew batches of loss %v: they should differ", step, losses[0])
 		}
 		copy(ref.Model.Grads, want)
 		nn.ClipGlobalNorm(ref.Model.Backend(), ref.Model.Grads, 0.05)
