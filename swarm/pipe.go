@@ -68,30 +68,6 @@ func NewPipeLink(n *node.Node, prev, next peerid.ID) (*PipeLink, error) {
 	return l, nil
 }
 
-// PipeStage returns this peer's stage in a pipeline of k stages over
-// members (this peer among them): its place among their IDs sorted, and
-// its neighbours. It fails unless there are exactly k members and this
-// peer is one.
-func PipeStage(self peerid.ID, members []peerid.ID, k int) (stage int, prev, next peerid.ID, err error) {
-	ms := slices.Clone(members)
-	slices.Sort(ms)
-	ms = slices.Compact(ms)
-	if len(ms) != k {
-		return 0, "", "", fmt.Errorf("swarm: a pipeline of %d stages needs %d peers, the swarm has %d", k, k, len(ms))
-	}
-	stage = slices.Index(ms, self)
-	if stage < 0 {
-		return 0, "", "", fmt.Errorf("swarm: peer %s is not among the pipeline's members", self)
-	}
-	if stage > 0 {
-		prev = ms[stage-1]
-	}
-	if stage < k-1 {
-		next = ms[stage+1]
-	}
-	return stage, prev, next, nil
-}
-
 // Send implements train.PipeLink.
 func (l *PipeLink) Send(ctx context.Context, m *train.PipeMsg) error {
 	to := l.next
@@ -170,38 +146,44 @@ const pipeHelloTag = pipeTagPrefix | 0xf<<44
 
 // PipePlace is a peer's place in a pipeline, as PipeAssign found it.
 type PipePlace struct {
-	Stage      int
-	Prev, Next peerid.ID // "" at the ends
-	// Steps holds every stage's step as it declared it (its checkpoint's
-	// when resuming); a pipeline must start with all stages at one step.
+	// Stage is the peer's stage and Pipeline which of the pipelines it
+	// is in.
+	Stage, Pipeline int
+	Prev, Next      peerid.ID // "" at the ends
+	// Replicas are the peers of this stage in every pipeline, sorted (this
+	// one among them): those whose gradients this one's is averaged with.
+	Replicas []peerid.ID
+	// Steps holds every peer's step as it declared it (its checkpoint's
+	// when resuming); the pipelines must start with all at one step.
 	Steps []uint64
 }
 
-// MinStep returns the least of the stages' steps.
+// MinStep returns the least of the peers' steps.
 func (p PipePlace) MinStep() uint64 { return slices.Min(p.Steps) }
 
-// PipeAssign places this peer, at step, in a pipeline of k stages over
-// members (this peer among them): at its rank among the sorted IDs when
-// stage < 0, else at stage. Each member sends every other a hello with
-// its stage and step over a tensor stream, so every peer learns its
-// neighbours and everyone's step, and a stage declared twice or out of
-// range is an error on every peer. ctx bounds the exchange.
-func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []peerid.ID, k, stage int, step uint64) (PipePlace, error) {
+// PipeAssign places this peer, at step, in one of pipelines pipelines of
+// k stages over members (this peer among them, pipelines·k in all): with
+// stage < 0, the peer of rank r among the sorted IDs is stage r mod k;
+// else it is stage. Each member sends every other a hello with its stage
+// and step over a tensor stream, so every peer learns everyone's stage
+// and step; the peers of one stage are numbered into pipelines by their
+// IDs, and a stage held by more or fewer than pipelines peers is an error
+// on every peer. ctx bounds the exchange.
+func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []peerid.ID, k, pipelines, stage int, step uint64) (PipePlace, error) {
 	ms := slices.Compact(peerid.Sorted(slices.Clone(members)))
-	if stage < 0 {
-		s, _, _, err := PipeStage(self, ms, k)
-		if err != nil {
-			return PipePlace{}, err
-		}
-		stage = s
+	if k < 1 || pipelines < 1 {
+		return PipePlace{}, fmt.Errorf("swarm: %d pipelines of %d stages", pipelines, k)
 	}
-	if len(ms) != k || !slices.Contains(ms, self) {
-		return PipePlace{}, fmt.Errorf("swarm: a pipeline of %d stages needs %d peers, this one among them; the swarm has %d", k, k, len(ms))
+	if len(ms) != k*pipelines || !slices.Contains(ms, self) {
+		return PipePlace{}, fmt.Errorf("swarm: %d pipelines of %d stages need %d peers, this one among them; the swarm has %d", pipelines, k, k*pipelines, len(ms))
+	}
+	if stage < 0 {
+		stage = slices.Index(ms, self) % k
 	}
 	if stage >= k {
 		return PipePlace{}, fmt.Errorf("swarm: stage %d of a %d-stage pipeline", stage, k)
 	}
-	others := make([]peer.ID, 0, k-1)
+	others := make([]peer.ID, 0, len(ms)-1)
 	for _, m := range ms {
 		if m == self {
 			continue
@@ -221,9 +203,9 @@ func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []pee
 			errc <- n.Send(ctx, p, node.Tensor{Tag: pipeHelloTag, Codec: compression.IDFP32, DType: node.Int32, Shape: []int{3}, Payload: hello})
 		}()
 	}
-	byStage := map[int]peerid.ID{stage: self}
-	place := PipePlace{Stage: stage, Steps: make([]uint64, k)}
-	place.Steps[stage] = step
+	byStage := make([][]peerid.ID, k)
+	byStage[stage] = []peerid.ID{self}
+	place := PipePlace{Stage: stage, Steps: []uint64{step}}
 	var err error
 	for _, p := range others {
 		t, rerr := n.Recv(ctx, p, pipeHelloTag, nil)
@@ -236,12 +218,12 @@ func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []pee
 			continue
 		}
 		s := int(binary.LittleEndian.Uint32(t.Payload))
-		if s >= k || byStage[s] != "" {
-			err = errors.Join(err, fmt.Errorf("swarm: pipeline: %s declares stage %d, which is out of range or taken by %s", p, s, byStage[s]))
+		if s >= k || len(byStage[s]) == pipelines {
+			err = errors.Join(err, fmt.Errorf("swarm: pipeline: %s declares stage %d, which is out of range or taken by %v", p, s, byStage[min(s, k-1)]))
 			continue
 		}
-		byStage[s] = peerid.ID(p.String())
-		place.Steps[s] = uint64(binary.LittleEndian.Uint32(t.Payload[4:])) | uint64(binary.LittleEndian.Uint32(t.Payload[8:]))<<32
+		byStage[s] = append(byStage[s], peerid.ID(p.String()))
+		place.Steps = append(place.Steps, uint64(binary.LittleEndian.Uint32(t.Payload[4:]))|uint64(binary.LittleEndian.Uint32(t.Payload[8:]))<<32)
 	}
 	for range others {
 		err = errors.Join(err, <-errc)
@@ -249,6 +231,19 @@ func PipeAssign(ctx context.Context, n *node.Node, self peerid.ID, members []pee
 	if err != nil {
 		return PipePlace{}, err
 	}
-	place.Prev, place.Next = byStage[stage-1], byStage[stage+1]
+	for s := range byStage {
+		if len(byStage[s]) != pipelines {
+			return PipePlace{}, fmt.Errorf("swarm: pipeline: stage %d is held by %d peers, want %d", s, len(byStage[s]), pipelines)
+		}
+		byStage[s] = peerid.Sorted(byStage[s])
+	}
+	place.Replicas = byStage[stage]
+	place.Pipeline = slices.Index(place.Replicas, self)
+	if stage > 0 {
+		place.Prev = byStage[stage-1][place.Pipeline]
+	}
+	if stage < k-1 {
+		place.Next = byStage[stage+1][place.Pipeline]
+	}
 	return place, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,26 +16,6 @@ import (
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
 )
-
-func TestPipeStage(t *testing.T) {
-	ms := []peerid.ID{"c", "a", "b"}
-	for _, tc := range []struct {
-		self       peerid.ID
-		stage      int
-		prev, next peerid.ID
-	}{{"a", 0, "", "b"}, {"b", 1, "a", "c"}, {"c", 2, "b", ""}} {
-		s, p, n, err := PipeStage(tc.self, ms, 3)
-		if err != nil || s != tc.stage || p != tc.prev || n != tc.next {
-			t.Errorf("PipeStage(%s) = %d %q %q %v, want %d %q %q", tc.self, s, p, n, err, tc.stage, tc.prev, tc.next)
-		}
-	}
-	if _, _, _, err := PipeStage("a", ms, 4); err == nil {
-		t.Error("3 members accepted for 4 stages")
-	}
-	if _, _, _, err := PipeStage("z", ms, 3); err == nil {
-		t.Error("a non-member got a stage")
-	}
-}
 
 // TestPipelineOverMocknet trains the tiny CharLM for two steps as a
 // 3-stage 1F1B pipeline over libp2p streams on a mocknet (5 ms links) and
@@ -68,10 +49,15 @@ func TestPipelineOverMocknet(t *testing.T) {
 	pcfg := train.PipeConfig{Micro: 4, Schedule: train.Pipe1F1B, Timeout: 2 * time.Second}
 	pipes := make([]*train.Pipeline, k)
 	byStage := make([]*Peer, k)
+	sorted := peerid.Sorted(slices.Clone(ids))
 	for _, p := range ps {
-		s, prev, next, err := PipeStage(p.ID(), ids, k)
-		if err != nil {
-			t.Fatal(err)
+		s := slices.Index(sorted, p.ID())
+		var prev, next peerid.ID
+		if s > 0 {
+			prev = sorted[s-1]
+		}
+		if s < k-1 {
+			next = sorted[s+1]
 		}
 		link, err := NewPipeLink(p.Node, prev, next)
 		if err != nil {
@@ -148,7 +134,7 @@ func TestPipeAssignDeclared(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, p := range ps {
 		wg.Go(func() {
-			pl, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, declared[i], uint64(10+i))
+			pl, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, 1, declared[i], uint64(10+i))
 			if err != nil {
 				res[i] = got{err: err}
 				return
@@ -168,7 +154,7 @@ func TestPipeAssignDeclared(t *testing.T) {
 	declared = []int{1, 1, 0}
 	for i, p := range ps {
 		wg.Go(func() {
-			_, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, declared[i], 0)
+			_, err := PipeAssign(ctx, p.Node, p.ID(), ids, 3, 1, declared[i], 0)
 			res[i] = got{err: err}
 		})
 	}
@@ -176,6 +162,48 @@ func TestPipeAssignDeclared(t *testing.T) {
 	for i := range 2 {
 		if res[i].err == nil || !strings.Contains(res[i].err.Error(), "taken") {
 			t.Errorf("peer %d declaring a taken stage: %v", i, res[i].err)
+		}
+	}
+}
+
+// TestPipeAssignReplicas places 4 peers by their sorted IDs in 2
+// pipelines of 2 stages: rank r is stage r mod 2, and each stage's peers
+// are numbered into pipelines by ID.
+func TestPipeAssignReplicas(t *testing.T) {
+	ps, _ := newSwarmNet(t, 4)
+	ids := make([]peerid.ID, 4)
+	for i, p := range ps {
+		ids[i] = p.ID()
+	}
+	sorted := peerid.Sorted(slices.Clone(ids))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	places := make(map[peerid.ID]PipePlace)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Go(func() {
+			pl, err := PipeAssign(ctx, p.Node, p.ID(), ids, 2, 2, -1, 5)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			places[p.ID()] = pl
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for r, id := range sorted {
+		pl := places[id]
+		want := PipePlace{Stage: r % 2, Pipeline: r / 2, Replicas: []peerid.ID{sorted[r%2], sorted[r%2+2]}}
+		if r%2 == 0 {
+			want.Next = sorted[r+1]
+		} else {
+			want.Prev = sorted[r-1]
+		}
+		if pl.Stage != want.Stage || pl.Pipeline != want.Pipeline || pl.Prev != want.Prev || pl.Next != want.Next || !slices.Equal(pl.Replicas, want.Replicas) || pl.MinStep() != 5 {
+			t.Errorf("rank %d: %+v, want %+v", r, pl, want)
 		}
 	}
 }

@@ -103,3 +103,35 @@ func TestRunPipelineBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelinesAverage runs two 2-stage pipelines of a tiny charlm as four
+// peer processes (--pipelines 2): each stage all-reduces its gradient with
+// its replica every step, so both pipelines end with the same model, which
+// their last stages' equal validation losses show.
+func TestPipelinesAverage(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	corpus := tinyCorpus(t)
+	const n, steps = 4, 20
+	sw := swarmFlags(t, dir, n)
+	procs := make([]*proc, n)
+	for i := range procs {
+		args := append([]string{"--mode", "pipeline", "--stages", "2", "--pipelines", "2", "--micro-batches", "2", "--steps", fmt.Sprint(steps),
+			"--eval-every", "10", "--model", tinyCharLM, "--data", corpus, "--batch", "8", "--pipe-timeout", "10s", "--stall-timeout", "10s",
+			"--wait", "60s", "--linger", "0s", "--out", filepath.Join(dir, fmt.Sprint("o", i))}, sw(i)...)
+		procs[i] = start(t, bin, args...)
+	}
+	var losses []float64
+	for i, p := range procs {
+		last := p.final(t, i)
+		if last.Round != steps {
+			t.Errorf("peer %d ended at step %d, want %d", i, last.Round, steps)
+		}
+		if last.Loss > 0 {
+			losses = append(losses, last.Loss)
+		}
+	}
+	if len(losses) != 2 || losses[0] != losses[1] {
+		t.Errorf("the two pipelines' last stages report validation losses %v, want two equal ones", losses)
+	}
+}

@@ -17,8 +17,12 @@ type PipelineOptions struct {
 	// Stages is K, the peers the model's layers are split over.
 	Stages int
 	// Stage is this peer's stage, or −1 to take its rank among the
-	// members' sorted IDs.
+	// members' sorted IDs (mod Stages).
 	Stage int
+	// Pipelines is the number of pipelines that train together, each
+	// stage averaging its gradient with its replicas' by all-reduce every
+	// step (pipeline × data parallelism); Pipelines·Stages peers in all.
+	Pipelines int
 	// Pipe is the schedule, the micro-batches and the wait deadline.
 	Pipe train.PipeConfig
 	// Steps is the optimiser steps of the job.
@@ -31,7 +35,7 @@ type PipelineOptions struct {
 // DefaultPipelineOptions returns 2 stages placed by peer ID, 1F1B over 4
 // micro-batches, 1000 steps, reporting every 100.
 func DefaultPipelineOptions() PipelineOptions {
-	return PipelineOptions{Stages: 2, Stage: -1, Pipe: train.DefaultPipeConfig(), Steps: defaultSteps, EvalEvery: defaultEvalEvery}
+	return PipelineOptions{Stages: 2, Stage: -1, Pipelines: 1, Pipe: train.DefaultPipeConfig(), Steps: defaultSteps, EvalEvery: defaultEvalEvery}
 }
 
 // validate checks the settings of --mode pipeline that need no model
@@ -40,6 +44,8 @@ func (o PipelineOptions) validate() error {
 	switch {
 	case o.Stages < 1:
 		return fmt.Errorf("%w: --stages %d, want ≥ 1", ErrUsage, o.Stages)
+	case o.Pipelines < 1:
+		return fmt.Errorf("%w: --pipelines %d, want ≥ 1", ErrUsage, o.Pipelines)
 	case o.Stage >= o.Stages:
 		return fmt.Errorf("%w: --stage %d of --stages %d (stages count from 0)", ErrUsage, o.Stage, o.Stages)
 	case o.Steps < 1 || o.EvalEvery < 1:
@@ -60,11 +66,11 @@ func runPipeline(ctx context.Context, env *Env) error {
 	o := env.Opts.Pipeline
 	p, w := env.Peer, env.Worker
 	wctx, cancel := context.WithTimeout(ctx, env.Opts.Wait)
-	if err := p.WaitPeers(wctx, o.Stages); err != nil {
+	if err := p.WaitPeers(wctx, o.Stages*o.Pipelines); err != nil {
 		cancel()
-		return fmt.Errorf("pipeline: waiting for %d stages' peers (have %d): %w", o.Stages, len(p.Members()), err)
+		return fmt.Errorf("pipeline: waiting for %d peers (%d pipelines of %d stages; have %d): %w", o.Stages*o.Pipelines, o.Pipelines, o.Stages, len(p.Members()), err)
 	}
-	place, err := swarm.PipeAssign(wctx, p.Node, p.ID(), p.Members(), o.Stages, o.Stage, uint64(w.Steps))
+	place, err := swarm.PipeAssign(wctx, p.Node, p.ID(), p.Members(), o.Stages, o.Pipelines, o.Stage, uint64(w.Steps))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("pipeline: %w", err)
@@ -85,12 +91,30 @@ func runPipeline(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	pl, err := train.NewPipeline(w, sts[stage], link, o.Pipe)
+	pc := o.Pipe
+	if o.Pipelines > 1 {
+		// Every replica of the stage takes part or the step fails: a
+		// stage averaged over fewer would leave the replicas apart.
+		net, buf := p.Net(w.Config().Batch), make([]float32, len(sts[stage].Params))
+		pc.Replica = place.Pipeline
+		pc.Average = func(ctx context.Context, step uint64, g []float32) error {
+			got, err := net.AllReduce(ctx, step, place.Replicas, buf, g, 1)
+			if err != nil {
+				return err
+			}
+			if len(got) != len(place.Replicas) {
+				return fmt.Errorf("%d of the %d replicas of stage %d took part", len(got), len(place.Replicas), stage)
+			}
+			copy(g, buf)
+			return nil
+		}
+	}
+	pl, err := train.NewPipeline(w, sts[stage], link, pc)
 	if err != nil {
 		return err
 	}
 	st := sts[stage]
-	env.Log.Info("pipeline stage", "stage", stage, "stages", o.Stages, "units", fmt.Sprintf("[%d, %d)", st.Lo, st.Hi),
+	env.Log.Info("pipeline stage", "stage", stage, "stages", o.Stages, "pipeline", place.Pipeline, "pipelines", o.Pipelines, "units", fmt.Sprintf("[%d, %d)", st.Lo, st.Hi),
 		"params", len(st.Params), "prev", prev, "next", next, "from step", w.Steps)
 	var busy, wall time.Duration
 	var samples, recomputed, measured int
