@@ -37,10 +37,14 @@ const (
 	// PipeEval is an activation of an evaluation batch (Pipeline.Evaluate),
 	// sent to the next stage; MB numbers the batch and Total counts them.
 	PipeEval
+	// PipeEvalDone goes from the last stage back to the first when an
+	// evaluation is over, so that no stage leaves (or goes on) while its
+	// sends may still be on the way.
+	PipeEvalDone
 )
 
 // Backward reports whether messages of kind k go to the previous stage.
-func (k PipeKind) Backward() bool { return k == PipeGrad || k == PipeNorm }
+func (k PipeKind) Backward() bool { return k == PipeGrad || k == PipeNorm || k == PipeEvalDone }
 
 func (k PipeKind) String() string {
 	switch k {
@@ -52,6 +56,8 @@ func (k PipeKind) String() string {
 		return "gradient norm"
 	case PipeEval:
 		return "evaluation activation"
+	case PipeEvalDone:
+		return "end of the evaluation"
 	}
 	return fmt.Sprintf("PipeKind(%d)", uint8(k))
 }
@@ -458,7 +464,9 @@ const maxEvalBatches = 4096
 // EvalBatch(ds) (at most 4096 of them), and returns the mean loss over
 // every target and the accuracy, as Evaluate does on one node; only the
 // last stage's figures are meaningful (the others return 0, 0). Every
-// stage must call it at the same step, between two Steps.
+// stage must call it at the same step, between two Steps. It returns on
+// a stage once every later stage has received all it was sent, so a
+// stage may stop after its last Evaluate.
 func (p *Pipeline) Evaluate(ctx context.Context, ds data.Dataset) (loss, acc float64, err error) {
 	st := p.st
 	step := uint64(p.w.Steps)
@@ -515,6 +523,26 @@ func (p *Pipeline) Evaluate(ctx context.Context, ds data.Dataset) (loss, acc flo
 		}
 		m := &PipeMsg{Kind: PipeEval, Step: step, MB: b, N: k, Total: batches, Data: out, Y: ys}
 		if err := p.wait(ctx, fmt.Sprintf("sending evaluation batch %d at step %d to stage %d", b, step, st.Index+1), func(ctx context.Context) error {
+			return p.link.Send(ctx, m)
+		}); err != nil {
+			return 0, 0, err
+		}
+	}
+	if !st.Last() {
+		err := p.wait(ctx, fmt.Sprintf("the end of the evaluation at step %d from stage %d", step, st.Index+1), func(ctx context.Context) error {
+			m, err := p.link.Recv(ctx, PipeEvalDone, step, 0)
+			if err == nil && (m == nil || m.Kind != PipeEvalDone || m.Step != step) {
+				err = fmt.Errorf("another message")
+			}
+			return err
+		})
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	if !st.First() {
+		m := &PipeMsg{Kind: PipeEvalDone, Step: step}
+		if err := p.wait(ctx, fmt.Sprintf("sending the end of the evaluation at step %d to stage %d", step, st.Index-1), func(ctx context.Context) error {
 			return p.link.Send(ctx, m)
 		}); err != nil {
 			return 0, 0, err
