@@ -163,7 +163,7 @@ func runPipeline(ctx context.Context, env *Env) error {
 		pr := Progress{Round: w.Steps, Rounds: o.Steps, Peers: o.Stages, Note: pipeNote(stage, o, busy, wall, samples)}
 		if st.Last() {
 			pr.Loss, pr.Accuracy = vloss, vacc
-			pr.Note += fmt.Sprintf(", training loss %.4f and accuracy %.4f since the last report", lossSum/float64(max(lossN, 1)), float64(correct)/float64(max(targets, 1)))
+			pr.Note += fmt.Sprintf(", training loss %.4f nats and accuracy %.4f since the last report", lossSum/float64(max(lossN, 1)), float64(correct)/float64(max(targets, 1)))
 		} else {
 			pr.Note += " (the last stage reports the evaluation)"
 		}
