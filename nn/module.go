@@ -43,7 +43,8 @@ type Sequential struct {
 	noParams
 	children []Child
 	run      []Layer
-	fused    []bool // fused[i]: child i is a ReLU fused into child i−1
+	ins      []Shape // ins[i]: the per-sample input shape of run[i]
+	fused    []bool  // fused[i]: child i is a ReLU fused into child i−1
 }
 
 var _ Container = (*Sequential)(nil)
@@ -90,7 +91,7 @@ func (s *Sequential) Setup(in Shape) (Shape, error) {
 			}
 		}
 	}
-	s.run = s.run[:0]
+	s.run, s.ins = s.run[:0], s.ins[:0]
 	shape := in
 	for i, c := range s.children {
 		if s.fused[i] {
@@ -100,6 +101,7 @@ func (s *Sequential) Setup(in Shape) (Shape, error) {
 		if err != nil {
 			return nil, fmt.Errorf("module %s (%s): %w", c.Name, c.Layer.Kind(), err)
 		}
+		s.ins = append(s.ins, shape)
 		shape = out
 		s.run = append(s.run, c.Layer)
 	}

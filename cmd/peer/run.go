@@ -106,6 +106,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	buildSync := syncFlags(fs, jobSteps, evalEvery)
 	buildAsync := asyncFlags(fs, jobSteps, evalEvery)
 	buildPS := psFlags(fs)
+	buildPipeline := pipelineFlags(fs, jobSteps, evalEvery)
 
 	return func() (peerrun.Options, error) {
 		o := peerrun.Options{Mode: *mode, Swarm: sw, MinPeers: *minPeers, Wait: *wait, DataDir: *dataDir,
@@ -166,6 +167,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		o.PS = buildPS(o.Async.Async.Policy)
 		o.Sync.Sync.DeMo = demo
 		o.Fed.GroupSize, o.Sync.Sync.GroupSize = *groupSize, *groupSize
+		o.Pipeline = buildPipeline()
 		if err := applyTuning(fs, &o); err != nil {
 			return o, err
 		}

@@ -83,6 +83,8 @@ type Options struct {
 	// PS holds the settings of --mode ps (Run fills in the model id,
 	// the steps and the codec; LR 0 takes the worker's).
 	PS train.PSConfig
+	// Pipeline holds the settings of --mode pipeline.
+	Pipeline PipelineOptions
 	// Compress is the codec of what this peer sends: sync's gradient
 	// all-reduce, async's published models, streaming-diloco's outer
 	// gradients. The zero Spec sends float32.
@@ -273,6 +275,11 @@ func (o *Options) Validate() error {
 	if o.streaming() && o.Compress.ErrorFeedback() {
 		return fmt.Errorf("%w: --compress %s: streaming-diloco's fragments differ in length, so its all-reduce keeps no error-feedback residual (drop ,ef)", ErrUsage, o.Compress)
 	}
+	if o.Mode == "pipeline" {
+		if err := o.Pipeline.validate(); err != nil {
+			return err
+		}
+	}
 	if o.Mode == "federated" {
 		if err := o.Fed.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -333,6 +340,11 @@ func Run(ctx context.Context, opts Options, stdout, stderr io.Writer) (*Summary,
 	w, err := train.NewWorker(wcfg, shard, train.WithModel(models))
 	if err != nil {
 		return nil, err
+	}
+	if opts.Mode == "pipeline" { // found out before the network starts
+		if _, err := w.Model.Stages(opts.Pipeline.Stages); err != nil {
+			return nil, fmt.Errorf("%w: --stages: %w", ErrUsage, err)
+		}
 	}
 	// Peers of another architecture or vocabulary are not members of this
 	// peer's swarm and never enter its rounds (swarm.Config).
@@ -542,6 +554,8 @@ func (o *Options) Horizon(shardLen int) int {
 		return o.Sync.Sync.Steps
 	case "async", "gossip", "ps":
 		return o.Async.Steps
+	case "pipeline":
+		return o.Pipeline.Steps
 	}
 	return 0
 }

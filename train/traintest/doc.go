@@ -15,6 +15,8 @@
 //     (RunGossip).
 //   - PSFabric: a train.PSNet fabric for the parameter-server mode (RunPS),
 //     with Kill and Stall to take a server down.
+//   - MemPipe: the links of a train.Pipeline's stages (activations and
+//     gradients between neighbours); Kill takes a stage down.
 //
 // A run of asynchronous peers on one bus:
 //
