@@ -107,15 +107,7 @@ func (t *PSTransport) Call(ctx context.Context, to peerid.ID, r *train.PSRequest
 	if err != nil {
 		return nil, err
 	}
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-ctx.Done():
-			st.Reset()
-		case <-done:
-		}
-	}()
+	defer resetOnDone(ctx, st)()
 	if dl, ok := ctx.Deadline(); ok {
 		st.SetDeadline(dl)
 	}

@@ -277,15 +277,7 @@ func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst
 	if err != nil {
 		return h, err
 	}
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-ctx.Done():
-			st.Reset()
-		case <-done:
-		}
-	}()
+	defer resetOnDone(ctx, st)()
 	if dl, ok := ctx.Deadline(); ok {
 		st.SetDeadline(dl)
 	} else {

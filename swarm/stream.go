@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
+
 	"github.com/starling-ml/starling/gossip"
 	"github.com/starling-ml/starling/gossip/average"
 	"github.com/starling-ml/starling/gossip/wire"
@@ -91,4 +93,19 @@ func (n *StreamNet) Steps(p peerid.ID) (int, bool) {
 func (n *StreamNet) Bind(h average.Handler, dim int) average.Exchanger {
 	n.T.Bind(h, dim)
 	return n.T
+}
+
+// resetOnDone resets st if ctx ends before the returned stop is called,
+// so that a read or write blocked on it returns. Call stop (defer it)
+// when the exchange is over.
+func resetOnDone(ctx context.Context, st network.Stream) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			st.Reset()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
 }
