@@ -8,15 +8,11 @@ import (
 	"strconv"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
-	"github.com/starling-ml/starling/aggregate"
-	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
-	"github.com/starling-ml/starling/train/traintest"
 )
 
 // spreadNet is a train.Net that records every successful all-reduce's
@@ -58,45 +54,10 @@ func groupsRun(t *testing.T, n, groupSize, rounds int, tr, te *data.Set) (before
 	wcfg.Model, wcfg.Optimizer, wcfg.Batch, wcfg.LR = "logreg", "sgd", 10, 0.05
 	mu := &sync.Mutex{}
 	sn := spreadNet{mu: mu, before: map[uint64][][]float32{}, after: map[uint64][][]float32{}, groups: map[uint64]map[string]bool{}}
-	finals := make([][]float32, n)
-	synctest.Test(t, func(t *testing.T) {
-		netw := aggtest.NewNetwork(aggtest.Config{})
-		board := traintest.NewBoard()
-		ids := make([]peerid.ID, n)
-		for i := range ids {
-			ids[i] = peerid.ID(fmt.Sprintf("peer%04d", i))
-		}
-		acfg := aggregate.DefaultConfig()
-		var wg sync.WaitGroup
-		errs := make([]error, n)
-		for i, id := range ids {
-			r, err := aggregate.NewRunner(id, netw.Join(id), acfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wc := wcfg
-			wc.DataSeed = uint64(i + 1)
-			w, err := train.NewWorker(wc, tr.Subset(shards[i]))
-			if err != nil {
-				t.Fatal(err)
-			}
-			net := sn
-			net.Net = &traintest.Net{ID: id, Runner: r, Board: board, Fixed: ids}
-			wg.Go(func() {
-				errs[i] = train.Federated(context.Background(), w, net, cfg, nil, func(ri train.RoundInfo) bool {
-					if int(ri.Round) == rounds {
-						finals[i] = slices.Clone(ri.Global)
-					}
-					return false
-				})
-			})
-		}
-		wg.Wait()
-		for i, err := range errs {
-			if err != nil {
-				t.Fatalf("peer %d: %v", i, err)
-			}
-		}
+	finals := runFedWrapped(t, n, shards, tr, cfg, wcfg, "", nil, func(_ peerid.ID, net train.Net) train.Net {
+		s := sn
+		s.Net = net
+		return s
 	})
 	for r := 1; r <= rounds; r++ {
 		before = append(before, spread(sn.before[uint64(r)]))
