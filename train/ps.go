@@ -422,6 +422,21 @@ type psShard struct {
 	// version: DC-ASGD's w_bak.
 	bak  map[peerid.ID]*psBak
 	grad []float32
+	// replFails counts the replications to the backup that failed in a
+	// row; none is tried before replRetry. Every replica carries the
+	// whole shard, so the first that gets through brings the backup up
+	// to date.
+	replFails int
+	replRetry time.Time
+}
+
+// replBackoff is how long a primary waits, after fails failed
+// replications in a row, before it tries its backup again: 50 ms
+// doubling to 5 s. A backup that is not serving yet (its handler is set
+// after the first pushes arrive) or lost one call is caught up by the
+// next replica; one that is gone costs a failed call every 5 s.
+func replBackoff(fails int) time.Duration {
+	return min(50*time.Millisecond<<min(fails-1, 10), 5*time.Second)
 }
 
 type psSession struct {
@@ -520,7 +535,7 @@ func (s *psServer) handle(ctx context.Context, from peerid.ID, r *PSRequest) *PS
 		b.version, b.params = sh.version, append(b.params[:0], sh.params...)
 	}
 	var repl *PSRequest
-	if a.apply && sh.role == rolePrimary && sh.backup != "" {
+	if a.apply && sh.role == rolePrimary && sh.backup != "" && !time.Now().Before(sh.replRetry) {
 		repl = &PSRequest{Op: PSReplicate, Model: s.cfg.Model, Dim: s.layout.Dim, Layout: s.digest, Shard: sh.idx,
 			Version: sh.version, Payload: rep.Payload}
 		for k, q := range sh.seqs {
@@ -541,12 +556,23 @@ func (s *psServer) handle(ctx context.Context, from peerid.ID, r *PSRequest) *PS
 			sh.role = roleMoved
 			sh.mu.Unlock()
 			return &PSReply{Status: PSMoved, Detail: fmt.Sprintf("shard %d moved to %s", sh.idx, backup)}
+		case err == nil && rr.Status == PSNotReady:
+			// Up, not serving yet: soon.
+			sh.mu.Lock()
+			sh.replRetry = time.Now().Add(replBackoff(1))
+			sh.mu.Unlock()
 		case err != nil || rr.Status != PSOK:
-			// The backup is gone: serve on without one.
+			// The backup is not there (yet, or any more): serve on, and
+			// try it again after a backoff.
 			sh.mu.Lock()
 			if sh.backup == backup {
-				sh.backup = ""
+				sh.replFails++
+				sh.replRetry = time.Now().Add(replBackoff(sh.replFails))
 			}
+			sh.mu.Unlock()
+		default:
+			sh.mu.Lock()
+			sh.replFails, sh.replRetry = 0, time.Time{}
 			sh.mu.Unlock()
 		}
 	}

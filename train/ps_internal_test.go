@@ -1,0 +1,79 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/peerid"
+)
+
+// flakyPSNet delivers calls to handlers in process; the first fail calls
+// to the backup get no answer (a backup whose handler is not set yet, a
+// lost call).
+type flakyPSNet struct {
+	self peerid.ID
+	to   map[peerid.ID]PSHandler
+	fail *int
+}
+
+func (n flakyPSNet) Self() peerid.ID   { return n.self }
+func (n flakyPSNet) Serve(h PSHandler) {}
+func (n flakyPSNet) Call(ctx context.Context, to peerid.ID, r *PSRequest) (*PSReply, error) {
+	if *n.fail > 0 {
+		*n.fail--
+		return nil, errors.New("no answer")
+	}
+	return n.to[to](ctx, n.self, r), nil
+}
+
+// TestPSBackupCaughtUpAfterFailedReplicas: replicas that fail do not
+// cost the shard its backup for good. The primary tries again after a
+// backoff, and the first replica that gets through brings the backup to
+// the primary's version, so a failover finds the acknowledged updates.
+// (Before, one failed replica dropped the backup: a worker that failed
+// over found it at version 0 and was refused, "gradient at version 2948
+// of shard 0, which is at 0".)
+func TestPSBackupCaughtUpAfterFailedReplicas(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const dim = 8
+		cfg := DefaultPSConfig()
+		cfg.Model, cfg.LR, cfg.Servers = "m", 0.1, 1
+		l, err := planLayout([]peerid.ID{"a", "b"}, "m", dim, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		primary, backup := l.Servers[0], l.Backups[0]
+		fail := 2
+		handlers := map[peerid.ID]PSHandler{}
+		srvP := newPSServer(primary, flakyPSNet{primary, handlers, &fail}, cfg, &l, make([]float32, dim))
+		srvB := newPSServer(backup, flakyPSNet{backup, handlers, new(int)}, cfg, &l, make([]float32, dim))
+		handlers[primary], handlers[backup] = srvP.handle, srvB.handle
+		grad := compression.FP32{}.Encode(nil, []float32{1, 1, 1, 1, 1, 1, 1, 1})
+		push := func(seq uint64) *PSReply {
+			r := &PSRequest{Op: PSPush, Model: "m", Dim: dim, Layout: l.digest(), Shard: 0, Session: 1, Seq: seq,
+				Base: seq - 1, Codec: uint8(compression.IDFP32), Elems: dim, Payload: grad}
+			rep := srvP.handle(t.Context(), "w", r)
+			if rep.Status != PSOK {
+				t.Fatalf("push %d: %v %s", seq, rep.Status, rep.Detail)
+			}
+			return rep
+		}
+		push(1) // its replica fails: retried after 50 ms
+		push(2) // within the backoff: no replica tried
+		if fail != 1 {
+			t.Fatalf("%d replicas tried in the backoff", 1-fail)
+		}
+		time.Sleep(60 * time.Millisecond)
+		push(3) // fails again: 100 ms
+		time.Sleep(110 * time.Millisecond)
+		push(4) // gets through, with the whole shard
+		sh := srvB.shards[0]
+		if sh.version != 4 || sh.params[0] != srvP.shards[0].params[0] {
+			t.Fatalf("backup at version %d (param %g), primary at 4 (%g)", sh.version, sh.params[0], srvP.shards[0].params[0])
+		}
+	})
+}
