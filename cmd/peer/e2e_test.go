@@ -263,14 +263,11 @@ func common(rounds int) []string {
 		"--round-timeout", "20s", "--wait", "30s", "--optimizer", "sgd", "--lr", "0.1"}
 }
 
-func TestKillAndResume(t *testing.T) {
-	bin := binary(t)
-	dir := t.TempDir()
-	const n, rounds = 3, 40
-	sw := swarmFlags(t, dir, n)
-	args := func(i int) []string {
-		return append(append(common(rounds), sw(i)...), "--out", filepath.Join(dir, fmt.Sprintf("o%d", i)))
-	}
+// startAndKillThird starts n peers with args, kills the third with
+// SIGKILL once it reported round 3, and returns the processes and the
+// checkpoint it left in dir/c2.
+func startAndKillThird(t *testing.T, bin, dir string, n int, args func(int) []string) ([]*proc, *train.Checkpoint) {
+	t.Helper()
 	procs := make([]*proc, n)
 	for i := range procs {
 		procs[i] = start(t, bin, args(i)...)
@@ -282,6 +279,18 @@ func TestKillAndResume(t *testing.T) {
 	if err != nil {
 		t.Fatalf("checkpoint after kill -9: %v", err)
 	}
+	return procs, ck
+}
+
+func TestKillAndResume(t *testing.T) {
+	bin := binary(t)
+	dir := t.TempDir()
+	const n, rounds = 3, 40
+	sw := swarmFlags(t, dir, n)
+	args := func(i int) []string {
+		return append(append(common(rounds), sw(i)...), "--out", filepath.Join(dir, fmt.Sprintf("o%d", i)))
+	}
+	procs, ck := startAndKillThird(t, bin, dir, n, args)
 	if ck.Version < 3 {
 		t.Fatalf("checkpoint at version %d, want ≥ 3", ck.Version)
 	}
@@ -323,17 +332,7 @@ func TestRejoinNoStall(t *testing.T) {
 		a := append(common(rounds), sw(i)...)
 		return append(a, "--local-epochs", "8")
 	}
-	procs := make([]*proc, n)
-	for i := range procs {
-		procs[i] = start(t, bin, args(i)...)
-	}
-	procs[2].waitRound(t, 3, 60*time.Second)
-	procs[2].cmd.Process.Signal(syscall.SIGKILL)
-	<-procs[2].done
-	ck, err := train.LoadCheckpoint(filepath.Join(dir, "c2"), 1<<24)
-	if err != nil {
-		t.Fatal(err)
-	}
+	procs, ck := startAndKillThird(t, bin, dir, n, args)
 	killedAt := int(ck.Version) + 1 // the round it died in
 	restarted := start(t, bin, append(args(2), "--resume", "--min-peers", "1")...)
 	res := make([]map[int]float64, n)
