@@ -44,15 +44,16 @@ func psConfig() train.PSConfig {
 }
 
 // killAt is a Recorder that calls kill once the peer's step count reaches
-// at.
+// at and ready (if set) holds.
 type killAt struct {
-	at   int
-	once sync.Once
-	kill func()
+	at    int
+	ready func() bool
+	once  sync.Once
+	kill  func()
 }
 
 func (k *killAt) Snapshot(_ string, _ time.Duration, steps int, _ []float32) {
-	if steps >= k.at {
+	if steps >= k.at && (k.ready == nil || k.ready()) {
 		k.once.Do(k.kill)
 	}
 }
@@ -67,7 +68,11 @@ func runPSPeers(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victim, ki
 
 // runPSPeersFault is runPSPeers; with freeze, the victim is not killed but
 // frozen for the others (their calls to it hang until their deadline) while
-// it goes on training and calling them.
+// it goes on training and calling them. The fault waits until every other
+// peer has reached the victim once: a peer whose first calls found it
+// not serving yet would otherwise see a server that never started, which
+// it waits for up to StartGrace, not a failed one (the scheduler decides
+// which, and the test would not be deterministic).
 func runPSPeersFault(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victim, killStep int, freeze bool) ([]*train.PSSummary, []error, []peerid.ID) {
 	t.Helper()
 	k := len(ws)
@@ -81,15 +86,23 @@ func runPSPeersFault(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victi
 		ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
 		defer cancel()
 		var wg sync.WaitGroup
+		reached := func() bool {
+			for _, id := range ids {
+				if id != ids[victim] && f.CallsFrom(id, ids[victim]) == 0 {
+					return false
+				}
+			}
+			return true
+		}
 		for i := range k {
 			net := f.Join(ids[i])
 			pctx, pcancel := context.WithCancel(ctx)
 			var rec train.Recorder
 			switch {
 			case i == victim && freeze:
-				rec = &killAt{at: killStep, kill: func() { f.Stall(ids[i]) }}
+				rec = &killAt{at: killStep, ready: reached, kill: func() { f.Stall(ids[i]) }}
 			case i == victim:
-				rec = &killAt{at: killStep, kill: func() { f.Kill(ids[i]); pcancel() }}
+				rec = &killAt{at: killStep, ready: reached, kill: func() { f.Kill(ids[i]); pcancel() }}
 			}
 			wg.Go(func() {
 				defer pcancel()

@@ -25,11 +25,13 @@ type PSFabric struct {
 	dead     map[peerid.ID]bool
 	stalled  map[peerid.ID]bool
 	calls    map[peerid.ID]int
+	pairs    map[[2]peerid.ID]int
 }
 
 // NewPSFabric returns an empty fabric.
 func NewPSFabric() *PSFabric {
-	return &PSFabric{handlers: map[peerid.ID]train.PSHandler{}, dead: map[peerid.ID]bool{}, stalled: map[peerid.ID]bool{}, calls: map[peerid.ID]int{}}
+	return &PSFabric{handlers: map[peerid.ID]train.PSHandler{}, dead: map[peerid.ID]bool{}, stalled: map[peerid.ID]bool{}, calls: map[peerid.ID]int{},
+		pairs: map[[2]peerid.ID]int{}}
 }
 
 // Join attaches peer id.
@@ -56,6 +58,13 @@ func (f *PSFabric) Calls(id peerid.ID) int {
 	return f.calls[id]
 }
 
+// CallsFrom returns how many calls from one peer reached to's handler.
+func (f *PSFabric) CallsFrom(from, to peerid.ID) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pairs[[2]peerid.ID{from, to}]
+}
+
 type memPSNet struct {
 	f    *PSFabric
 	self peerid.ID
@@ -79,6 +88,7 @@ func (n *memPSNet) Call(ctx context.Context, to peerid.ID, r *train.PSRequest) (
 	h, dead, stalled := f.handlers[to], f.dead[to] || f.dead[n.self], f.stalled[to]
 	if !dead && !stalled && h != nil {
 		f.calls[to]++
+		f.pairs[[2]peerid.ID{n.self, to}]++
 	}
 	f.mu.Unlock()
 	switch {
