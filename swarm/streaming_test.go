@@ -49,6 +49,7 @@ func TestStreamingPeerLeavesMidFragmentOverMocknet(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Rounds, cfg.Fraction = 2, 1 // rounds 1…4 of the all-reduce
+	cfg.FragmentRetry = 2*testConfig().Aggregate.StallTimeout + time.Second
 	const victim = 2
 	vctx, vcancel := context.WithCancel(ctx)
 	defer vcancel()

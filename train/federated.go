@@ -59,6 +59,13 @@ type FedConfig struct {
 	// Overlap is Streaming DiLoCo's τ: the inner steps a fragment's
 	// all-reduce overlaps before its result is merged (< H/F).
 	Overlap int
+	// FragmentRetry is how far apart, counted from the first try's start,
+	// Streaming DiLoCo tries a fragment's failed all-reduce again (twice)
+	// with a fresh member list; 0 never retries. It must exceed how long
+	// a failing all-reduce takes (about twice its stall timeout), so that
+	// every survivor, however fast its own try failed, retries at the same
+	// time.
+	FragmentRetry time.Duration
 	// Seed drives client sampling; all peers must share it.
 	Seed uint64
 	// RoundTimeout bounds one round: fetching state, local training and the
@@ -87,7 +94,7 @@ type FedState struct {
 // al. 2017's MNIST experiments.
 func DefaultFedConfig() FedConfig {
 	return FedConfig{Strategy: "fedavg", Rounds: 100, Fraction: 0.1, GroupSize: 16, LocalEpochs: 1, ServerLR: 1, Seed: 1,
-		RoundTimeout: 2 * time.Minute, ResetClientOpt: true, CatchUp: 2 * time.Second}
+		RoundTimeout: 2 * time.Minute, ResetClientOpt: true, CatchUp: 2 * time.Second, FragmentRetry: 21 * time.Second}
 }
 
 // ParseStrategy sets Strategy and its parameters from a flag value such as
@@ -157,6 +164,8 @@ func (c FedConfig) Validate() error {
 		return fmt.Errorf("%w: FedProx μ must not be negative", ErrStrategy)
 	case c.RoundTimeout <= 0:
 		return fmt.Errorf("%w: round timeout must be positive", ErrStrategy)
+	case c.FragmentRetry < 0:
+		return fmt.Errorf("%w: fragment retry must not be negative", ErrStrategy)
 	}
 	if c.Strategy == "streaming-diloco" {
 		switch {

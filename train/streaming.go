@@ -2,9 +2,12 @@ package train
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/trace"
@@ -97,6 +100,23 @@ func fragmentOf(round uint64, f int) (outer, frag int) {
 	return int((round - 1) / uint64(f)), int((round - 1) % uint64(f))
 }
 
+// A fragment's all-reduce that fails because its members did not agree
+// on the group, or too few were left, is tried again fragmentRetries
+// times, at cfg.FragmentRetry intervals from the first try's start, each
+// with the member list of then. After a peer leaves, each survivor
+// forgets it on its own clock (gossip keeps a disconnected peer for
+// 0.5 s), so for a moment their lists differ and the round fails on all
+// of them, some at once (excluded as the odd one out) and some after
+// waiting out the stall timeouts; retrying on a schedule counted from
+// the round's start, not from each one's failure, makes them meet again.
+const fragmentRetries = 2
+
+// retryFragment reports whether a fragment's all-reduce that ended with
+// err may succeed with a fresh member list.
+func retryFragment(err error) bool {
+	return errors.Is(err, aggregate.ErrTooFewPeers) || errors.Is(err, aggregate.ErrRoundFailed) || errors.Is(err, aggregate.ErrExcluded)
+}
+
 // fragSync is one fragment's synchronisation in flight.
 type fragSync struct {
 	outer, frag int
@@ -123,7 +143,8 @@ type streamingFragment struct {
 // cfg.LocalSteps inner steps, with cfg.Fragments fragments, mixing
 // cfg.Alpha and overlap cfg.Overlap. Every live member takes part in every
 // synchronisation (cfg.Fraction is not used). A synchronisation that fails
-// (too few peers, a timeout) leaves the fragment as it was and the next
+// (too few peers, a timeout), also when tried again with fresh member
+// lists (fragmentRetries), leaves the fragment as it was and the next
 // outer step synchronises it again. onRound, if not nil, is called after
 // every outer step with the global model in the worker's model (which it
 // may evaluate; training resumes from the local model afterwards);
@@ -237,9 +258,21 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			for _, m := range group {
 				seen[m] = true
 			}
+			seenN := len(seen)
 			run := func() {
 				end := trace.StartArgs(ctx, trace.Net, "allreduce", int64(t), trace.Args{"outer": outer, "fragment": p, "floats": len(fr.send)})
+				begin := time.Now()
 				used, err := net.AllReduce(ctx, round, group, fr.avg, fr.send, weight)
+				for try := 1; try <= fragmentRetries && cfg.FragmentRetry > 0 && retryFragment(err) && ctx.Err() == nil; try++ {
+					if ctxtime.Sleep(ctx, time.Until(begin.Add(time.Duration(try)*cfg.FragmentRetry))) != nil {
+						break
+					}
+					g := net.Members()
+					if 2*len(g) <= seenN {
+						break
+					}
+					used, err = net.AllReduce(ctx, round, g, fr.avg, fr.send, weight)
+				}
 				end()
 				s.done <- fragResult{used, err}
 			}

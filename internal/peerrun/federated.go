@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/starling-ml/starling/train"
 )
@@ -14,6 +15,9 @@ func init() { RegisterMode("federated", runFederated) }
 // runFederated is --mode federated: serverless FedAvg and friends.
 func runFederated(ctx context.Context, env *Env) error {
 	cfg := env.Opts.Fed // checked by Options.Validate
+	if st := env.Opts.Swarm.Aggregate.StallTimeout; st > 0 {
+		cfg.FragmentRetry = 2*st + time.Second // past a failing all-reduce's end
+	}
 	if ck := env.Checkpoint; ck != nil {
 		if ck.Strategy != cfg.Strategy {
 			return fmt.Errorf("%w: checkpoint is from strategy %s, this run uses %s", train.ErrCheckpoint, ck.Strategy, cfg.Strategy)
