@@ -19,8 +19,8 @@ import (
 // FedConfig configures serverless federated learning. Every peer of a
 // federation must use the same settings.
 type FedConfig struct {
-	// Strategy is fedavg, fedprox, fedadam, fedyogi, fedadagrad, diloco or
-	// streaming-diloco (Streaming).
+	// Strategy is fedavg, fedprox, fedadam, fedyogi, fedadagrad, diloco,
+	// streaming-diloco or async-diloco (both Streaming).
 	Strategy string
 	// Rounds is the number of rounds to run.
 	Rounds int
@@ -101,7 +101,7 @@ func DefaultFedConfig() FedConfig {
 // "fedavg", "fedprox:mu=0.01", "fedadam:lr=0.01", "fedyogi", "fedadagrad",
 // "diloco:h=50,lr=0.7,momentum=0.9",
 // "streaming-diloco:h=100,fragments=4,alpha=0.5,overlap=0,lr=0.7,momentum=0.9",
-// filling the papers' defaults.
+// "async-diloco:h=50,lr=0.7,momentum=0.9", filling the papers' defaults.
 func (c *FedConfig) ParseStrategy(s string) error {
 	t, err := spec.One(s)
 	if err != nil {
@@ -138,13 +138,28 @@ func (c *FedConfig) ParseStrategy(s string) error {
 		c.Alpha = float32(r.Float("alpha", 0.5, spec.In(0, 1, true, true)))
 		c.Overlap = r.Int("overlap", 0, 0, math.MaxInt32)
 		c.ResetClientOpt = false
+	case "async-diloco":
+		// DiLoCo whose outer step is applied one outer step late (PCCL's
+		// async DiLoCo): one fragment whose all-reduce overlaps all H
+		// inner steps of the next outer step.
+		c.ServerLR = lr(0.7)
+		c.ServerMomentum = float32(r.Float("momentum", 0.9, spec.In(0, 1, true, false)))
+		c.LocalSteps, c.LocalEpochs = r.Int("h", 50, 1, math.MaxInt32), 0
+		c.Fragments, c.Overlap, c.Alpha = 1, c.LocalSteps, 0
+		c.ResetClientOpt = false
 	default:
-		return fmt.Errorf("%w: %w", ErrStrategy, t.Errorf("unknown strategy %q (want fedavg, fedprox, fedadam, fedyogi, fedadagrad, diloco or streaming-diloco)", t.Name))
+		return fmt.Errorf("%w: %w", ErrStrategy, t.Errorf("unknown strategy %q (want fedavg, fedprox, fedadam, fedyogi, fedadagrad, diloco, streaming-diloco or async-diloco)", t.Name))
 	}
 	if err := r.Done(); err != nil {
 		return fmt.Errorf("%w: %w", ErrStrategy, err)
 	}
 	return nil
+}
+
+// Streams reports whether the strategy runs as Streaming: streaming-diloco
+// or async-diloco.
+func (c FedConfig) Streams() bool {
+	return c.Strategy == "streaming-diloco" || c.Strategy == "async-diloco"
 }
 
 // Validate reports settings that cannot work.
@@ -167,6 +182,9 @@ func (c FedConfig) Validate() error {
 	case c.FragmentRetry < 0:
 		return fmt.Errorf("%w: fragment retry must not be negative", ErrStrategy)
 	}
+	if c.Strategy == "async-diloco" && (c.Fragments != 1 || c.Overlap != c.LocalSteps) {
+		return fmt.Errorf("%w: async-diloco has one fragment and overlaps all h = %d inner steps, got fragments=%d, overlap=%d", ErrStrategy, c.LocalSteps, c.Fragments, c.Overlap)
+	}
 	if c.Strategy == "streaming-diloco" {
 		switch {
 		case c.Fragments < 1 || c.LocalSteps < c.Fragments:
@@ -187,7 +205,7 @@ func (c FedConfig) newServerOpt(n int) (ServerOpt, error) {
 		return &FedAvgServer{LR: c.ServerLR}, nil
 	case "fedadam", "fedyogi", "fedadagrad":
 		return NewFedOptServer(strings.TrimPrefix(c.Strategy, "fed"), c.ServerLR, n)
-	case "diloco", "streaming-diloco":
+	case "diloco", "streaming-diloco", "async-diloco":
 		return NewNesterovServer(c.ServerLR, c.ServerMomentum, n), nil
 	}
 	return nil, fmt.Errorf("%w: unknown strategy %q", ErrStrategy, c.Strategy)
@@ -404,7 +422,7 @@ type RoundInfo struct {
 // statuses, decides with the pure functions of fedplan.go (quorate,
 // planRound, planAlign, judgeRound, finalFrom) and does what they say.
 func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
-	if cfg.Strategy == "streaming-diloco" {
+	if cfg.Streams() {
 		return Streaming(ctx, w, net, cfg, rec, onRound)
 	}
 	if err := cfg.Validate(); err != nil {

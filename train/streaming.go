@@ -30,6 +30,13 @@ import (
 // With overlap τ > 0 the all-reduce runs while τ more inner steps go on,
 // and its result is merged (the last two lines) after them.
 //
+// async-diloco (PCCL's async DiLoCo, one-step-delayed outer updates) is
+// the case F = 1, τ = H: outer step o's all-reduce runs during all of
+// outer step o+1's inner steps, and its merge keeps those steps' progress
+// instead of mixing: θ_local ← θ_global + (θ_local − θ_local at the
+// launch). Every peer's Δ of outer step o+1 is then its own progress in
+// that step, taken from a point one outer update behind.
+//
 // Each all-reduce runs as round fragmentRound(o, p, F) of the runner, a
 // key unique to (outer step, fragment) that grows with both: chunks of
 // another outer step or fragment are another round's and never mixed in
@@ -134,6 +141,7 @@ type streamingFragment struct {
 	spans      [][2]int
 	send, avg  []float32 // the outer gradient and its mean
 	global     []float32 // θ_global of the fragment, packed
+	anchor     []float32 // θ_local at the launch (async-diloco), packed
 	server     *NesterovServer
 	syncs, bad int
 }
@@ -160,11 +168,15 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	global := make([]float32, len(params))
 	copy(global, params)
 	h, f := cfg.LocalSteps, cfg.Fragments
+	delayed := cfg.Strategy == "async-diloco"
 	frags := make([]*streamingFragment, f)
 	for p, spans := range fragmentSpans(w.Model.Views(), f) {
 		k := spansLen(spans)
 		frags[p] = &streamingFragment{spans: spans, send: make([]float32, k), avg: make([]float32, k),
 			global: make([]float32, k), server: NewNesterovServer(cfg.ServerLR, cfg.ServerMomentum, k)}
+		if delayed {
+			frags[p].anchor = make([]float32, k)
+		}
 	}
 	self, start := net.Self(), time.Now()
 	event := func(kind, detail string) {
@@ -200,6 +212,17 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		lastUsed = r.used
 		fr.server.Apply(fr.global, fr.avg)
 		scatter(global, fr.global, fr.spans)
+		if delayed {
+			j := 0
+			for _, sp := range fr.spans {
+				l, g := params[sp[0]:sp[1]], global[sp[0]:sp[1]]
+				for i := range l {
+					l[i] = g[i] + (l[i] - fr.anchor[j])
+					j++
+				}
+			}
+			return nil
+		}
 		a := cfg.Alpha
 		for _, sp := range fr.spans {
 			l, g := params[sp[0]:sp[1]], global[sp[0]:sp[1]]
@@ -249,6 +272,9 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			}
 			fr := frags[p]
 			gather(fr.send, params, fr.spans)
+			if delayed {
+				copy(fr.anchor, fr.send)
+			}
 			gather(fr.global, global, fr.spans)
 			for i, g := range fr.global {
 				fr.send[i] -= g

@@ -91,3 +91,25 @@ func TestParseStreamingDiLoCo(t *testing.T) {
 		}
 	}
 }
+
+func TestParseAsyncDiLoCo(t *testing.T) {
+	var c FedConfig
+	c.Rounds, c.Fraction, c.RoundTimeout = 1, 1, 1
+	if err := c.ParseStrategy("async-diloco:h=20,lr=0.5"); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Streams() || c.LocalSteps != 20 || c.Fragments != 1 || c.Overlap != 20 || c.ServerLR != 0.5 || c.ServerMomentum != 0.9 {
+		t.Fatalf("parsed %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ParseStrategy("async-diloco:fragments=2"); err == nil {
+		t.Fatal("async-diloco took fragments")
+	}
+	c.ParseStrategy("async-diloco:h=20")
+	c.Overlap = 3
+	if err := c.Validate(); err == nil {
+		t.Fatal("async-diloco with overlap 3 passed Validate")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -141,6 +142,7 @@ func TestStreamingDiLoCoLearnsAndAgrees(t *testing.T) {
 	}{
 		{"fp32", "streaming-diloco:h=8,fragments=2,alpha=0", ""},
 		{"fp4-overlap", "streaming-diloco:h=8,fragments=2,overlap=2", "fp4"},
+		{"async-diloco", "async-diloco:h=8", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			acfg := aggregate.DefaultConfig()
@@ -159,6 +161,41 @@ func TestStreamingDiLoCoLearnsAndAgrees(t *testing.T) {
 				t.Fatalf("accuracy %.3f after 4 outer steps", acc)
 			}
 		})
+	}
+}
+
+// async-diloco alone, with an outer step that takes the mean Δ as it is
+// (lr 1, no momentum), is local training: each outer step's update,
+// landing one outer step late, replaces the peer's own progress of that
+// step, and the progress made meanwhile is kept. Mixing the global model
+// in, or restarting from it, would lose H steps at each merge.
+func TestAsyncDiLoCoAloneIsLocalTraining(t *testing.T) {
+	const h, rounds = 4, 3
+	acfg := aggregate.DefaultConfig()
+	acfg.StallTimeout = 2 * time.Second
+	run := runStreaming(t, 1, streamingConfig(t, fmt.Sprintf("async-diloco:h=%d,lr=1,momentum=0", h), rounds), acfg, aggtest.Config{}, nil)
+	got := agreed(t, run, "")
+
+	tr, _ := mnist(t)
+	wc := train.DefaultWorkerConfig()
+	wc.Model, wc.Optimizer, wc.DataSeed = "logreg", "sgd", 1
+	w, err := train.NewWorker(wc, tr.Head(1200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range h * rounds {
+		_, k, err := w.Grad(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Apply(k)
+	}
+	var worst float64
+	for i, x := range w.Model.Params {
+		worst = max(worst, math.Abs(float64(got[i]-x)))
+	}
+	if worst > 1e-5 {
+		t.Fatalf("async-diloco alone is %g away from local training", worst)
 	}
 }
 

@@ -78,7 +78,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	initFile := fs.String("init", "", "start from these weights: a safetensors state dict of the model (from --save, peer train --save or torch)")
 	save := fs.String("save", "", "write the final model to this file as a PyTorch state dict (safetensors)")
 	// Federated.
-	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H], streaming-diloco[:h=H,fragments=F,alpha=α,overlap=τ]; --mode sync: dp (the default) or demo[:chunk=64,k=32,beta=0.999] (DeMo: each peer's momentum, the k largest DCT coefficients of each chunk×chunk tile sent, a sign step)")
+	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H], streaming-diloco[:h=H,fragments=F,alpha=α,overlap=τ], async-diloco[:h=H] (DiLoCo whose outer step lands one outer step late, its all-reduce hidden behind the next H inner steps); --mode sync: dp (the default) or demo[:chunk=64,k=32,beta=0.999] (DeMo: each peer's momentum, the k largest DCT coefficients of each chunk×chunk tile sent, a sign step)")
 	overlap := fs.Int("overlap", 0, "streaming-diloco: inner steps τ that a fragment's all-reduce overlaps before its result is merged (as overlap=τ in --strategy; must be below h/fragments)")
 	rounds := fs.Int("rounds", 20, "federated rounds")
 	fraction := fs.Float64("fraction", 1, "fraction C of live peers sampled per round")
@@ -99,7 +99,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	fs.TextVar(&atk, "attack", attack.Attack{}, "experiments only, with --allow-attack: this peer lies in what it contributes: scale:S (S·update, default -10), signflip, noise:σ, nan, stale:K (the contribution of K rounds ago), flood[:count=N,size=X] (N unserved announcements of X× the vector's size per contribution)")
 	allowAttack := fs.Bool("allow-attack", false, "allow --attack (a lying peer, for experiments on --aggregate and --clip-peers)")
 	var compress compression.Spec
-	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models; ps: codec of pushed gradients; federated streaming-diloco: codec of the outer gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
+	fs.TextVar(&compress, "compress", compression.Spec{}, "sync: codec of the gradient all-reduce; async: codec of published models; ps: codec of pushed gradients; federated streaming-diloco and async-diloco: codec of the outer gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback)")
 	d := peerrun.DefaultSyncOptions()
 	jobSteps := fs.Int("steps", d.Sync.Steps, "sync: optimiser steps of the job (every peer stops there); async, gossip, ps: local steps of this peer (0: until --duration)")
 	evalEvery := fs.Int("eval-every", d.EvalEvery, "sync, async, gossip, ps: evaluate, report and checkpoint every N steps")

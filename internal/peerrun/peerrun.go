@@ -270,7 +270,7 @@ func (o *Options) Validate() error {
 		}
 	}
 	if !o.Compress.IsZero() && o.Mode != "sync" && o.Mode != "async" && o.Mode != "ps" && !o.streaming() {
-		return fmt.Errorf("%w: --compress applies to --mode sync, async, ps and federated with --strategy streaming-diloco, not %s", ErrUsage, o.Mode)
+		return fmt.Errorf("%w: --compress applies to --mode sync, async, ps and federated with --strategy streaming-diloco or async-diloco, not %s", ErrUsage, o.Mode)
 	}
 	if o.streaming() && o.Compress.ErrorFeedback() {
 		return fmt.Errorf("%w: --compress %s: streaming-diloco's fragments differ in length, so its all-reduce keeps no error-feedback residual (drop ,ef)", ErrUsage, o.Compress)
@@ -288,10 +288,11 @@ func (o *Options) Validate() error {
 	return o.Swarm.Validate()
 }
 
-// streaming reports a federated run of Streaming DiLoCo, whose all-reduce
-// carries outer gradients that --compress may quantise.
+// streaming reports a federated run of Streaming DiLoCo (or async
+// DiLoCo), whose all-reduce carries outer gradients that --compress may
+// quantise.
 func (o *Options) streaming() bool {
-	return o.Mode == "federated" && o.Fed.Strategy == "streaming-diloco"
+	return o.Mode == "federated" && o.Fed.Streams()
 }
 
 // Run runs `peer run` with opts until training ends or ctx is cancelled.
