@@ -288,6 +288,18 @@ func newAttacker(t *testing.T, h host.Host, hbName, annName string, policy pubsu
 	return a
 }
 
+// waitPeers waits until both of a's topics list every one of hosts.
+func (a *attacker) waitPeers(t *testing.T, hosts []host.Host) {
+	t.Helper()
+	knows := func(tp *pubsub.Topic) bool {
+		peers := tp.ListPeers()
+		return !slices.ContainsFunc(hosts, func(h host.Host) bool { return !slices.Contains(peers, h.ID()) })
+	}
+	if !waitUntil(20*time.Second, func() bool { return knows(a.hb) && knows(a.ann) }) {
+		t.Fatalf("attacker sees %d and %d of %d honest peers in its topics", len(a.hb.ListPeers()), len(a.ann.ListPeers()), len(hosts))
+	}
+}
+
 // TestBadMessagesDropped has an attacker publish every kind of bad control
 // message to three honest peers: each is dropped and counted under its
 // reason, and only the attacker's one valid heartbeat gets through.
@@ -301,6 +313,12 @@ func TestBadMessagesDropped(t *testing.T) {
 	unsigned := newAttacker(t, hosts[4], hbName, annName, pubsub.StrictNoSign)
 	connect(t, mn)
 	waitTopicPeers(t, cps, 4)
+	// The attackers must know the honest peers' subscriptions too: a
+	// message published before that goes to nobody (rejected messages are
+	// not forwarded, so each honest peer hears only the attacker itself).
+	for _, a := range []*attacker{evil, unsigned} {
+		a.waitPeers(t, honest)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
