@@ -152,5 +152,6 @@
 // naming the peer (or the remote IP, when the handshake never told who)
 // and the reason, at most once per peer and reason every 30 s. The
 // dialling side of a failed handshake gets ErrSwarmKey, one sentence,
-// instead of libp2p's framing errors.
+// instead of libp2p's framing errors; one that a peer's --allow refuses
+// gets ErrNotAllowed, where libp2p would report success.
 package node

@@ -33,6 +33,11 @@ var (
 	// stalled there): what peers with different swarm keys, or one with a
 	// key and one without, see of each other. Retrying does not help.
 	ErrSwarmKey = errors.New("node: the handshake failed before any protocol was agreed: most likely a wrong or missing swarm key (--psk must name the same swarm.key file on every peer, or be left out on all)")
+	// ErrNotAllowed means a connection was refused by an allowlist: the
+	// remote peer closed it right after the security handshake (its
+	// --allow does not name this peer), or this peer's own --allow does
+	// not name the remote one. Retrying does not help.
+	ErrNotAllowed = errors.New("node: the connection was refused by an allowlist (--allow)")
 	// ErrInvalidConfig wraps every Config.Validate failure.
 	ErrInvalidConfig = errors.New("node: invalid config")
 

@@ -17,6 +17,7 @@ import (
 	dht "github.com/libp2p/go-libp2p-kad-dht"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	logging "github.com/libp2p/go-libp2p/gologshim"
@@ -26,6 +27,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
 	lswarm "github.com/libp2p/go-libp2p/p2p/net/swarm"
+	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
 	"github.com/libp2p/go-libp2p/p2p/security/insecure"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
@@ -309,7 +311,9 @@ func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
 	err := n.host.Connect(ctx, p)
 	switch {
 	case err == nil:
-		return nil
+		return n.admitted(ctx, p.ID)
+	case errors.Is(err, lswarm.ErrGaterDisallowedConnection):
+		return fmt.Errorf("%w: %s is not on this peer's --allow list", ErrNotAllowed, p.ID)
 	case securityMismatch(err):
 		return fmt.Errorf("%w: %w", ErrSecurityMismatch, err)
 	case strings.Contains(err.Error(), "failed to negotiate security protocol"):
@@ -318,6 +322,31 @@ func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
 		return fmt.Errorf("%s accepts TCP connections but the libp2p handshake did not complete in time: a wrong or missing swarm key (--psk), or a stopped peer: %w", p.ID, err)
 	}
 	return err
+}
+
+// admitted checks, after a dial that succeeded, that p kept the
+// connection: a peer whose --allow list does not name this one closes it
+// right after the security handshake, which libp2p's dialler takes for
+// success. It waits for identify on p's connections (which the closing
+// peer never answers), at most a second, and reports ErrNotAllowed if no
+// connection is left.
+func (n *Node) admitted(ctx context.Context, p peer.ID) error {
+	ids, ok := n.host.(interface{ IDService() identify.IDService })
+	if ok {
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		for _, c := range n.host.Network().ConnsToPeer(p) {
+			select {
+			case <-ids.IDService().IdentifyWait(c):
+			case <-wctx.Done():
+			}
+		}
+	}
+	// Connectedness skips connections being closed; ConnsToPeer does not.
+	if c := n.host.Network().Connectedness(p); c == network.Connected || c == network.Limited {
+		return nil
+	}
+	return fmt.Errorf("%w: %s closed the connection right after the handshake, before identify: its --allow list most likely does not name this peer (%s)", ErrNotAllowed, p, n.host.ID())
 }
 
 // handshakeError is ErrSwarmKey for one peer, with libp2p's error behind.
