@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
@@ -150,22 +151,26 @@ type streamingFragment struct {
 // "streaming-diloco"; Federated calls it): cfg.Rounds outer steps of
 // cfg.LocalSteps inner steps, with cfg.Fragments fragments, mixing
 // cfg.Alpha and overlap cfg.Overlap. Every live member takes part in every
-// synchronisation (cfg.Fraction is not used). A synchronisation that fails
-// (too few peers, a timeout), also when tried again with fresh member
-// lists (fragmentRetries), leaves the fragment as it was and the next
-// outer step synchronises it again. onRound, if not nil, is called after
-// every outer step with the global model in the worker's model (which it
-// may evaluate; training resumes from the local model afterwards);
-// returning true stops the peer.
+// synchronisation (cfg.Fraction is not used) from the outer step it
+// declared it joins (Status.JoinAt, one-based as federated rounds are):
+// a peer that starts while the others run fetches their state for that
+// outer step (streamJoin), and until then no group takes it in. A
+// synchronisation that fails (too few peers, a timeout), also when tried
+// again with fresh member lists (fragmentRetries), leaves the fragment as
+// it was and the next outer step synchronises it again. After each outer
+// step's last fragment is merged the peer publishes its state, [θ_global |
+// each fragment's outer momentum], which RoundInfo.State carries and
+// cfg.Resume takes back. onRound, if not nil, is called after every outer
+// step with the global model in the worker's model (which it may
+// evaluate; training resumes from the local model afterwards); returning
+// true stops the peer.
 func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.Resume != nil {
-		return fmt.Errorf("%w: streaming-diloco does not resume from a checkpoint yet", ErrStrategy)
-	}
 	params := w.Model.Params
-	global := make([]float32, len(params))
+	n := len(params)
+	global := make([]float32, n)
 	copy(global, params)
 	h, f := cfg.LocalSteps, cfg.Fragments
 	delayed := cfg.Strategy == "async-diloco"
@@ -184,14 +189,54 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			rec.Event(Event{Peer: string(self), At: time.Since(start), Kind: kind, Detail: detail})
 		}
 	}
+	// state is [θ_global | each fragment's outer momentum, in order].
+	state := make([]float32, 2*n)
+	pack := func() {
+		copy(state, global)
+		off := n
+		for _, fr := range frags {
+			off += copy(state[off:], fr.server.State())
+		}
+	}
+	unpack := func() {
+		copy(global, state[:n])
+		copy(params, global)
+		off := n
+		for _, fr := range frags {
+			off += copy(fr.server.State(), state[off:])
+		}
+	}
+	var version uint64
+	if r := cfg.Resume; r != nil {
+		if len(r.State) != len(state) {
+			return fmt.Errorf("%w: a %s checkpoint of %d values, this model's state has %d", ErrCheckpoint, cfg.Strategy, len(r.State), len(state))
+		}
+		copy(state, r.State)
+		unpack()
+		version = r.Version
+	}
 	completed := false
-	outerDone := 0
+	outerDone := int(version)
 	defer func() {
 		if !completed {
 			announceStop(ctx, func(ctx context.Context) { net.SetStatus(ctx, Status{Version: uint64(outerDone), Done: true}) })
 		}
 	}()
-	net.SetStatus(ctx, Status{})
+	pack()
+	joinAt, err := streamJoin(ctx, net, cfg, version, state, event)
+	if err != nil {
+		return err
+	}
+	if joinAt-1 != version {
+		unpack()
+		version = joinAt - 1
+		outerDone = int(version)
+	}
+	if version >= uint64(cfg.Rounds) {
+		copy(params, global) // nothing left to do: the final state
+		completed = true
+		return nil
+	}
 
 	seen := map[peerid.ID]bool{} // every member seen: the reference for a majority
 	var pending *fragSync
@@ -200,6 +245,14 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	// fragment's global parameters, then the mix into the local ones.
 	merge := func(s *fragSync, r fragResult) error {
 		fr := frags[s.frag]
+		if s.frag == f-1 {
+			// The outer step's last fragment: its state, for peers that
+			// join and for checkpoints.
+			defer func() {
+				pack()
+				net.Publish(uint64(s.outer+1), state)
+			}()
+		}
 		if r.err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -251,7 +304,7 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	samples := 0
 	local := make([]float32, len(params))
 	total := cfg.Rounds * h
-	for t := 1; t <= total; t++ {
+	for t := int(version)*h + 1; t <= total; t++ {
 		endCompute := trace.Start(ctx, trace.Train, "compute", int64(t))
 		loss, k, err := w.Grad(ctx)
 		if err != nil {
@@ -280,7 +333,7 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 				fr.send[i] -= g
 			}
 			s := &fragSync{outer: outer, frag: p, due: t + cfg.Overlap, done: make(chan fragResult, 1)}
-			round, group := fragmentRound(outer, p, f), net.Members()
+			round, group := fragmentRound(outer, p, f), admitted(self, joinAt, uint64(outer)+1, net.Members(), net.Statuses())
 			for _, m := range group {
 				seen[m] = true
 			}
@@ -293,7 +346,7 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 					if ctxtime.Sleep(ctx, time.Until(begin.Add(time.Duration(try)*cfg.FragmentRetry))) != nil {
 						break
 					}
-					g := net.Members()
+					g := admitted(self, joinAt, uint64(outer)+1, net.Members(), net.Statuses())
 					if 2*len(g) <= seenN {
 						break
 					}
@@ -329,7 +382,8 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		outerDone = t / h
 		net.SetStatus(ctx, Status{Version: uint64(outerDone)})
 		info := RoundInfo{Round: uint64(outerDone), Participants: lastUsed, Loss: lossSum / float64(max(samples, 1)),
-			Global: global, State: global, Elapsed: time.Since(start)}
+			Global: global, State: state, Elapsed: time.Since(start)}
+		pack()
 		if rec != nil {
 			rec.Snapshot(string(self), info.Elapsed, outerDone, global)
 			rec.Event(Event{Peer: string(self), At: info.Elapsed, Kind: "round", Loss: info.Loss, Weight: float64(len(lastUsed))})
@@ -354,5 +408,64 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 	}
 	completed = true
+	return nil
+}
+
+// streamJoin chooses the outer step (one-based, joinRound) a peer at
+// version starts with, declares it in its status, and returns it. At a
+// fresh start, or with nobody running ahead, that is version+1, from the
+// peer's own state; founding peers then give the others still starting
+// up cfg.CatchUp to declare theirs, so that the first groups hold them
+// all. Otherwise the others run ahead: the peer joins joinLead outer
+// steps past the newest version it sees and fetches their state of the
+// step before into state (waiting for it up to cfg.RoundTimeout); no
+// group takes it in before that step, so the others never wait for it.
+// It returns the step after the state it fetched, which is later than
+// declared if it was slower than they.
+func streamJoin(ctx context.Context, net Net, cfg FedConfig, version uint64, state []float32, event func(kind, detail string)) (uint64, error) {
+	st := net.Statuses()
+	j := joinRound(version, st)
+	if err := declare(ctx, net, Status{Version: version, JoinAt: j}); err != nil {
+		return 0, err
+	}
+	if j == version+1 {
+		deadline := time.Now().Add(cfg.CatchUp)
+		for anyPending(net.Statuses()) && time.Now().Before(deadline) {
+			if err := ctxtime.Sleep(ctx, 20*time.Millisecond); err != nil {
+				return 0, err
+			}
+		}
+		return j, nil
+	}
+	var from []peerid.ID
+	for p, s := range st {
+		if !s.Done && s.JoinAt != JoinPending {
+			from = append(from, p)
+		}
+	}
+	slices.Sort(from)
+	event("join", fmt.Sprintf("outer step %d (others at %d): fetching their state from %v", j, j-joinLead, from))
+	v, err := fetchState(ctx, net, from, j-1, state, cfg.RoundTimeout)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		return 0, fmt.Errorf("%w: streaming: the state of outer step %d from %v within %v: %v", ErrNoState, j-1, from, cfg.RoundTimeout, err)
+	}
+	if v+1 != j {
+		event("join-late", fmt.Sprintf("declared outer step %d, got the state of %d", j, v))
+		if err := declare(ctx, net, Status{Version: v, JoinAt: v + 1}); err != nil {
+			return 0, err
+		}
+	}
+	event("joined", fmt.Sprintf("state of outer step %d", v))
+	return v + 1, nil
+}
+
+// declare sends st (which names a JoinAt, so it goes out at once).
+func declare(ctx context.Context, net Net, st Status) error {
+	if err := net.SetStatus(ctx, st); err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
 	return nil
 }

@@ -23,9 +23,13 @@ import (
 // streamRun is the outcome of runStreaming: each peer's error, its final
 // global model and the participants of each of its outer steps.
 type streamRun struct {
-	errs   map[peerid.ID]error
-	finals map[peerid.ID][]float32
-	parts  map[peerid.ID][][]peerid.ID
+	errs    map[peerid.ID]error
+	finals  map[peerid.ID][]float32
+	parts   map[peerid.ID][][]peerid.ID
+	rounds  map[peerid.ID][]uint64      // the outer steps each reported
+	elapsed map[peerid.ID]time.Duration // at its last outer step (virtual)
+	states  map[peerid.ID][]float32     // RoundInfo.State of its last outer step
+	params  map[peerid.ID][]float32     // the worker's parameters at the end
 }
 
 // runStreaming runs n peers of Streaming DiLoCo on logistic regression
@@ -39,7 +43,9 @@ func runStreaming(t *testing.T, n int, cfg train.FedConfig, acfg aggregate.Confi
 	tr, _ := mnist(t)
 	small := tr.Head(1200)
 	shards, _ := data.IID(small.Len(), n, 2)
-	out := streamRun{errs: map[peerid.ID]error{}, finals: map[peerid.ID][]float32{}, parts: map[peerid.ID][][]peerid.ID{}}
+	out := streamRun{errs: map[peerid.ID]error{}, finals: map[peerid.ID][]float32{}, parts: map[peerid.ID][][]peerid.ID{},
+		rounds: map[peerid.ID][]uint64{}, elapsed: map[peerid.ID]time.Duration{}, states: map[peerid.ID][]float32{},
+		params: map[peerid.ID][]float32{}}
 	synctest.Test(t, func(t *testing.T) {
 		netw := aggtest.NewNetwork(ncfg)
 		board := traintest.NewBoard()
@@ -49,6 +55,8 @@ func runStreaming(t *testing.T, n int, cfg train.FedConfig, acfg aggregate.Confi
 		for i := range ids {
 			ids[i] = peerid.ID(fmt.Sprintf("peer%02d", i))
 			board.Join(ids[i]) // all live before any starts, as after WaitPeers
+			// and pending until its strategy runs (swarm.WithJoinPending)
+			board.SetStatus(ids[i], train.Status{JoinAt: train.JoinPending})
 		}
 		for i, id := range ids {
 			r, err := aggregate.NewRunner(id, netw.Join(id), acfg)
@@ -73,10 +81,14 @@ func runStreaming(t *testing.T, n int, cfg train.FedConfig, acfg aggregate.Confi
 					defer mu.Unlock()
 					out.parts[id] = append(out.parts[id], slices.Clone(ri.Participants))
 					out.finals[id] = slices.Clone(ri.Global)
+					out.rounds[id] = append(out.rounds[id], ri.Round)
+					out.elapsed[id] = ri.Elapsed
+					out.states[id] = slices.Clone(ri.State)
 					return false
 				})
 				mu.Lock()
 				out.errs[id] = err
+				out.params[id] = slices.Clone(w.Model.Params)
 				mu.Unlock()
 			})
 		}
@@ -304,6 +316,112 @@ func TestStreamingPeerLeavesMidFragment(t *testing.T) {
 			t.Fatalf("%s: outer steps %v", id, ps)
 		}
 	}
+}
+
+// startsLate is a peer that starts late: its first look at the statuses
+// (where Streaming starts) waits until every other peer has done after
+// outer steps.
+type startsLate struct {
+	train.Net
+	board   *traintest.Board
+	others  []peerid.ID
+	after   uint64
+	started *bool
+}
+
+func (l startsLate) Statuses() map[peerid.ID]train.Status {
+	for !*l.started {
+		ready := true
+		for _, p := range l.others {
+			st, _ := l.board.Status(p)
+			ready = ready && st.JoinAt != train.JoinPending && st.Version >= l.after
+		}
+		if ready {
+			*l.started = true
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // virtual
+	}
+	return l.Net.Statuses()
+}
+
+// A peer that starts while the others run is not taken into their groups
+// until the outer step it declares, fetches their state for it and from
+// then on takes part in every fragment: all four end with the same model,
+// and the others never wait for it (no stall timeout in their run).
+func TestStreamingPeerJoinsBetweenOuterSteps(t *testing.T) {
+	acfg := aggregate.DefaultConfig()
+	acfg.StallTimeout = 2 * time.Second
+	cfg := streamingConfig(t, "streaming-diloco:h=8,fragments=2,overlap=1", 8)
+	late := peerid.ID("peer03")
+	run := runStreaming(t, 4, cfg, acfg, aggtest.Config{Latency: 5 * time.Millisecond},
+		func(id peerid.ID, net train.Net, netw *aggtest.Network, board *traintest.Board, cancel context.CancelFunc) train.Net {
+			if id == late {
+				return startsLate{Net: net, board: board, others: []peerid.ID{"peer00", "peer01", "peer02"}, after: 2, started: new(bool)}
+			}
+			return net
+		})
+	agreed(t, run, "")
+	rs := run.rounds[late]
+	if len(rs) == 0 || rs[0] < 4 || rs[len(rs)-1] != 8 {
+		t.Fatalf("the late peer reported outer steps %v", rs)
+	}
+	joined := rs[0] // the first outer step it took part in, one-based
+	for id, ps := range run.parts {
+		for k, p := range ps {
+			r := run.rounds[id][k]
+			if want := 3 + btoi(r >= joined); len(p) != want || slices.Contains(p, late) != (r >= joined) {
+				t.Fatalf("%s: outer step %d with %v, want %d peers (the late one joined at %d)", id, r, p, want, joined)
+			}
+		}
+		if el := run.elapsed[id]; el > cfg.CatchUp+acfg.StallTimeout {
+			t.Fatalf("%s took %v (virtual): it waited for someone", id, el)
+		}
+	}
+}
+
+// Peers resume from a checkpointed state ([global | outer momenta]): they
+// go on from its outer step, start from its global model, and agree; a
+// state of the wrong length is refused.
+func TestStreamingResumes(t *testing.T) {
+	acfg := aggregate.DefaultConfig()
+	acfg.StallTimeout = 2 * time.Second
+	first := runStreaming(t, 2, streamingConfig(t, "streaming-diloco:h=8,fragments=2", 2), acfg, aggtest.Config{}, nil)
+	g2 := agreed(t, first, "")
+	st := first.states["peer00"]
+	if len(st) != 2*len(g2) || !slices.Equal(st[:len(g2)], g2) || !slices.Equal(st, first.states["peer01"]) {
+		t.Fatalf("state of %d values, want [global | momenta] of %d, the same on both peers", len(st), 2*len(g2))
+	}
+	// Resumed at its last outer step, a peer ends at once with the
+	// checkpoint's global model.
+	cfg := streamingConfig(t, "streaming-diloco:h=8,fragments=2", 2)
+	cfg.Resume = &train.FedState{Version: 2, State: st}
+	if done := runStreaming(t, 1, cfg, acfg, aggtest.Config{}, nil); done.errs["peer00"] != nil || !slices.Equal(done.params["peer00"], g2) {
+		t.Fatalf("resumed at the end: %v, model equal to the checkpoint's: %v", done.errs["peer00"], slices.Equal(done.params["peer00"], g2))
+	}
+	cfg.Rounds = 4
+	second := runStreaming(t, 2, cfg, acfg, aggtest.Config{}, nil)
+	g4 := agreed(t, second, "")
+	for id, rs := range second.rounds {
+		if !slices.Equal(rs, []uint64{3, 4}) {
+			t.Fatalf("%s resumed with outer steps %v, want [3 4]", id, rs)
+		}
+	}
+	if a2, a4 := testAccuracy(t, g2), testAccuracy(t, g4); a4 < a2-0.02 {
+		t.Fatalf("accuracy %.3f after resuming at %.3f: did not start from the checkpoint", a4, a2)
+	}
+	cfg.Resume = &train.FedState{Version: 2, State: st[:len(st)-1]}
+	bad := runStreaming(t, 1, cfg, acfg, aggtest.Config{}, nil)
+	if err := bad.errs["peer00"]; !errors.Is(err, train.ErrCheckpoint) {
+		t.Fatalf("a short state: %v", err)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // splitView is a survivor whose member list, in the first try of round

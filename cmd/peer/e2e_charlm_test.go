@@ -69,6 +69,7 @@ func TestCharLMModes(t *testing.T) {
 		{"sync", []string{"--mode", "sync", "--steps", "6", "--eval-every", "3"}},
 		{"sync-fp4", []string{"--mode", "sync", "--steps", "6", "--eval-every", "3", "--compress", "fp4"}},
 		{"streaming-fp4", []string{"--strategy", "streaming-diloco:h=4,fragments=2,overlap=1", "--rounds", "2", "--compress", "fp4"}},
+		{"async-diloco", []string{"--strategy", "async-diloco:h=3", "--rounds", "2"}},
 		{"fedasync", append([]string{"--mode", "async", "--publish-every", "5"}, streaming...)},
 		{"fedbuff", append([]string{"--mode", "async", "--async", "fedbuff", "--buffer-k", "2", "--publish-every", "5"}, streaming...)},
 		{"fedbuff-int4", append([]string{"--mode", "async", "--async", "fedbuff", "--buffer-k", "2", "--buffer-rule", "mean", "--publish-every", "5", "--compress", "int4"}, streaming...)},
