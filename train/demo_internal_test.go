@@ -192,6 +192,9 @@ func TestParseSyncStrategy(t *testing.T) {
 		{in: "dp"},
 		{in: "demo", want: DeMoConfig{Chunk: 64, TopK: 32, Beta: 0.999}},
 		{in: "demo:chunk=32,k=4,beta=0.9,sign=0", want: DeMoConfig{Chunk: 32, TopK: 4, Beta: 0.9, NoSign: true}},
+		{in: "demo:bits=7", want: DeMoConfig{Chunk: 64, TopK: 32, Beta: 0.999, Bits: 7}},
+		{in: "demo:bits=23", want: DeMoConfig{Chunk: 64, TopK: 32, Beta: 0.999}},
+		{in: "demo:bits=0", bad: true},
 		{in: "demo:chunk=2,k=5", bad: true},
 		{in: "demo:beta=1", bad: true},
 		{in: "demo:topk=3", bad: true},
@@ -229,5 +232,70 @@ func BenchmarkDeMo(b *testing.B) {
 		d.Prepare(send, g)
 		d.Commit()
 		d.Finish(out, send)
+	}
+}
+
+// roundMantissa with 7 bits is bfloat16's rounding; with fewer it keeps
+// the top bits, to nearest and ties to even.
+func TestRoundMantissa(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 10000 {
+		x := float32(r.NormFloat64() * math.Pow(10, float64(r.IntN(20)-10)))
+		if got, want := roundMantissa(x, 7), device.FromBF16(device.ToBF16(x)); got != want {
+			t.Fatalf("roundMantissa(%g, 7) = %g, bf16 gives %g", x, got, want)
+		}
+	}
+	for _, c := range []struct {
+		x    float32
+		bits int
+		want float32
+	}{
+		{1.0625, 3, 1},    // 1 + 1/16: a tie, to even (1.000)
+		{1.1875, 3, 1.25}, // 1 + 3/16: a tie, to even (1.010)
+		{1.2, 3, 1.25},    // nearest of 1.125, 1.25
+		{-3.9, 2, -4},     // carries into the exponent
+		{0, 5, 0},         // zero stays
+		{float32(math.Inf(-1)), 3, float32(math.Inf(-1))},
+	} {
+		if got := roundMantissa(c.x, c.bits); got != c.want {
+			t.Errorf("roundMantissa(%g, %d) = %g, want %g", c.x, c.bits, got, c.want)
+		}
+	}
+}
+
+// With bits < 23 every sent coefficient has its low mantissa bits zero,
+// and what was rounded off stays in the momentum: momentum + sent is
+// still β·m + g.
+func TestDeMoRoundsWhatItSends(t *testing.T) {
+	cfg := DeMoConfig{Chunk: 4, TopK: 3, Beta: 0.9, Bits: 3}
+	d := newTestDeMo(t, cfg)
+	n := d.Len()
+	send, back := make([]float32, n), make([]float32, n)
+	for step := range 3 {
+		g := randVec(n, uint64(20+step))
+		want := slices.Clone(d.Momentum())
+		for i := range want {
+			want[i] = cfg.Beta*want[i] + g[i]
+		}
+		d.Prepare(send, g)
+		d.Commit()
+		nz := 0
+		for _, v := range send {
+			if v != 0 {
+				nz++
+				if math.Float32bits(v)&(1<<20-1) != 0 {
+					t.Fatalf("sent %g keeps more than 3 mantissa bits", v)
+				}
+			}
+		}
+		if nz == 0 {
+			t.Fatal("nothing sent")
+		}
+		d.inverse(back, send)
+		for i := range want {
+			if got := d.Momentum()[i] + back[i]; math.Abs(float64(got-want[i])) > 1e-4 {
+				t.Fatalf("step %d value %d: momentum + sent = %g, want %g", step, i, got, want[i])
+			}
+		}
 	}
 }
