@@ -84,6 +84,27 @@ func tileOf(x []float32, t demoTile) []float32 {
 	return out
 }
 
+// demoStep runs one step of d on gradient g into send and checks that the
+// momentum keeps what was not sent: m' + IDCT(sent) = β·m + g, which it
+// returns.
+func demoStep(t *testing.T, d *DeMo, send, g []float32) []float32 {
+	t.Helper()
+	want := slices.Clone(d.Momentum())
+	for i := range want {
+		want[i] = d.cfg.Beta*want[i] + g[i]
+	}
+	d.Prepare(send, g)
+	d.Commit()
+	back := make([]float32, len(send))
+	d.inverse(back, send)
+	for i := range want {
+		if got := d.Momentum()[i] + back[i]; math.Abs(float64(got-want[i])) > 1e-4 {
+			t.Fatalf("value %d: momentum + sent = %g, want β·m + g = %g", i, got, want[i])
+		}
+	}
+	return want
+}
+
 // TestDeMoSendsTopKAndKeepsTheRest: each tile sends exactly its k largest
 // coefficients, and the momentum keeps what was not sent:
 // β·m + g = m' + IDCT(sent).
@@ -91,15 +112,9 @@ func TestDeMoSendsTopKAndKeepsTheRest(t *testing.T) {
 	cfg := DeMoConfig{Chunk: 4, TopK: 3, Beta: 0.9}
 	d := newTestDeMo(t, cfg)
 	n := d.Len()
-	send, back := make([]float32, n), make([]float32, n)
+	send := make([]float32, n)
 	for step := range 3 {
-		g := randVec(n, uint64(10+step))
-		want := slices.Clone(d.Momentum())
-		for i := range want {
-			want[i] = cfg.Beta*want[i] + g[i]
-		}
-		d.Prepare(send, g)
-		d.Commit()
+		want := demoStep(t, d, send, randVec(n, uint64(10+step)))
 		coef := make([]float32, n)
 		d.forward(coef, want)
 		for _, tl := range d.tiles {
@@ -119,12 +134,6 @@ func TestDeMoSendsTopKAndKeepsTheRest(t *testing.T) {
 			}
 			if nz != tl.k || maxKept > minSent+1e-5 {
 				t.Fatalf("tile %+v: %d sent (want %d), smallest sent %g, largest kept %g", tl, nz, tl.k, minSent, maxKept)
-			}
-		}
-		d.inverse(back, send)
-		for i := range want {
-			if got := d.Momentum()[i] + back[i]; math.Abs(float64(got-want[i])) > 1e-4 {
-				t.Fatalf("step %d value %d: momentum + sent = %g, want β·m + g = %g", step, i, got, want[i])
 			}
 		}
 	}
@@ -270,15 +279,9 @@ func TestDeMoRoundsWhatItSends(t *testing.T) {
 	cfg := DeMoConfig{Chunk: 4, TopK: 3, Beta: 0.9, Bits: 3}
 	d := newTestDeMo(t, cfg)
 	n := d.Len()
-	send, back := make([]float32, n), make([]float32, n)
+	send := make([]float32, n)
 	for step := range 3 {
-		g := randVec(n, uint64(20+step))
-		want := slices.Clone(d.Momentum())
-		for i := range want {
-			want[i] = cfg.Beta*want[i] + g[i]
-		}
-		d.Prepare(send, g)
-		d.Commit()
+		demoStep(t, d, send, randVec(n, uint64(20+step)))
 		nz := 0
 		for _, v := range send {
 			if v != 0 {
@@ -290,12 +293,6 @@ func TestDeMoRoundsWhatItSends(t *testing.T) {
 		}
 		if nz == 0 {
 			t.Fatal("nothing sent")
-		}
-		d.inverse(back, send)
-		for i := range want {
-			if got := d.Momentum()[i] + back[i]; math.Abs(float64(got-want[i])) > 1e-4 {
-				t.Fatalf("step %d value %d: momentum + sent = %g, want %g", step, i, got, want[i])
-			}
 		}
 	}
 }

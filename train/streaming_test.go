@@ -261,11 +261,13 @@ func TestStreamingRefusesFragmentsOfAnotherOuterStep(t *testing.T) {
 }
 
 // leaveNet is a peer that dies in the middle of a fragment's all-reduce:
-// once it has sent its chunks of round at, its node leaves the network.
+// once it has sent its chunks of round at, its node leaves the network
+// (with before, as it enters the round, having sent nothing).
 type leaveNet struct {
 	train.Net
 	id     peerid.ID
 	at     uint64
+	before bool
 	netw   *aggtest.Network
 	board  *traintest.Board
 	cancel context.CancelFunc
@@ -274,6 +276,12 @@ type leaveNet struct {
 func (l leaveNet) AllReduce(ctx context.Context, round uint64, group []peerid.ID, dst, src []float32, weight float64) ([]peerid.ID, error) {
 	if round != l.at {
 		return l.Net.AllReduce(ctx, round, group, dst, src, weight)
+	}
+	if l.before {
+		l.netw.Kill(l.id)
+		l.board.Leave(l.id)
+		l.cancel()
+		return nil, fmt.Errorf("cut off at round %d", round)
 	}
 	go func() {
 		time.Sleep(15 * time.Millisecond) // virtual
@@ -448,27 +456,6 @@ func (v splitView) AllReduce(ctx context.Context, round uint64, group []peerid.I
 	return v.Net.AllReduce(ctx, round, group, dst, src, weight)
 }
 
-// cutNet is a peer that vanishes as it enters round at, before it sends
-// anything.
-type cutNet struct {
-	train.Net
-	id     peerid.ID
-	at     uint64
-	netw   *aggtest.Network
-	board  *traintest.Board
-	cancel context.CancelFunc
-}
-
-func (c cutNet) AllReduce(ctx context.Context, round uint64, group []peerid.ID, dst, src []float32, weight float64) ([]peerid.ID, error) {
-	if round == c.at {
-		c.netw.Kill(c.id)
-		c.board.Leave(c.id)
-		c.cancel()
-		return nil, fmt.Errorf("cut off at round %d", round)
-	}
-	return c.Net.AllReduce(ctx, round, group, dst, src, weight)
-}
-
 // A peer vanishes as the last fragment's all-reduce begins, and the
 // survivors' member lists for it differ (one has forgotten the peer, two
 // still list it), as they do over gossip for half a second: the round
@@ -481,7 +468,7 @@ func TestStreamingMembersDifferAfterLeave(t *testing.T) {
 	run := runStreaming(t, 4, streamingConfig(t, "streaming-diloco:h=4,fragments=2", 2), acfg, aggtest.Config{Latency: 10 * time.Millisecond},
 		func(id peerid.ID, net train.Net, netw *aggtest.Network, board *traintest.Board, cancel context.CancelFunc) train.Net {
 			if id == gone {
-				return cutNet{Net: net, id: id, at: last, netw: netw, board: board, cancel: cancel}
+				return leaveNet{Net: net, id: id, at: last, before: true, netw: netw, board: board, cancel: cancel}
 			}
 			return splitView{Net: net, at: last, gone: gone, remember: id != "peer00", tried: new(bool)}
 		})
