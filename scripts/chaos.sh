@@ -81,16 +81,17 @@ stamp() { perl -MTime::HiRes=time -ne '$|=1; printf "T %.3f %s", time, $_'; }
 stampnow() { perl -MTime::HiRes=time -e 'printf "%.3f\n", time'; }
 
 # healtime D N: from the stamped progress of peers 0..N-1 in D and the
-# time of the heal (D/heal), the first round from which all N report the
-# same (accuracy, loss) for every round they all report, and how long
-# after the heal the last of them reported it.
+# time of the heal (D/heal), the first round after the heal that all N
+# completed together (peers = N) and from which they all report the same
+# (accuracy, loss) for every round they all report, and how long after
+# the heal the last of them reported it.
 healtime() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
 from collections import defaultdict
 d, n = sys.argv[1], int(sys.argv[2])
 heal = float(open(d + "/heal").read())
-seen, at = defaultdict(dict), defaultdict(dict)
+seen, at, together = defaultdict(dict), defaultdict(dict), defaultdict(dict)
 for k in range(n):
     for line in open("%s/p%d.json" % (d, k)):
         if not line.startswith("T "): continue
@@ -99,14 +100,15 @@ for k in range(n):
         except Exception: continue
         if e.get("round", 0) > 0:
             seen[e["round"]][k] = (e["accuracy"], e["loss"]); at[e["round"]][k] = float(t)
+            together[e["round"]][k] = e.get("peers") == n
 rounds = sorted(r for r in seen if len(seen[r]) == n)
 first = None
 for r in reversed(rounds):
     if len(set(seen[r].values())) != 1: break
-    first = r
+    if all(together[r].values()) and min(at[r].values()) > heal: first = r
 if first is None: print("consensus: never"); sys.exit()
 t = max(at[first].values()) - heal
-print("consensus from round %d, %.1f s after the heal; within=%s" % (first, t, "yes" if t <= 30 else "no"))
+print("consensus (one group of all, one model) from round %d, %.1f s after the heal; within=%s" % (first, t, "yes" if t <= 30 else "no"))
 PY
 }
 
