@@ -25,13 +25,17 @@
 #       writes checkpoints; each time `peer run --resume` must accept what
 #       is on disk. Pass: 10 of 10 resumes.
 #   partition   4 + 4 peers in network namespaces (root and `ip netns`
-#       only; namespaces this script creates, 10.78.0.0/24): cut the
-#       halves apart for CUT seconds (20) once training runs, heal. Pass:
-#       all 8 exit 0 with one final (round, accuracy, loss). Skipped, with a
-#       message, when not root.
+#       only; namespaces this script creates, 10.78.0.0/24): move peers
+#       4..7 from one bridge to a second one for CUT seconds (60) once
+#       training runs (each half still reaches its own peers), then heal.
+#       PROUNDS rounds (1500). Pass: all 8 exit 0 with one final (round,
+#       accuracy, loss), and consensus (all 8 report the same accuracy and
+#       loss for a round, and for every round after it) is back within 30 s
+#       of the heal, by the wall clock (progress lines are time-stamped as
+#       they arrive). Skipped, with a message, when not root.
 set -u
 cd "$(dirname "$0")/.."
-N=${N:-4}; DUR=${DUR:-40}; EVERY=${EVERY:-10}; STALL=${STALL:-2}; CUT=${CUT:-20}
+N=${N:-4}; DUR=${DUR:-40}; EVERY=${EVERY:-10}; STALL=${STALL:-2}; CUT=${CUT:-60}
 ONLY=${ONLY:-"churn-federated churn-sync churn-async churn-gossip intruders badframes ckcrash partition"}
 OUT=${OUT:-$(mktemp -d /tmp/chaos.XXXX)}
 mkdir -p "$OUT"
@@ -58,6 +62,7 @@ stats() {
 import json, sys
 secs = []
 for line in open(sys.argv[1]):
+    if line.startswith("T "): line = line.split(" ", 2)[2]  # time-stamped (partition)
     try: d = json.loads(line)
     except Exception: continue
     if d.get("round", 0) > 0: secs.append(d["seconds"])
@@ -68,6 +73,42 @@ g = sorted(x for x, _, _ in gaps); med = g[len(g)//2]
 lim = max(2*med, float(sys.argv[3]))
 over = [x for x, a, b in gaps if x > lim and not any(a - 1 <= k <= b for k in kills)]
 print("n=%d median=%.3f p95=%.3f max=%.3f over=%d" % (len(g), med, g[int(len(g)*.95)], g[-1], len(over)))
+PY
+}
+
+# stamp: prefix each line of stdin with the wall clock ("T <unix s> line").
+stamp() { perl -MTime::HiRes=time -ne '$|=1; printf "T %.3f %s", time, $_'; }
+stampnow() { perl -MTime::HiRes=time -e 'printf "%.3f\n", time'; }
+
+# healtime D N: from the stamped progress of peers 0..N-1 in D and the
+# time of the heal (D/heal), the first round after the heal that all N
+# completed together (peers = N) and from which they all report the same
+# (accuracy, loss) for every round they all report, and how long after
+# the heal the last of them reported it.
+healtime() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+from collections import defaultdict
+d, n = sys.argv[1], int(sys.argv[2])
+heal = float(open(d + "/heal").read())
+seen, at, together = defaultdict(dict), defaultdict(dict), defaultdict(dict)
+for k in range(n):
+    for line in open("%s/p%d.json" % (d, k)):
+        if not line.startswith("T "): continue
+        _, t, js = line.split(" ", 2)
+        try: e = json.loads(js)
+        except Exception: continue
+        if e.get("round", 0) > 0:
+            seen[e["round"]][k] = (e["accuracy"], e["loss"]); at[e["round"]][k] = float(t)
+            together[e["round"]][k] = e.get("peers") == n
+rounds = sorted(r for r in seen if len(seen[r]) == n)
+first = None
+for r in reversed(rounds):
+    if len(set(seen[r].values())) != 1: break
+    if all(together[r].values()) and min(at[r].values()) > heal: first = r
+if first is None: print("consensus: never"); sys.exit()
+t = max(at[first].values()) - heal
+print("consensus (one group of all, one model) from round %d, %.1f s after the heal; within=%s" % (first, t, "yes" if t <= 30 else "no"))
 PY
 }
 
@@ -183,10 +224,11 @@ partition() {
   if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
     row partition skipped "needs root and ip netns" "-"; return
   fi
-  local d=$OUT/partition; mkdir -p "$d"; declare -gA ID; local k j n=8 br=chaosbr0
-  cleanup_ns() { for ((k=0;k<n;k++)); do ip netns del chaos$k 2>/dev/null; ip link del chv$k 2>/dev/null; done; ip link del $br 2>/dev/null; }
+  local d=$OUT/partition; mkdir -p "$d"; declare -gA ID; local k j n=8 br=chaosbr0 br2=chaosbr1
+  cleanup_ns() { for ((k=0;k<n;k++)); do ip netns del chaos$k 2>/dev/null; ip link del chv$k 2>/dev/null; done; ip link del $br 2>/dev/null; ip link del $br2 2>/dev/null; }
   cleanup_ns
-  ip link add $br type bridge && ip link set $br up || { row partition skipped "cannot create a bridge" "-"; return; }
+  { ip link add $br type bridge && ip link set $br up && ip link add $br2 type bridge && ip link set $br2 up; } ||
+    { row partition skipped "cannot create a bridge" "-"; return; }
   for ((k=0;k<n;k++)); do
     ip netns add chaos$k; ip link add chv$k type veth peer name eth0 netns chaos$k
     ip link set chv$k master $br up
@@ -197,21 +239,25 @@ partition() {
   for ((k=0;k<n;k++)); do
     local con=(); for ((j=0;j<n;j++)); do [ $j != $k ] && con+=(--connect "/ip4/10.78.0.$((j+1))/tcp/4001/p2p/${ID[$j]}"); done
     ip netns exec chaos$k timeout 600 "$B" run --progress-json --mdns=false --swarm chaos-part --key "$d/k$k" --listen /ip4/10.78.0.$((k+1))/tcp/4001 \
-      "${con[@]}" --shard $k/$n --min-peers $n --model logreg --limit 3000 --optimizer sgd --lr 0.1 --rounds ${PROUNDS:-150} \
-      --local-epochs 4 --stall-timeout "${STALL}s" --round-timeout 20s --wait 60s --checkpoint "$d/c$k" >"$d/p$k.json" 2>"$d/p$k.log" &
+      "${con[@]}" --shard $k/$n --min-peers $n --model logreg --limit 3000 --optimizer sgd --lr 0.1 --rounds ${PROUNDS:-1500} \
+      --local-epochs 4 --stall-timeout "${STALL}s" --round-timeout 20s --wait 60s --checkpoint "$d/c$k" 2>"$d/p$k.log" \
+      > >(stamp >"$d/p$k.json") &
     pids+=($!)
   done
   waitround "$d/p0.json"; sleep 2
-  local tcut; tcut=$(date +%s)
-  for ((k=4;k<n;k++)); do ip link set chv$k nomaster; done   # the halves lose each other
+  stampnow >"$d/cut"
+  for ((k=4;k<n;k++)); do ip link set chv$k master $br2; done   # the halves lose each other
   sleep "$CUT"
   for ((k=4;k<n;k++)); do ip link set chv$k master $br; done
+  stampnow >"$d/heal"
   local bad=0; for p in "${pids[@]}"; do wait $p || bad=$((bad+1)); done
   # One final state: every peer's last evaluation (same test set) agrees.
-  local same; same=$(for ((k=0;k<n;k++)); do tail -1 "$d/p$k.json" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["round"], d["accuracy"], d["loss"])'; done | sort -u | wc -l)
+  local same; same=$(for ((k=0;k<n;k++)); do tail -1 "$d/p$k.json" | sed 's/^T [0-9.]* //' | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["round"], d["accuracy"], d["loss"])'; done | sort -u | wc -l)
   cleanup_ns
-  local verdict=pass; [ $bad -eq 0 ] && [ "$same" = 1 ] || verdict=FAIL
-  row partition $verdict "4 + 4 cut ${CUT}s after round 1; $bad bad exits; $same distinct final (round, accuracy, loss)" "peer 0 rounds (s): $(LIMIT=$(python3 -c "print(1.5*$STALL)") stats "$d/p0.json")"
+  local heal; heal=$(healtime "$d" $n)
+  local verdict=pass; [ $bad -eq 0 ] && [ "$same" = 1 ] && [[ $heal == *"within=yes"* ]] || verdict=FAIL
+  row partition $verdict "4 + 4 cut ${CUT}s after round 1; $bad bad exits; $same distinct final (round, accuracy, loss)" \
+    "$heal; peer 0 rounds (s): $(LIMIT=$(python3 -c "print(1.5*$STALL)") stats "$d/p0.json")"
 }
 
 for s in $ONLY; do

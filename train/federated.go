@@ -270,6 +270,14 @@ const (
 	// enough for a heartbeat or two to show where the others are, short
 	// enough to stay well inside an all-reduce's stall timeout.
 	alignWait = 1500 * time.Millisecond
+	// overtakeGrace is how long (with a quarter of the round timeout at
+	// most) peers of a group must have said they finished round r before
+	// a peer still in round r's all-reduce gives it up and takes their
+	// state (watchOvertaken). The members of one all-reduce commit within
+	// moments of each other (the last votes' hop), and a member that
+	// committed may say so before this one returns: far longer than that,
+	// short against the round timeout the all-reduce would wait.
+	overtakeGrace = 1500 * time.Millisecond
 )
 
 // fedPeer is one federated peer's view of the others: the network, and
@@ -355,11 +363,11 @@ func (f *fedPeer) awaitMajority(ctx context.Context, r uint64, ref, members []pe
 }
 
 // alignRound lines up with the other peers of its group of round r
-// (planAlign), looking for up to alignWait: if one has already finished
-// round r, it fetches the newest state into state and returns its version
-// (else it returns version).
-func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r uint64, sampled []peerid.ID) (uint64, error) {
-	deadline := time.Now().Add(min(f.cfg.RoundTimeout/4, alignWait))
+// (planAlign), looking for up to wait: if one has already finished round
+// r, it fetches the newest state into state and returns its version (else
+// it returns version). With wait 0 it looks once.
+func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r uint64, sampled []peerid.ID, wait time.Duration) (uint64, error) {
+	deadline := time.Now().Add(wait)
 	for {
 		plan := planAlign(f.self, r, sampled, liveVersions(f.net.Statuses()))
 		if len(plan.fetch) > 0 {
@@ -379,6 +387,43 @@ func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r ui
 		if err := ctxtime.Sleep(ctx, alignPoll); err != nil {
 			return version, err
 		}
+	}
+}
+
+// watchOvertaken returns a context that ends with ctx or once peers of
+// group, by their statuses, have finished round r (overtaken) for
+// overtakeGrace: an all-reduce of round r that waits for such a peer would
+// wait until the round timeout, since the peer is alive and answers the
+// all-reduce's probes, but never sends round r's data. stop ends the
+// watch and returns those peers (nil if it did not end the round).
+func (f *fedPeer) watchOvertaken(ctx context.Context, r uint64, group []peerid.ID) (_ context.Context, stop func() []peerid.ID) {
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	grace := min(f.cfg.RoundTimeout/4, overtakeGrace)
+	var ahead []peerid.ID
+	go func() {
+		defer close(done)
+		t := time.NewTicker(alignPoll)
+		defer t.Stop()
+		var watch overtakeWatch
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+			p := overtaken(f.self, r, group, liveVersions(f.net.Statuses()))
+			if watch.look(time.Now(), p, grace) {
+				ahead = p
+				cancel()
+				return
+			}
+		}
+	}()
+	return wctx, func() []peerid.ID {
+		cancel()
+		<-done
+		return ahead
 	}
 }
 
@@ -566,18 +611,27 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		if !plan.join {
 			continue
 		}
+		// Line up with the group: after a start or a failed round, give
+		// laggards a moment; at every other round, look once whether a
+		// peer of the group is already past round r. Statuses lag and
+		// never lead, so one that is has finished round r without this
+		// peer: the other half of a healed partition, rounds ahead, whose
+		// all-reduce this peer could not join (see planAlign).
+		wait := time.Duration(0)
 		if align {
-			v, err := f.alignRound(ctx, state, version, r, plan.group)
-			if err != nil {
-				return err
+			wait = min(cfg.RoundTimeout/4, alignWait)
+		}
+		v, err := f.alignRound(ctx, state, version, r, plan.group, wait)
+		if err != nil {
+			return err
+		}
+		align = false
+		if v > version {
+			f.event("caught-up", fmt.Sprintf("round %d: took version %d from peers ahead", r, v))
+			if adopt(v) {
+				return nil
 			}
-			align = false
-			if v > version {
-				if adopt(v) {
-					return nil
-				}
-				continue
-			}
+			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout)
 		before := version
@@ -721,8 +775,22 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 		copy(send[n:], state)
 	}
 	endAR := trace.StartArgs(ctx, trace.Net, "allreduce", int64(r), trace.Args{"floats": len(send), "sampled": len(plan.sampled), "group": len(plan.group)})
-	used, err := net.AllReduce(ctx, r, plan.group, avg, send, float64(w.ShardSize()))
+	arctx, stopWatch := f.watchOvertaken(ctx, r, plan.group)
+	used, err := net.AllReduce(arctx, r, plan.group, avg, send, float64(w.ShardSize()))
+	ahead := stopWatch()
 	endAR()
+	if err != nil && len(ahead) > 0 && ctx.Err() == nil {
+		// Peers of the group finished round r without this peer: take
+		// their result rather than the previous state relabelled.
+		f.event("overtaken", fmt.Sprintf("round %d: %d peers of the group finished it without this one; taking their state", r, len(ahead)))
+		if v, ferr := fetchState(ctx, net, ahead, r, state, cfg.RoundTimeout/4); ferr == nil {
+			copy(server.State(), state[n:])
+			copy(w.Model.Params, global)
+			*version = v
+			f.publish(ctx, v, state)
+			return RoundInfo{}, true, nil
+		}
+	}
 	if err != nil {
 		// No result for round r here: keep the state of r−1 as version r,
 		// so later rounds never wait for a state nobody will publish. If

@@ -3,6 +3,7 @@ package train_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -226,6 +227,14 @@ type partNet struct {
 	train.Net
 	self peerid.ID
 	cut  *atomic.Bool
+	// apart, if not nil, says which peers the cut separates instead
+	// (peer02 from the others).
+	apart func(a, b peerid.ID) bool
+	// cutNow, if not nil, says whether the cut holds instead of cut.
+	cutNow func() bool
+	// pace, if not 0, is how long each all-reduce takes at least: the
+	// peer's round time, in the bubble's virtual time.
+	pace time.Duration
 	// from is called after every Members call with the round its peer
 	// is about to start (one past its last all-reduce).
 	from  func(round uint64)
@@ -234,10 +243,14 @@ type partNet struct {
 }
 
 func (n partNet) side(all []peerid.ID) []peerid.ID {
-	if !n.cut.Load() {
+	if cut := n.cutNow; cut != nil && !cut() || cut == nil && !n.cut.Load() {
 		return all
 	}
-	return slices.DeleteFunc(slices.Clone(all), func(p peerid.ID) bool { return (p == "peer02") != (n.self == "peer02") })
+	apart := n.apart
+	if apart == nil {
+		apart = func(a, b peerid.ID) bool { return (a == "peer02") != (b == "peer02") }
+	}
+	return slices.DeleteFunc(slices.Clone(all), func(p peerid.ID) bool { return apart(p, n.self) })
 }
 
 func (n partNet) Members() []peerid.ID {
@@ -270,6 +283,9 @@ func (n partNet) AllReduce(ctx context.Context, round uint64, group []peerid.ID,
 		n.solos.Add(1)
 	}
 	defer n.next.Store(round + 1)
+	if n.pace > 0 {
+		time.Sleep(n.pace)
+	}
 	return n.Net.AllReduce(ctx, round, group, dst, src, weight)
 }
 
@@ -403,4 +419,115 @@ func (n dieNet) SetStatus(ctx context.Context, st train.Status) error {
 		return nil
 	}
 	return n.Net.SetStatus(ctx, st)
+}
+
+// consensusRec records, for each version, when each peer reported it
+// (in the bubble's virtual time) and a hash of its global model.
+type consensusRec struct {
+	mu    sync.Mutex
+	snaps map[int]map[string]snap
+}
+
+type snap struct {
+	hash uint64
+	at   time.Time
+}
+
+func (r *consensusRec) Snapshot(peer string, _ time.Duration, v int, params []float32) {
+	h := uint64(14695981039346656037)
+	for _, x := range params {
+		h = (h ^ uint64(math.Float32bits(x))) * 1099511628211
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.snaps == nil {
+		r.snaps = map[int]map[string]snap{}
+	}
+	if r.snaps[v] == nil {
+		r.snaps[v] = map[string]snap{}
+	}
+	r.snaps[v][peer] = snap{h, time.Now()}
+}
+
+func (r *consensusRec) Event(train.Event) {}
+
+// since returns the first version from which all n peers reported the
+// same model for every version all of them reported, and when the last of
+// them reported it; ok is false if the last such version differs.
+func (r *consensusRec) since(n int) (v int, at time.Time, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var vs []int
+	for v, m := range r.snaps {
+		if len(m) == n {
+			vs = append(vs, v)
+		}
+	}
+	slices.Sort(vs)
+	for i := len(vs) - 1; i >= 0; i-- {
+		same := true
+		var h uint64
+		first := true
+		for _, s := range r.snaps[vs[i]] {
+			if !first && s.hash != h {
+				same = false
+			}
+			h, first = s.hash, false
+		}
+		if !same {
+			break
+		}
+		v, ok = vs[i], true
+	}
+	if ok {
+		for _, s := range r.snaps[v] {
+			if s.at.After(at) {
+				at = s.at
+			}
+		}
+	}
+	return v, at, ok
+}
+
+// TestFederatedEvenSplitHeals cuts four peers into two halves for longer
+// than the round timeout: neither half holds a majority of the last
+// round's group, so each waits the round timeout and then trains on its
+// own, one faster than the other (rounds of 100 and 150 ms). After the
+// heal the halves are rounds apart with different models. The half behind
+// must take the state of the half ahead at its next round, or within
+// overtakeGrace (1 s here) of an all-reduce that waits for peers past its
+// round, so that a round of all four follows, instead of all-reduces that
+// mix peers of different rounds and wait out the round timeout (4 s here;
+// chaos.sh's partition row, 20 s: 87 s to consensus).
+func TestFederatedEvenSplitHeals(t *testing.T) {
+	small, shards, cfg, wcfg := logregFed(t, 4, 1200, 80, 4*time.Second)
+	slow := func(p peerid.ID) bool { return p < "peer02" }
+	var t0 time.Time
+	var once sync.Once
+	// The cut and the heal fall between the rounds' boundaries (multiples
+	// of 50 ms from the start), in the bubble's virtual time.
+	cutAt, healAt := 2030*time.Millisecond, 9030*time.Millisecond
+	rec := &consensusRec{}
+	finals := runFedWrapped(t, 4, shards, small, cfg, wcfg, "", rec, func(id peerid.ID, net train.Net) train.Net {
+		once.Do(func() { t0 = time.Now() })
+		pn := partNet{Net: net, self: id, solos: new(atomic.Int64), next: new(atomic.Uint64),
+			cutNow: func() bool { d := time.Since(t0); return d >= cutAt && d < healAt },
+			apart:  func(a, b peerid.ID) bool { return slow(a) != slow(b) }, pace: 100 * time.Millisecond}
+		if slow(id) {
+			pn.pace = 150 * time.Millisecond
+		}
+		return pn
+	})
+	v, at, ok := rec.since(4)
+	if !ok {
+		t.Fatal("the four peers do not end on one model")
+	}
+	took := at.Sub(t0) - healAt
+	t.Logf("consensus from version %d, %v after the heal", v, took)
+	if took > 2*time.Second {
+		t.Errorf("consensus came back %v after the heal, want ≤ 2 s (a stall timeout)", took)
+	}
+	if len(finals) != 4 || !slices.Equal(finals["peer00"], finals["peer02"]) {
+		t.Fatalf("the peers end on different states (%d finished)", len(finals))
+	}
 }

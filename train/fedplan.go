@@ -3,6 +3,7 @@ package train
 import (
 	"errors"
 	"slices"
+	"time"
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/peerid"
@@ -180,20 +181,48 @@ type alignPlan struct {
 // planAlign decides for self, sampled for round r, given versions, the
 // versions of the live peers that did not stop.
 func planAlign(self peerid.ID, r uint64, sampled []peerid.ID, versions map[peerid.ID]uint64) alignPlan {
-	p := alignPlan{ready: true}
+	p := alignPlan{ready: true, fetch: overtaken(self, r, sampled, versions)}
 	for _, q := range sampled {
-		if q == self {
-			continue
-		}
-		v, known := versions[q]
-		switch {
-		case known && v >= r:
-			p.fetch = append(p.fetch, q)
-		case !known || v+1 < r:
+		if v, known := versions[q]; q != self && (!known || v+1 < r) {
 			p.ready = false
 		}
 	}
 	return p
+}
+
+// overtaken returns the peers of group, other than self, whose version
+// (in versions) says they finished round r. Statuses lag and never lead,
+// so for a peer about to run round r, or running it, they did so without
+// it: they will not take part in its round r, and hold a state it can
+// take instead (a group of the other side of a healed partition, rounds
+// ahead; or a group that went on without this peer).
+func overtaken(self peerid.ID, r uint64, group []peerid.ID, versions map[peerid.ID]uint64) []peerid.ID {
+	var out []peerid.ID
+	for _, q := range group {
+		if v, known := versions[q]; q != self && known && v >= r {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+// overtakeWatch decides, look by look during a round's all-reduce, when
+// to give the round up for the state of peers that overtook it: once
+// looks have named such peers (overtaken) without a break for grace.
+type overtakeWatch struct {
+	since time.Time // the first look of the current streak; zero if none
+}
+
+// look takes one look, at now, that saw ahead past the round, and reports
+// whether to give the round up.
+func (w *overtakeWatch) look(now time.Time, ahead []peerid.ID, grace time.Duration) bool {
+	switch {
+	case len(ahead) == 0:
+		w.since = time.Time{}
+	case w.since.IsZero():
+		w.since = now
+	}
+	return !w.since.IsZero() && now.Sub(w.since) >= grace
 }
 
 // roundVerdict is what a peer makes of one round it was sampled for.

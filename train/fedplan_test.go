@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/starling-ml/starling/peerid"
 )
@@ -232,6 +233,63 @@ func TestPlanAlign(t *testing.T) {
 			got := planAlign("a", r, sampled, c.versions)
 			if !slices.Equal(got.fetch, c.want.fetch) || got.ready != c.want.ready {
 				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestOvertaken(t *testing.T) {
+	const r = 5
+	group := pids("a", "b", "c")
+	for _, c := range []struct {
+		name     string
+		versions map[peerid.ID]uint64
+		want     []peerid.ID
+	}{
+		{"all in round r", map[peerid.ID]uint64{"b": 4, "c": 4}, nil},
+		{"self past r does not count", map[peerid.ID]uint64{"a": 9, "b": 4, "c": 4}, nil},
+		{"one finished r", map[peerid.ID]uint64{"b": 5, "c": 4}, pids("b")},
+		{"the other half, rounds ahead", map[peerid.ID]uint64{"b": 30, "c": 31}, pids("b", "c")},
+		{"behind or unknown", map[peerid.ID]uint64{"b": 1}, nil},
+		{"a peer outside the group", map[peerid.ID]uint64{"b": 4, "c": 4, "d": 9}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := overtaken("a", r, group, c.versions); !slices.Equal(got, c.want) {
+				t.Fatalf("got %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// TestOvertakeWatch: a round is given up only after looks have seen
+// peers past it without a break for the grace; a look that sees none
+// starts the count again.
+func TestOvertakeWatch(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	const grace = 1500 * time.Millisecond
+	ahead := pids("b")
+	for _, c := range []struct {
+		name  string
+		looks []time.Time
+		seen  []bool // whether each look sees ahead
+		want  []bool
+	}{
+		{"nobody ahead", []time.Time{ms(0), ms(2000)}, []bool{false, false}, []bool{false, false}},
+		{"ahead for the grace", []time.Time{ms(0), ms(1000), ms(1500)}, []bool{true, true, true}, []bool{false, false, true}},
+		{"a committing member, seen once", []time.Time{ms(0), ms(50), ms(1600)}, []bool{true, false, false}, []bool{false, false, false}},
+		{"a break starts the count again", []time.Time{ms(0), ms(1000), ms(1100), ms(2000), ms(2600)}, []bool{true, false, true, true, true}, []bool{false, false, false, false, true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var w overtakeWatch
+			for i, at := range c.looks {
+				var a []peerid.ID
+				if c.seen[i] {
+					a = ahead
+				}
+				if got := w.look(at, a, grace); got != c.want[i] {
+					t.Fatalf("look %d at %v: %v, want %v", i, at.Sub(t0), got, c.want[i])
+				}
 			}
 		})
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/starling-ml/starling/swarm"
 )
 
-// Redialling of --connect addresses: the first retry after redialFirst,
-// doubling up to redialMax; a connected peer is checked every checkEvery
+// Redialling of --connect addresses (libp2p's dial backoff aside): the
+// first retry after redialFirst, doubling up to redialMax; a connected peer is checked every checkEvery
 // and redialled when its connection is gone. attemptTimeout
 // bounds one dial, so that a peer stuck in the handshake (stopped, or
 // with another swarm key) does not hold the dialler.
@@ -94,7 +94,11 @@ func (d *dialler) keep(ctx context.Context, p *swarm.Peer, addr string, ai peer.
 	for ctx.Err() == nil {
 		wait := checkEvery
 		if nw.Connectedness(ai.ID) != network.Connected {
-			actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+			// The dial skips libp2p's own dial backoff (5 s after a failure,
+			// then 5 s + tries² s): redialDelay is this address's backoff,
+			// and libp2p's would hold a peer that is back, after a partition
+			// of a minute, for another half minute.
+			actx, cancel := context.WithTimeout(network.WithForceDirectDial(ctx, "--connect redial"), attemptTimeout)
 			err := p.Node.Connect(actx, ai)
 			cancel()
 			if ctx.Err() != nil {

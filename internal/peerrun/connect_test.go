@@ -38,11 +38,19 @@ func startPeer(t *testing.T, insecure bool) *swarm.Peer {
 // would leave it free for anyone).
 func refusingPort(t *testing.T) int {
 	t.Helper()
+	fd, port := refusingSocket(t)
+	t.Cleanup(func() { syscall.Close(fd) })
+	return port
+}
+
+// refusingSocket is refusingPort with the socket, which the caller closes
+// to free the port.
+func refusingSocket(t *testing.T) (int, int) {
+	t.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
 	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +58,7 @@ func refusingPort(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sa.(*syscall.SockaddrInet4).Port
+	return fd, sa.(*syscall.SockaddrInet4).Port
 }
 
 // TestRedialDelay: the backoff doubles from redialFirst and stays at
@@ -155,4 +163,52 @@ func TestConnectBadAddress(t *testing.T) {
 			t.Errorf("%s: %v, want a usage error", a, err)
 		}
 	}
+}
+
+// TestDiallerIgnoresLibp2pBackoff: a --connect peer that was unreachable
+// for a while (the other side of a partition, a restarting peer) is
+// connected at the dialler's next redial once it listens again, not when
+// libp2p's own dial backoff for its address ends (5 s after the first
+// failure, then 5 s + tries² s: half a minute after a minute's cut).
+func TestDiallerIgnoresLibp2pBackoff(t *testing.T) {
+	a := startPeer(t, false)
+	key := t.TempDir() + "/b.key"
+	fd, port := refusingSocket(t)
+	// b's identity, made by a first start on another port.
+	c := swarm.DefaultConfig()
+	c.Node = node.TestConfig()
+	c.Node.KeyFile = key
+	c.Gossip.Namespace = "connect-test"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b0, err := swarm.Start(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := b0.Node.ID()
+	b0.Close()
+	addr := fmt.Sprintf("/ip4/127.0.0.1/tcp/%d/p2p/%s", port, id)
+	d, err := dialAll(context.Background(), a, []string{addr}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Stop()
+	waitFailure(t, d, "refused")
+	time.Sleep(4 * redialFirst) // redials at 0.25 and 0.75 s, the next at 1.75 s
+	syscall.Close(fd)
+	c.Node.ListenAddrs = []string{fmt.Sprintf("/ip4/127.0.0.1/tcp/%d", port)}
+	b, err := swarm.Start(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	up := time.Now()
+	nw := a.Node.Host().Network()
+	for nw.Connectedness(id) != network.Connected {
+		if time.Since(up) > 3*time.Second {
+			t.Fatalf("not connected %v after the peer listened (libp2p's backoff holds until 5 s after the first failure); failures %q", time.Since(up), d.Failures())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("connected %v after the peer listened", time.Since(up))
 }

@@ -79,7 +79,7 @@ func (l loggedEvents) Event(e train.Event) {
 	switch e.Kind {
 	case "minority":
 		l.log.Warn("federated: " + e.Detail)
-	case "majority", "join", "caught-up":
+	case "majority", "join", "caught-up", "overtaken":
 		l.log.Info("federated: " + e.Detail)
 	}
 	l.Recorder.Event(e)
