@@ -19,7 +19,8 @@
 # DeMo's sparse DCT coefficients of each peer's momentum and a sign step,
 # at --lr $DEMO_LR when set, else the model's), async-diloco and
 # async-diloco-fp4 (DiLoCo with the outer step one outer step late, its
-# all-reduce overlapping all H inner steps of the next one).
+# all-reduce overlapping all H inner steps of the next one; ASYNC adds
+# strategy parameters, e.g. ASYNC=momentum=0.5).
 set -u
 cd "$(dirname "$0")/.."
 N=${N:-4}; STEPS=${STEPS:-600}; H=${H:-100}; F=${F:-4}
@@ -79,8 +80,8 @@ run sdlc-fp4-a90 --mode federated --strategy "$SD,alpha=0.9" --rounds $R --compr
 run sdlc-fp4-overlap --mode federated --strategy "$SD,overlap=$TAU" --rounds $R --compress fp4
 run demo --mode sync --strategy "demo${DEMO:+:$DEMO}" --steps "$STEPS" --eval-every "$STEPS" ${DEMO_LR:+--lr "$DEMO_LR"}
 run diloco-fp4 --mode federated --strategy "streaming-diloco:h=$H,fragments=1,alpha=0" --rounds $R --compress fp4
-run async-diloco --mode federated --strategy "async-diloco:h=$H" --rounds $R
-run async-diloco-fp4 --mode federated --strategy "async-diloco:h=$H" --rounds $R --compress fp4
+run async-diloco --mode federated --strategy "async-diloco:h=$H${ASYNC:+,$ASYNC}" --rounds $R
+run async-diloco-fp4 --mode federated --strategy "async-diloco:h=$H${ASYNC:+,$ASYNC}" --rounds $R --compress fp4
 if [ -s "$d/rows" ]; then
   python3 - "$d/rows" <<'EOF'
 import sys
