@@ -104,7 +104,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	servers := fs.Int("servers", def.PS.Servers, "ps: peers serving a shard each (0: one per four peers), as peer run --servers")
 	dcLambda := fs.Float64("dc-lambda", def.PS.DCLambda, "ps: DC-ASGD's λ (0: off), as peer run --dc-lambda")
 	psPolicy := def.PS.Policy
-	fs.TextVar(&psPolicy, "ps-policy", def.PS.Policy, "ps: staleness policy of pushed gradients (peer run's --policy in --mode ps)")
+	fs.TextVar(&psPolicy, "ps-policy", def.PS.Policy, "ps: staleness policy of pushed gradients, +ssp:S an SSP gate (peer run's --policy in --mode ps)")
 	var codec compression.Spec
 	fs.TextVar(&codec, "compress", def.Compress, "sync: codec of the gradient all-reduce; fedasync/fedbuff: codec of published vectors; ps: of pushed gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
 	fs.TextVar(&codec, "codec", def.Compress, "the older name of --compress")

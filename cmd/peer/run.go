@@ -288,7 +288,7 @@ func asyncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.AsyncOpt
 	d := peerrun.DefaultAsyncOptions()
 	strategy := fs.String("async", d.Async.Mode, "async: fedasync (mix each fresh model in) or fedbuff (apply after K buffered deltas)")
 	policy := d.Async.Policy
-	fs.TextVar(&policy, "policy", d.Async.Policy, "async, ps: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S (ps: of pushed gradients, const by default; +ssp:S drops those more than S updates stale)")
+	fs.TextVar(&policy, "policy", d.Async.Policy, "async, ps: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S (ps: of pushed gradients, const by default; +ssp:S holds a worker more than S steps ahead of the slowest live one)")
 	alpha := fs.Float64("alpha", d.Async.Alpha, "async: fedasync mixing rate α")
 	bufferK := fs.Int("buffer-k", d.Async.BufferK, "async: fedbuff contributions per server step K")
 	serverLR := fs.Float64("server-lr", d.Async.ServerLR, "async: fedbuff server learning rate η")
