@@ -54,7 +54,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9090")
 	minPeers := fs.Int("min-peers", 2, "wait for this many live peers, this one included, before training")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for --min-peers")
-	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped; ps: how long a worker waits for a server before it fails over to the shard's backup")
+	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped; ps: how long a worker waits for a server before it fails over to the shard's backup, and the SSP gate for a worker that makes no step")
 	aggRule := sw.Aggregate.Rule
 	fs.Var(rule.Flag{Rule: &aggRule}, "aggregate", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L (default "+aggRule.String()+")")
 	// Data.
