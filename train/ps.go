@@ -579,7 +579,9 @@ func (s *psServer) handle(ctx context.Context, from peerid.ID, r *PSRequest) *PS
 	if !known {
 		v.workers++
 	}
-	v.slowest, v.others = psSlowest(sh.clocks, key, now, s.cfg.CallTimeout)
+	if _, ok := s.cfg.Policy.Bound(); ok {
+		v.slowest, v.others = psSlowest(sh.clocks, key, now, s.cfg.CallTimeout)
+	}
 	a := admitPS(r, v)
 	if a.promote {
 		sh.role, sh.backup = rolePromoted, ""
