@@ -117,7 +117,7 @@ type PSSummary struct {
 	// As a worker.
 	Steps     int `json:"steps"`
 	Pushes    int `json:"pushes"`    // gradients acknowledged (applied, or applied before: dup)
-	Stale     int `json:"stale"`     // gradients dropped beyond the SSP bound
+	Stale     int `json:"stale"`     // gradients dropped by the SSP safety net (psDropPolicy)
 	Failovers int `json:"failovers"` // shards this worker moved to their backup
 	// GateWaits is how many steps the SSP gate held, GateWaitS for how
 	// long in all, GateTimeouts how many of those waits ran into their

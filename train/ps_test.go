@@ -358,9 +358,10 @@ func TestPSSSPDeadWorkerHoldsUntilStall(t *testing.T) {
 		if s.Steps != 60 || s.GateTimeouts != 0 || s.Failovers != 0 {
 			t.Errorf("peer %d: %d steps, %d gate timeouts, %d failovers", i, s.Steps, s.GateTimeouts, s.Failovers)
 		}
-		// Held about the stall timeout for the dead one, and a few
-		// polls (20 ms) before, while it lived.
-		if stall := cfg.CallTimeout.Seconds(); s.GateWaitS < stall || s.GateWaitS > stall+0.5 {
+		// Held about the stall timeout for the dead one (from at most a
+		// few steps after its last), and a few polls (20 ms) before,
+		// while it lived.
+		if stall := cfg.CallTimeout.Seconds(); s.GateWaitS < 0.9*stall || s.GateWaitS > stall+0.5 {
 			t.Errorf("peer %d held %.2f s in all (%d waits), want the stall timeout %.0f s and a little", i, s.GateWaitS, s.GateWaits, stall)
 		}
 	}
