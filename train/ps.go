@@ -36,8 +36,14 @@ type PSConfig struct {
 	// peers, autoServers).
 	Servers int
 	// Policy weighs a pushed gradient by its staleness τ (the shard's
-	// updates since the worker pulled it) and, with an SSP bound, drops
-	// it beyond the bound. "const" (plain asynchronous SGD) by default.
+	// updates since the worker pulled it). With an SSP bound s it is a
+	// gate: a worker that has completed c steps does not start the next
+	// while c is more than s ahead of the slowest live worker (one not
+	// done whose clock grew within CallTimeout), so none runs more than
+	// s+1 steps ahead; and a gradient that got past the gate more than
+	// 2(s+1) updates per other worker stale is dropped (psDropPolicy).
+	// A promoted backup learns the clocks anew from the workers' next
+	// requests. "const" (plain asynchronous SGD) by default.
 	Policy staleness.Policy
 	// DCLambda is DC-ASGD's λ (staleness.Compensate): a gradient
 	// computed at older parameters is corrected towards the current ones
@@ -51,7 +57,9 @@ type PSConfig struct {
 	Codec compression.Spec
 	// CallTimeout bounds one request and so is how long a worker waits
 	// for a dead or stalled server before it fails over to the shard's
-	// backup: the stall timeout. 5 s.
+	// backup: the stall timeout. It is also how long the SSP gate waits
+	// for a worker whose clock does not grow (dead, hung or slower than
+	// a step per CallTimeout) before it stops counting it. 5 s.
 	CallTimeout time.Duration
 	// StartGrace is how long a worker keeps asking a server that does
 	// not answer yet at the start (a peer that starts later) before it
@@ -109,8 +117,14 @@ type PSSummary struct {
 	// As a worker.
 	Steps     int `json:"steps"`
 	Pushes    int `json:"pushes"`    // gradients acknowledged (applied, or applied before: dup)
-	Stale     int `json:"stale"`     // gradients dropped beyond the SSP bound
+	Stale     int `json:"stale"`     // gradients dropped by the SSP safety net (psDropPolicy)
 	Failovers int `json:"failovers"` // shards this worker moved to their backup
+	// GateWaits is how many steps the SSP gate held, GateWaitS for how
+	// long in all, GateTimeouts how many of those waits ran into their
+	// deadline (2×CallTimeout) and went on without the gate.
+	GateWaits    int     `json:"gate_waits"`
+	GateWaitS    float64 `json:"gate_wait_s"`
+	GateTimeouts int     `json:"gate_timeouts"`
 	// Versions are the shards' versions in the final pull.
 	Versions []uint64 `json:"versions"`
 	MeanTau  float64  `json:"mean_tau"` // over applied gradients
@@ -124,6 +138,10 @@ type PSSummary struct {
 // psRetryPause is how long a worker waits before asking a server that
 // is not up yet again.
 const psRetryPause = 50 * time.Millisecond
+
+// psGatePause is how long a worker held by the SSP gate waits before it
+// asks again (PSGate: a small request, a small reply while it waits).
+const psGatePause = 20 * time.Millisecond
 
 // RunPS trains w in the parameter-server mode with the peers members
 // (this one included; every peer must be given the same members) until
@@ -176,6 +194,7 @@ func RunPS(ctx context.Context, w *Worker, net PSNet, members []peerid.ID, cfg P
 		srv.linger(ctx, layout.Servers, members)
 	}
 	sum.Steps, sum.Pushes, sum.Stale, sum.Failovers = w.Steps, pw.pushes, pw.stale, pw.failovers
+	sum.GateWaits, sum.GateWaitS, sum.GateTimeouts = pw.waits, pw.waited.Seconds(), pw.gateTimeouts
 	sum.Versions = pw.ver
 	if pw.applied > 0 {
 		sum.MeanTau = pw.tauSum / float64(pw.applied)
@@ -205,6 +224,9 @@ type psWorker struct {
 	seq, ver []uint64
 	encs     []compression.Codec
 	bufs     [][]byte
+	// wait[i]: shard i's server said, in its reply to the last push,
+	// that the SSP gate holds the next step.
+	wait []bool
 
 	rec   Recorder
 	start time.Time
@@ -212,6 +234,8 @@ type psWorker struct {
 	mu                                sync.Mutex // guards the counters
 	pushes, stale, failovers, applied int
 	tauSum                            float64
+	waits, gateTimeouts               int
+	waited                            time.Duration
 }
 
 func newPSWorker(self peerid.ID, net PSNet, cfg PSConfig, l *psLayout, w *Worker, srv *psServer) *psWorker {
@@ -220,7 +244,7 @@ func newPSWorker(self peerid.ID, net PSNet, cfg PSConfig, l *psLayout, w *Worker
 	rand.Read(sb[:])
 	pw := &psWorker{self: self, net: net, cfg: cfg, layout: l, digest: l.digest(), session: binary.LittleEndian.Uint64(sb[:]) | 1,
 		w: w, srv: srv, calls: make([]psCallState, n), seq: make([]uint64, n), ver: make([]uint64, n),
-		encs: make([]compression.Codec, n), bufs: make([][]byte, n)}
+		encs: make([]compression.Codec, n), bufs: make([][]byte, n), wait: make([]bool, n)}
 	for i := range n {
 		pw.calls[i] = psCallState{primary: l.Servers[i], backup: l.Backups[i]}
 		pw.encs[i] = cfg.Codec.New()
@@ -233,7 +257,8 @@ func (pw *psWorker) request(op PSOp, shard int) PSRequest {
 }
 
 // run pulls the parameters and steps until MaxSteps or ctx's end, then
-// pulls the final parameters and tells the servers it is done.
+// pulls the final parameters and tells the servers it is done. Between
+// steps it waits while the SSP gate holds it.
 func (pw *psWorker) run(ctx context.Context, rec Recorder, start time.Time) error {
 	pw.rec, pw.start = rec, start
 	w := pw.w
@@ -260,6 +285,11 @@ func (pw *psWorker) run(ctx context.Context, rec Recorder, start time.Time) erro
 		w.Samples += n
 		rec.Event(Event{Peer: string(pw.self), At: time.Since(start), Kind: "step", Loss: loss})
 		snapshot(false)
+		if pw.cfg.MaxSteps == 0 || w.Steps < pw.cfg.MaxSteps {
+			if err := pw.gate(ctx); err != nil {
+				return err
+			}
+		}
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -313,6 +343,7 @@ func (pw *psWorker) push(ctx context.Context, i int) error {
 	if err != nil {
 		return err
 	}
+	pw.wait[i] = rep.Wait
 	pw.mu.Lock()
 	switch rep.Status {
 	case PSStale:
@@ -327,6 +358,58 @@ func (pw *psWorker) push(ctx context.Context, i int) error {
 	}
 	pw.mu.Unlock()
 	return pw.take(i, rep)
+}
+
+// gate holds the next step while the SSP gate does (a push's reply said
+// so): it asks each shard that said so again every psGatePause until it
+// answers with the parameters. A wait has a deadline of 2×CallTimeout,
+// after which the worker pulls and goes on (a gate timeout): the servers
+// stop counting a worker whose clock has not grown for CallTimeout, so
+// the deadline is only reached when something else is wrong. A call of
+// the wait that fails fails over as any other, so a server that dies
+// while a worker waits is found as it would be otherwise.
+func (pw *psWorker) gate(ctx context.Context) error {
+	if !slices.Contains(pw.wait, true) {
+		return nil
+	}
+	start := time.Now()
+	err := pw.all(ctx, pw.gateShard)
+	pw.mu.Lock()
+	pw.waits++
+	pw.waited += time.Since(start)
+	pw.mu.Unlock()
+	return err
+}
+
+// gateShard waits until shard i's server lets the worker go on, or the
+// wait's deadline passes, and takes the shard's parameters then.
+func (pw *psWorker) gateShard(ctx context.Context, i int) error {
+	if !pw.wait[i] {
+		return nil
+	}
+	pw.wait[i] = false
+	deadline := time.Now().Add(2 * pw.cfg.CallTimeout)
+	for {
+		if err := ctxtime.Sleep(ctx, psGatePause); err != nil {
+			return err
+		}
+		op := PSGate
+		if !time.Now().Before(deadline) {
+			op = PSPull
+			pw.mu.Lock()
+			pw.gateTimeouts++
+			pw.mu.Unlock()
+		}
+		r := pw.request(op, i)
+		r.Seq = pw.seq[i]
+		rep, err := pw.call(ctx, i, &r)
+		if err != nil {
+			return err
+		}
+		if rep.Status != PSWait {
+			return pw.take(i, rep)
+		}
+	}
 }
 
 // take copies a reply's parameters into shard i of the worker's model.
@@ -364,7 +447,7 @@ func (pw *psWorker) call(ctx context.Context, i int, r *PSRequest) (*PSReply, er
 		if err == nil {
 			status = rep.Status
 			switch status {
-			case PSOK, PSDup, PSStale:
+			case PSOK, PSDup, PSStale, PSWait:
 				st.started = true
 				return rep, nil
 			}
@@ -418,6 +501,9 @@ type psShard struct {
 	params  []float32
 	version uint64
 	seqs    map[psSession]uint64
+	// clocks are the workers' clocks for the SSP gate, as heard here
+	// (not replicated).
+	clocks map[psSession]psClock
 	// bak holds, per worker, the parameters it was last sent and their
 	// version: DC-ASGD's w_bak.
 	bak  map[peerid.ID]*psBak
@@ -455,7 +541,7 @@ func newPSServer(self peerid.ID, net PSNet, cfg PSConfig, l *psLayout, init []fl
 	add := func(i int, role psRole, b peerid.ID) {
 		lo, hi := l.span(i)
 		s.shards[i] = &psShard{idx: i, role: role, backup: b, params: append([]float32(nil), init[lo:hi]...),
-			seqs: map[psSession]uint64{}, bak: map[peerid.ID]*psBak{}, grad: make([]float32, hi-lo)}
+			seqs: map[psSession]uint64{}, clocks: map[psSession]psClock{}, bak: map[peerid.ID]*psBak{}, grad: make([]float32, hi-lo)}
 	}
 	for _, i := range primary {
 		add(i, rolePrimary, l.Backups[i])
@@ -484,16 +570,25 @@ func (s *psServer) handle(ctx context.Context, from peerid.ID, r *PSRequest) *PS
 		return &PSReply{Status: a.status, Detail: a.detail}
 	}
 	sh.mu.Lock()
+	now := time.Now()
 	v.role, v.length, v.version = sh.role, len(sh.params), sh.version
 	key := psSession{from, r.Session}
 	v.lastSeq = sh.seqs[key]
+	clock, known := sh.clocks[key]
+	v.workers = len(sh.clocks)
+	if !known {
+		v.workers++
+	}
+	if _, ok := s.cfg.Policy.Bound(); ok {
+		v.slowest, v.others = psSlowest(sh.clocks, key, now, s.cfg.CallTimeout)
+	}
 	a := admitPS(r, v)
 	if a.promote {
 		sh.role, sh.backup = rolePromoted, ""
 		s.promoted.Add(1)
 	}
 	switch {
-	case a.status != PSOK && a.status != PSDup && a.status != PSStale:
+	case a.status != PSOK && a.status != PSDup && a.status != PSStale && a.status != PSWait:
 		sh.mu.Unlock()
 		return &PSReply{Status: a.status, Detail: a.detail}
 	case r.Op == PSReplicate:
@@ -510,13 +605,23 @@ func (s *psServer) handle(ctx context.Context, from peerid.ID, r *PSRequest) *PS
 		}
 		return &PSReply{Status: PSOK, Version: sh.version}
 	case r.Op == PSDone:
+		clock.done = true
+		sh.clocks[key] = clock
 		sh.mu.Unlock()
 		s.mu.Lock()
 		s.done[from] = true
 		s.mu.Unlock()
 		return &PSReply{Status: PSOK, Version: v.version}
 	}
-	rep := &PSReply{Status: a.status, Tau: a.decision.Tau, Weight: a.decision.Weight}
+	sh.clocks[key] = clock.observe(r.Seq, now)
+	if a.status == PSWait {
+		sh.mu.Unlock()
+		return &PSReply{Status: PSWait, Version: v.version, Slowest: v.slowest}
+	}
+	rep := &PSReply{Status: a.status, Tau: a.decision.Tau, Weight: a.decision.Weight, Wait: a.wait}
+	if a.wait {
+		rep.Slowest = v.slowest
+	}
 	if a.apply {
 		if err := s.apply(sh, from, r, a.decision.Weight); err != nil {
 			sh.mu.Unlock()

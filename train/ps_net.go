@@ -45,6 +45,11 @@ const (
 	PSReplicate PSOp = 3
 	// PSDone says the worker has finished training.
 	PSDone PSOp = 4
+	// PSGate asks whether the worker, at clock Seq (its last push), may
+	// start its next step under the SSP bound: PSWait while it may not
+	// (Slowest names the clock it waits for), PSOK with the parameters,
+	// as a pull's reply, once it may.
+	PSGate PSOp = 5
 )
 
 // PSStatus is a reply's status.
@@ -52,20 +57,21 @@ type PSStatus uint8
 
 // Reply statuses. The values are wire values.
 const (
-	PSOK         PSStatus = 0 // done; Payload holds the shard's parameters (pull, push)
-	PSDup        PSStatus = 1 // a push already applied (a retry after failover): not applied again
-	PSStale      PSStatus = 2 // a push beyond the SSP bound: dropped; Payload holds fresh parameters
-	PSNotReady   PSStatus = 3 // the peer does not serve yet (starting)
-	PSMoved      PSStatus = 4 // the shard moved to its backup: fail over
-	PSNotServer  PSStatus = 5 // the peer serves no such shard
-	PSBadModel   PSStatus = 6 // another model or parameter count than the server's
-	PSBadLayout  PSStatus = 7 // the worker elected other servers than the server did
-	PSBadShape   PSStatus = 8 // a gradient of the wrong length for the shard
-	PSBadRequest PSStatus = 9 // anything else malformed (undecodable gradient, unknown op, …)
-	numPSStatus  PSStatus = 10
+	PSOK         PSStatus = 0  // done; Payload holds the shard's parameters (pull, push)
+	PSDup        PSStatus = 1  // a push already applied (a retry after failover): not applied again
+	PSStale      PSStatus = 2  // a push staler than the SSP bound allows: dropped; Payload holds fresh parameters
+	PSNotReady   PSStatus = 3  // the peer does not serve yet (starting)
+	PSMoved      PSStatus = 4  // the shard moved to its backup: fail over
+	PSNotServer  PSStatus = 5  // the peer serves no such shard
+	PSBadModel   PSStatus = 6  // another model or parameter count than the server's
+	PSBadLayout  PSStatus = 7  // the worker elected other servers than the server did
+	PSBadShape   PSStatus = 8  // a gradient of the wrong length for the shard
+	PSBadRequest PSStatus = 9  // anything else malformed (undecodable gradient, unknown op, …)
+	PSWait       PSStatus = 10 // a gate: the worker is beyond the SSP bound; ask again after a pause
+	numPSStatus  PSStatus = 11
 )
 
-var psStatusNames = [numPSStatus]string{"ok", "dup", "stale", "not-ready", "moved", "not-server", "bad-model", "bad-layout", "bad-shape", "bad-request"}
+var psStatusNames = [numPSStatus]string{"ok", "dup", "stale", "not-ready", "moved", "not-server", "bad-model", "bad-layout", "bad-shape", "bad-request", "wait"}
 
 func (s PSStatus) String() string {
 	if s < numPSStatus {
@@ -94,7 +100,8 @@ type PSRequest struct {
 	Shard  int    `json:"shard"`
 	// Session identifies one run of a worker; Seq numbers its pushes to
 	// the shard from 1, so that a push retried after a failover is
-	// applied once.
+	// applied once. Seq is also the worker's clock for the SSP gate (its
+	// completed steps): a push's, or a gate request's last push.
 	Session uint64 `json:"session,omitempty"`
 	Seq     uint64 `json:"seq,omitempty"`
 	// Base is the shard version the gradient was computed at; Codec its
@@ -118,6 +125,12 @@ type PSReply struct {
 	// Tau and Weight are the staleness of an applied push and its weight.
 	Tau    uint64  `json:"tau,omitempty"`
 	Weight float64 `json:"weight,omitempty"`
+	// Wait (a push's reply) says that the worker, at the pushed clock,
+	// is more than the SSP bound ahead of the slowest live worker: it
+	// must not start its next step before a PSGate request is answered
+	// PSOK. Slowest is that worker's clock (Wait, PSWait).
+	Wait    bool   `json:"wait,omitempty"`
+	Slowest uint64 `json:"slowest,omitempty"`
 	// Detail explains a refusal, for the worker's error.
 	Detail  string `json:"detail,omitempty"`
 	Payload []byte `json:"-"`

@@ -44,37 +44,79 @@ func psConfig() train.PSConfig {
 }
 
 // killAt is a Recorder that calls kill once the peer's step count reaches
-// at and ready (if set) holds.
+// at and ready (if set) holds, and passes everything on to next (if set).
 type killAt struct {
 	at    int
 	ready func() bool
 	once  sync.Once
 	kill  func()
+	next  train.Recorder
 }
 
-func (k *killAt) Snapshot(_ string, _ time.Duration, steps int, _ []float32) {
+func (k *killAt) Snapshot(peer string, at time.Duration, steps int, p []float32) {
 	if steps >= k.at && (k.ready == nil || k.ready()) {
 		k.once.Do(k.kill)
 	}
+	if k.next != nil {
+		k.next.Snapshot(peer, at, steps, p)
+	}
 }
-func (*killAt) Event(train.Event) {}
+
+func (k *killAt) Event(e train.Event) {
+	if k.next != nil {
+		k.next.Event(e)
+	}
+}
+
+// leadRecorder records, at every step of a peer, how many steps the
+// fastest peer other than slow is ahead of slow: the SSP gate's bound.
+type leadRecorder struct {
+	mu    sync.Mutex
+	slow  string
+	steps map[string]int
+	lead  int // the largest
+}
+
+func (*leadRecorder) Snapshot(string, time.Duration, int, []float32) {}
+
+func (r *leadRecorder) Event(e train.Event) {
+	if e.Kind != "step" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.steps[e.Peer]++
+	if e.Peer != r.slow {
+		r.lead = max(r.lead, r.steps[e.Peer]-r.steps[r.slow])
+	}
+}
 
 // runPSPeers runs k peers of RunPS on one fabric in a synctest bubble;
 // victim ≥ 0 is killed (unreachable, its run cancelled) at its step
 // killStep.
 func runPSPeers(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victim, killStep int) ([]*train.PSSummary, []error, []peerid.ID) {
-	return runPSPeersFault(t, ws, cfg, victim, killStep, false)
+	return runPSPeersWith(t, ws, cfg, psFault{victim: victim, killStep: killStep}, nil)
 }
 
-// runPSPeersFault is runPSPeers; with freeze, the victim is not killed but
-// frozen for the others (their calls to it hang until their deadline) while
-// it goes on training and calling them. The fault waits until every other
-// peer has reached the victim once: a peer whose first calls found it
-// not serving yet would otherwise see a server that never started, which
-// it waits for up to StartGrace, not a failed one (the scheduler decides
-// which, and the test would not be deterministic).
-func runPSPeersFault(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victim, killStep int, freeze bool) ([]*train.PSSummary, []error, []peerid.ID) {
+// psFault is what runPSPeersWith does to peer victim (−1: none) at its
+// step killStep: kill it (unreachable, its run cancelled) or, with
+// freeze, freeze it for the others (their calls to it hang until their
+// deadline) while it goes on training and calling them. Unless the
+// victim serves nothing (worker), the fault waits until every other peer
+// has reached it once: a peer whose first calls found it not serving yet
+// would otherwise see a server that never started, which it waits for up
+// to StartGrace, not a failed one (the scheduler decides which, and the
+// test would not be deterministic).
+type psFault struct {
+	victim, killStep int
+	freeze, worker   bool
+}
+
+// runPSPeersWith is runPSPeers with a fault and rec (if not nil) as
+// every peer's Recorder.
+func runPSPeersWith(t *testing.T, ws []*train.Worker, cfg train.PSConfig, fault psFault, rec train.Recorder) ([]*train.PSSummary, []error, []peerid.ID) {
 	t.Helper()
+	victim, killStep := fault.victim, fault.killStep
 	k := len(ws)
 	ids := make([]peerid.ID, k)
 	for i := range ids {
@@ -97,16 +139,20 @@ func runPSPeersFault(t *testing.T, ws []*train.Worker, cfg train.PSConfig, victi
 		for i := range k {
 			net := f.Join(ids[i])
 			pctx, pcancel := context.WithCancel(ctx)
-			var rec train.Recorder
+			prec := rec
+			ready := reached
+			if fault.worker {
+				ready = nil
+			}
 			switch {
-			case i == victim && freeze:
-				rec = &killAt{at: killStep, ready: reached, kill: func() { f.Stall(ids[i]) }}
+			case i == victim && fault.freeze:
+				prec = &killAt{at: killStep, ready: ready, kill: func() { f.Stall(ids[i]) }, next: rec}
 			case i == victim:
-				rec = &killAt{at: killStep, ready: reached, kill: func() { f.Kill(ids[i]); pcancel() }}
+				prec = &killAt{at: killStep, ready: ready, kill: func() { f.Kill(ids[i]); pcancel() }, next: rec}
 			}
 			wg.Go(func() {
 				defer pcancel()
-				sums[i], errs[i] = train.RunPS(pctx, ws[i], net, ids, cfg, rec)
+				sums[i], errs[i] = train.RunPS(pctx, ws[i], net, ids, cfg, prec)
 			})
 		}
 		wg.Wait()
@@ -252,26 +298,71 @@ func TestPSRefusesOtherModel(t *testing.T) {
 	})
 }
 
-// TestPSSSPDropsStragglerGradients: with an SSP bound of 4, the gradients
-// of a worker 8× slower than the two others (τ ≈ 16) are dropped, and the
-// fast workers', a step or two stale, are applied.
-func TestPSSSPDropsStragglerGradients(t *testing.T) {
+// TestPSSSPHoldsFastWorkers: with an SSP bound of 4 and a worker 8×
+// slower than the two others, the gate holds the fast ones: none ever
+// completes more than 4+1 steps beyond the straggler (it may start a
+// step while 4 ahead), and they do get that far. The straggler is never
+// held, and no gradient is dropped: the staleness of what gets past the
+// gate stays within the drop bound, 2·(4+1) updates per other worker.
+// (Before the gate, the fast workers ran 35 steps ahead and the
+// straggler's gradients, τ ≈ 16, were dropped.)
+func TestPSSSPHoldsFastWorkers(t *testing.T) {
 	ws := psWorkers(t, 3)
 	train.SetSlowdown(ws[0], 8)
 	cfg := psConfig()
 	cfg.Servers, cfg.MaxSteps, cfg.Policy = 1, 40, staleness.SSP(4)
-	sums, errs, _ := runPSPeers(t, ws, cfg, -1, 0)
+	rec := &leadRecorder{slow: "p0", steps: map[string]int{}}
+	sums, errs, _ := runPSPeersWith(t, ws, cfg, psFault{victim: -1}, rec)
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("peer %d: %v", i, err)
 		}
+		// A wait is no failure: nobody fails over.
+		if s := sums[i]; s.Steps != 40 || s.Stale != 0 || s.GateTimeouts != 0 || s.Failovers != 0 {
+			t.Errorf("peer %d: %d steps, %d stale, %d gate timeouts, %d failovers", i, s.Steps, s.Stale, s.GateTimeouts, s.Failovers)
+		}
 	}
-	if sums[0].Stale == 0 || sums[0].Stale+sums[0].Pushes != 40 {
-		t.Errorf("straggler: %d stale of %d pushes", sums[0].Stale, sums[0].Stale+sums[0].Pushes)
+	if rec.lead != 4+1 {
+		t.Errorf("the fast workers got %d steps ahead of the straggler, want 4+1 at most and at least", rec.lead)
+	}
+	if sums[0].GateWaits != 0 {
+		t.Errorf("the straggler was held %d times", sums[0].GateWaits)
 	}
 	for _, s := range sums[1:] {
-		if s.Stale != 0 || s.MeanTau > 4 {
-			t.Errorf("fast worker: %d stale, mean τ %.1f", s.Stale, s.MeanTau)
+		if s.GateWaits == 0 {
+			t.Errorf("fast worker %s never held", s.Peer)
+		}
+	}
+}
+
+// TestPSSSPDeadWorkerHoldsUntilStall: with ssp:4, a straggler (a worker
+// only, 8× slower) killed at its step 10 holds the others for the stall
+// timeout (CallTimeout, 1 s) once: then the servers stop counting it and
+// they run their 60 steps without waiting, and without a gate timeout.
+func TestPSSSPDeadWorkerHoldsUntilStall(t *testing.T) {
+	ws := psWorkers(t, 4)
+	cfg := psConfig()
+	cfg.Servers, cfg.MaxSteps, cfg.Policy = 1, 60, staleness.SSP(4)
+	ids := []peerid.ID{"p0", "p1", "p2", "p3"}
+	victim := int(train.PSRank(ids, cfg.Model)[2][1] - '0') // neither server nor backup
+	train.SetSlowdown(ws[victim], 8)
+	sums, errs, _ := runPSPeersWith(t, ws, cfg, psFault{victim: victim, killStep: 10, worker: true}, nil)
+	for i, err := range errs {
+		if i == victim {
+			continue
+		}
+		s := sums[i]
+		if err != nil {
+			t.Fatalf("peer %d: %v", i, err)
+		}
+		if s.Steps != 60 || s.GateTimeouts != 0 || s.Failovers != 0 {
+			t.Errorf("peer %d: %d steps, %d gate timeouts, %d failovers", i, s.Steps, s.GateTimeouts, s.Failovers)
+		}
+		// Held about the stall timeout for the dead one (from at most a
+		// few steps after its last), and a few polls (20 ms) before,
+		// while it lived.
+		if stall := cfg.CallTimeout.Seconds(); s.GateWaitS < 0.9*stall || s.GateWaitS > stall+0.5 {
+			t.Errorf("peer %d held %.2f s in all (%d waits), want the stall timeout %.0f s and a little", i, s.GateWaitS, s.GateWaits, stall)
 		}
 	}
 }
@@ -291,7 +382,7 @@ func TestPSFrozenServerInMemory(t *testing.T) {
 	// The frozen server trains slower than the others, so that it still
 	// pushes after they have moved to the backup.
 	train.SetSlowdown(ws[victim], 10)
-	sums, errs, _ := runPSPeersFault(t, ws, cfg, victim, 3, true)
+	sums, errs, _ := runPSPeersWith(t, ws, cfg, psFault{victim: victim, killStep: 3, freeze: true}, nil)
 	var acked int
 	var final uint64
 	for i, err := range errs {

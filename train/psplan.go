@@ -164,6 +164,12 @@ type psShardView struct {
 	// (0: none).
 	lastSeq uint64
 	policy  staleness.Policy
+	// workers is how many worker sessions the shard knows, the request's
+	// included (psClocks); slowest is the lowest clock of the others
+	// that count for the SSP gate (psSlowest), others whether one does.
+	workers int
+	slowest uint64
+	others  bool
 }
 
 // psAdmission is a server's verdict on a request.
@@ -176,7 +182,10 @@ type psAdmission struct {
 	promote bool
 	// decision is the staleness policy's verdict on a push.
 	decision staleness.Decision
-	detail   string
+	// wait: the worker, at the request's clock, is beyond the SSP bound
+	// (a push's reply says so; a gate request is answered PSWait).
+	wait   bool
+	detail string
 }
 
 // admitPS decides on request r for one shard: the model and its size, the
@@ -184,7 +193,10 @@ type psAdmission struct {
 // an applied sequence number (PSDup: acknowledged, not applied again, so
 // that a worker that fails over with a push in flight loses nothing and
 // applies nothing twice) and its staleness τ = version − base (PSStale
-// beyond the SSP bound; otherwise applied with the weight s(τ)).
+// beyond psDropPolicy's bound; otherwise applied with the weight s(τ)).
+// A push or gate request also says whether the worker, at its clock
+// r.Seq, must wait under the SSP bound (psGateWaits): a gate request is
+// answered PSWait then, a push is acknowledged with wait set.
 func admitPS(r *PSRequest, v psShardView) psAdmission {
 	bad := func(s PSStatus, format string, args ...any) psAdmission {
 		return psAdmission{status: s, detail: fmt.Sprintf(format, args...)}
@@ -217,10 +229,17 @@ func admitPS(r *PSRequest, v psShardView) psAdmission {
 	case PSPull, PSDone:
 		a.status = PSOK
 		return a
+	case PSGate:
+		a.status, a.wait = PSOK, psGateWaits(v.policy, r.Seq, v.slowest, v.others)
+		if a.wait {
+			a.status = PSWait
+		}
+		return a
 	case PSPush:
 	default:
 		return bad(PSBadRequest, "unknown op %d", r.Op)
 	}
+	a.wait = psGateWaits(v.policy, r.Seq, v.slowest, v.others)
 	switch {
 	case r.Elems != v.length:
 		return bad(PSBadShape, "shard %d has %d parameters, the gradient %d", r.Shard, v.length, r.Elems)
@@ -232,13 +251,82 @@ func admitPS(r *PSRequest, v psShardView) psAdmission {
 	case r.Base > v.version:
 		return bad(PSBadRequest, "gradient at version %d of shard %d, which is at %d", r.Base, r.Shard, v.version)
 	}
-	a.decision = v.policy.Decide(v.version - r.Base)
+	a.decision = psDropPolicy(v.policy, v.workers).Decide(v.version - r.Base)
 	if a.decision.Action != staleness.Accept {
 		a.status = PSStale
 		return a
 	}
 	a.status, a.apply = PSOK, true
 	return a
+}
+
+// The SSP gate (Ho et al. 2013, "More effective distributed ML via a
+// stale synchronous parallel parameter server"). A worker's clock is its
+// completed steps, which is the sequence number of its last push to any
+// shard (every step pushes every shard once). A worker at clock c may
+// start step c+1 while c − slowest ≤ s, slowest being the lowest clock of
+// the other live workers: so no worker completes more than s+1 steps
+// beyond the slowest. Each shard's server checks it with what it has
+// heard from the workers (psClock): a push's reply says whether the
+// worker must wait, and the waiting worker asks again (PSGate) after a
+// pause until the answer is PSOK, so that no call is held open and a wait
+// never looks like a dead server.
+
+// psClock is what a server has heard of one worker session's clock.
+type psClock struct {
+	clock uint64    // the highest clock (push sequence number) heard
+	moved time.Time // when clock last grew (or was first heard)
+	done  bool      // the worker said it is done (PSDone)
+}
+
+// observe returns c after the worker said it is at clock at now.
+func (c psClock) observe(clock uint64, now time.Time) psClock {
+	if c.moved.IsZero() || clock > c.clock {
+		c.clock, c.moved = clock, now
+	}
+	return c
+}
+
+// psSlowest returns the lowest clock among the worker sessions other than
+// self that count at now, and whether one does. A worker that is done,
+// or whose clock has not grown for stall (the stall timeout: dead, hung,
+// or slower than a step per stall), does not count, so that it holds the
+// others for stall at most.
+func psSlowest(clocks map[psSession]psClock, self psSession, now time.Time, stall time.Duration) (slowest uint64, ok bool) {
+	for k, c := range clocks {
+		if k == self || c.done || now.Sub(c.moved) >= stall {
+			continue
+		}
+		if !ok || c.clock < slowest {
+			slowest, ok = c.clock, true
+		}
+	}
+	return slowest, ok
+}
+
+// psGateWaits reports whether a worker at clock must wait before its next
+// step: pol has an SSP bound s and the worker is more than s clocks ahead
+// of slowest, the slowest other worker that counts (others: one does).
+// It is the gate async mode applies to versions (Policy.Gate).
+func psGateWaits(pol staleness.Policy, clock, slowest uint64, others bool) bool {
+	return others && clock > slowest && pol.Gate(clock-slowest).Action == staleness.Wait
+}
+
+// psDropPolicy is pol with its SSP bound s, which counts clocks, turned
+// into the bound on a push's staleness τ, which counts the shard's
+// updates, for a shard that knows workers worker sessions: 2(s+1) per
+// other worker. While the gate holds, another worker was at most s+1
+// steps behind the pusher when it pulled and gets at most s+1 ahead of it
+// before its push, so no gradient is staler: the drop is a safety net for
+// gradients that got past the gate (a worker that did not count, being
+// stalled, or one a promoted backup does not know yet). Without a bound,
+// pol.
+func psDropPolicy(pol staleness.Policy, workers int) staleness.Policy {
+	s, ok := pol.Bound()
+	if !ok {
+		return pol
+	}
+	return pol.WithBound(2 * (s + 1) * max(workers-1, 0))
 }
 
 // psCallState is where a worker's calls for one shard go.

@@ -87,7 +87,7 @@ func TestPlanLayoutDigestDiffers(t *testing.T) {
 }
 
 func TestAdmitPS(t *testing.T) {
-	base := psShardView{model: "m", dim: 100, layout: 7, role: rolePrimary, length: 50, version: 10, lastSeq: 3, policy: staleness.Constant().WithBound(4)}
+	base := psShardView{model: "m", dim: 100, layout: 7, role: rolePrimary, length: 50, version: 10, lastSeq: 3, policy: staleness.Constant().WithBound(4), workers: 2}
 	push := func(f func(*PSRequest)) *PSRequest {
 		r := &PSRequest{Op: PSPush, Model: "m", Dim: 100, Layout: 7, Seq: 4, Base: 9, Elems: 50}
 		if f != nil {
@@ -121,8 +121,12 @@ func TestAdmitPS(t *testing.T) {
 		{"no seq", push(func(r *PSRequest) { r.Seq = 0 }), base, PSBadRequest, false, false, 0},
 		{"retried after failover", push(func(r *PSRequest) { r.Seq = 3 }), base, PSDup, false, false, 0},
 		{"from the future", push(func(r *PSRequest) { r.Base = 11 }), base, PSBadRequest, false, false, 0},
-		{"at the SSP bound", push(func(r *PSRequest) { r.Base = 6 }), base, PSOK, true, false, 4},
-		{"beyond the SSP bound", push(func(r *PSRequest) { r.Base = 5 }), base, PSStale, false, false, 5},
+		// ssp:4 with one other worker: dropped beyond τ = 2·(4+1)·1.
+		{"at the drop bound", push(func(r *PSRequest) { r.Base = 0 }), base, PSOK, true, false, 10},
+		{"beyond the drop bound", push(func(r *PSRequest) { r.Base = 0 }), view(func(v *psShardView) { v.version = 11 }), PSStale, false, false, 11},
+		{"more workers, a higher drop bound", push(func(r *PSRequest) { r.Base = 0 }), view(func(v *psShardView) { v.version = 11; v.workers = 3 }), PSOK, true, false, 11},
+		{"alone: any staleness dropped", push(func(r *PSRequest) { r.Base = 9 }), view(func(v *psShardView) { v.workers = 1 }), PSStale, false, false, 1},
+		{"no bound: nothing dropped", push(func(r *PSRequest) { r.Base = 0 }), view(func(v *psShardView) { v.version = 1000; v.policy = staleness.Constant() }), PSOK, true, false, 1000},
 		{"backup takes over on a push", push(nil), view(func(v *psShardView) { v.role = roleBackup }), PSOK, true, true, 1},
 		{"backup takes over on a pull", &PSRequest{Op: PSPull, Model: "m", Dim: 100, Layout: 7}, view(func(v *psShardView) { v.role = roleBackup }), PSOK, false, true, 0},
 		{"replica, newer", &PSRequest{Op: PSReplicate, Model: "m", Dim: 100, Layout: 7, Version: 11}, view(func(v *psShardView) { v.role = roleBackup }), PSOK, true, false, 0},
@@ -194,6 +198,98 @@ func TestPSConfigValidate(t *testing.T) {
 		f(&c)
 		if err := c.Validate(); !errors.Is(err, ErrStrategy) {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestPSSlowest: the gate counts the other workers that are not done and
+// whose clock grew within the stall timeout.
+func TestPSSlowest(t *testing.T) {
+	now := time.Unix(1000, 0)
+	const stall = time.Second
+	self := psSession{"me", 1}
+	for _, c := range []struct {
+		name   string
+		clocks map[psSession]psClock
+		want   uint64
+		ok     bool
+	}{
+		{"nobody", nil, 0, false},
+		{"only self", map[psSession]psClock{self: {clock: 3, moved: now}}, 0, false},
+		{"the lowest of the live", map[psSession]psClock{self: {clock: 1, moved: now}, {"a", 1}: {clock: 7, moved: now}, {"b", 1}: {clock: 5, moved: now.Add(-stall / 2)}}, 5, true},
+		{"done does not count", map[psSession]psClock{{"a", 1}: {clock: 7, moved: now}, {"b", 1}: {clock: 2, moved: now, done: true}}, 7, true},
+		{"stalled does not count", map[psSession]psClock{{"a", 1}: {clock: 7, moved: now}, {"b", 1}: {clock: 2, moved: now.Add(-stall)}}, 7, true},
+		{"an earlier session of self counts", map[psSession]psClock{{"me", 2}: {clock: 0, moved: now}}, 0, true},
+		{"all stalled or done", map[psSession]psClock{{"a", 1}: {clock: 7, moved: now.Add(-2 * stall)}, {"b", 1}: {clock: 2, done: true}}, 0, false},
+	} {
+		got, ok := psSlowest(c.clocks, self, now, stall)
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: %d %v, want %d %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+	// observe: the clock and its time move only forwards.
+	var c psClock
+	c = c.observe(0, now)
+	c = c.observe(4, now.Add(time.Second))
+	c = c.observe(3, now.Add(2*time.Second))
+	if c.clock != 4 || !c.moved.Equal(now.Add(time.Second)) {
+		t.Errorf("observe: %+v", c)
+	}
+}
+
+// TestPSGateWaits: a worker at clock c waits while c − slowest > s, the
+// decision of Policy.Gate; without a bound or another worker, never.
+func TestPSGateWaits(t *testing.T) {
+	ssp4 := staleness.SSP(4)
+	for _, c := range []struct {
+		name           string
+		pol            staleness.Policy
+		clock, slowest uint64
+		others         bool
+		want           bool
+	}{
+		{"no bound", staleness.Constant(), 100, 0, true, false},
+		{"no other worker", ssp4, 100, 0, false, false},
+		{"at the bound", ssp4, 9, 5, true, false},
+		{"beyond the bound", ssp4, 10, 5, true, true},
+		{"behind the slowest", ssp4, 3, 5, true, false},
+		{"ssp:0, one ahead", staleness.SSP(0), 6, 5, true, true},
+		{"ssp:0, level", staleness.SSP(0), 5, 5, true, false},
+		{"a weight and a bound", staleness.Polynomial(0.5).WithBound(2), 8, 5, true, true},
+	} {
+		if got := psGateWaits(c.pol, c.clock, c.slowest, c.others); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	// admitPS: a gate request is answered PSWait or PSOK; a push (applied,
+	// dropped or a duplicate) carries the verdict at its clock.
+	v := psShardView{model: "m", dim: 10, layout: 7, role: rolePrimary, length: 10, version: 50, lastSeq: 9,
+		policy: ssp4, workers: 3, slowest: 5, others: true}
+	gate := func(seq uint64) *PSRequest {
+		return &PSRequest{Op: PSGate, Model: "m", Dim: 10, Layout: 7, Seq: seq}
+	}
+	pushAt := func(seq, base uint64) *PSRequest {
+		return &PSRequest{Op: PSPush, Model: "m", Dim: 10, Layout: 7, Seq: seq, Base: base, Elems: 10}
+	}
+	for _, c := range []struct {
+		name    string
+		r       *PSRequest
+		slowest uint64
+		status  PSStatus
+		wait    bool
+	}{
+		{"gate, held", gate(10), 5, PSWait, true},
+		{"gate, open", gate(9), 5, PSOK, false},
+		{"push beyond the edge", pushAt(10, 49), 5, PSOK, true},
+		{"push at the edge", pushAt(10, 49), 6, PSOK, false},
+		{"duplicate push, held", pushAt(9, 49), 4, PSDup, true},
+		{"dropped push, held", pushAt(10, 0), 5, PSStale, true},
+		{"bad push: no verdict", &PSRequest{Op: PSPush, Model: "m", Dim: 10, Layout: 7, Seq: 10, Elems: 3}, 5, PSBadShape, false},
+	} {
+		v.slowest = c.slowest
+		a := admitPS(c.r, v)
+		if a.status != c.status || a.wait != c.wait {
+			t.Errorf("%s: status %s wait %v, want %s %v", c.name, a.status, a.wait, c.status, c.wait)
 		}
 	}
 }

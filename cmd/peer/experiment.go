@@ -104,11 +104,11 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	servers := fs.Int("servers", def.PS.Servers, "ps: peers serving a shard each (0: one per four peers), as peer run --servers")
 	dcLambda := fs.Float64("dc-lambda", def.PS.DCLambda, "ps: DC-ASGD's λ (0: off), as peer run --dc-lambda")
 	psPolicy := def.PS.Policy
-	fs.TextVar(&psPolicy, "ps-policy", def.PS.Policy, "ps: staleness policy of pushed gradients (peer run's --policy in --mode ps)")
+	fs.TextVar(&psPolicy, "ps-policy", def.PS.Policy, "ps: staleness policy of pushed gradients, +ssp:S an SSP gate (peer run's --policy in --mode ps)")
 	var codec compression.Spec
 	fs.TextVar(&codec, "compress", def.Compress, "sync: codec of the gradient all-reduce; fedasync/fedbuff: codec of published vectors; ps: of pushed gradients (fp32, fp16, bf16, int8[:block=N], fp4[:block=N], int4[:block=N], topk:F, randk:F, sign, powersgd:R, with ,ef for error feedback), as peer run --compress")
 	fs.TextVar(&codec, "codec", def.Compress, "the older name of --compress")
-	stall := fs.Duration("stall-timeout", def.StallTimeout, "all-reduce (sync): how long a silent peer is waited for before it is dropped; ps: how long a worker waits for a server before it fails over; as peer run --stall-timeout")
+	stall := fs.Duration("stall-timeout", def.StallTimeout, "all-reduce (sync): how long a silent peer is waited for before it is dropped; ps: how long a worker waits for a server before it fails over, and the SSP gate for a worker that makes no step; as peer run --stall-timeout")
 	every := fs.Int("gossip-every", def.Gossip.Every, "adpsgd/sgp: local steps between exchanges")
 	period := fs.Duration("gossip-period", def.Gossip.Period, "adpsgd/sgp: least time between exchanges a peer starts")
 	verbose := fs.Bool("v", false, "log progress to stderr")

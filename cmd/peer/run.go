@@ -54,7 +54,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9090")
 	minPeers := fs.Int("min-peers", 2, "wait for this many live peers, this one included, before training")
 	wait := fs.Duration("wait", 2*time.Minute, "how long to wait for --min-peers")
-	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped; ps: how long a worker waits for a server before it fails over to the shard's backup")
+	stall := fs.Duration("stall-timeout", sw.Aggregate.StallTimeout, "all-reduce: how long a silent peer is waited for before it is dropped; ps: how long a worker waits for a server before it fails over to the shard's backup, and the SSP gate for a worker that makes no step")
 	aggRule := sw.Aggregate.Rule
 	fs.Var(rule.Flag{Rule: &aggRule}, "aggregate", "aggregation rule: mean, median, trimmed:β, krum:f=F[,m=M], cclip:tau=T,iters=L (default "+aggRule.String()+")")
 	// Data.
@@ -288,7 +288,7 @@ func asyncFlags(fs *flag.FlagSet, steps, evalEvery *int) func() peerrun.AsyncOpt
 	d := peerrun.DefaultAsyncOptions()
 	strategy := fs.String("async", d.Async.Mode, "async: fedasync (mix each fresh model in) or fedbuff (apply after K buffered deltas)")
 	policy := d.Async.Policy
-	fs.TextVar(&policy, "policy", d.Async.Policy, "async, ps: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S (ps: of pushed gradients, const by default; +ssp:S drops those more than S updates stale)")
+	fs.TextVar(&policy, "policy", d.Async.Policy, "async, ps: staleness weighting: const, poly:A, hinge:A,B, inv, sqrt, optionally +ssp:S (ps: of pushed gradients, const by default; +ssp:S holds a worker more than S steps ahead of the slowest live one)")
 	alpha := fs.Float64("alpha", d.Async.Alpha, "async: fedasync mixing rate α")
 	bufferK := fs.Int("buffer-k", d.Async.BufferK, "async: fedbuff contributions per server step K")
 	serverLR := fs.Float64("server-lr", d.Async.ServerLR, "async: fedbuff server learning rate η")

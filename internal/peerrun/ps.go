@@ -84,6 +84,9 @@ func runPS(ctx context.Context, env *Env) error {
 		return err
 	}
 	note := fmt.Sprintf("pushed %d (mean τ %.1f), stale %d, failovers %d", sum.Pushes, sum.MeanTau, sum.Stale, sum.Failovers)
+	if sum.GateWaits > 0 {
+		note += fmt.Sprintf(", held by the SSP gate %d times (%.1f s, %d timeouts)", sum.GateWaits, sum.GateWaitS, sum.GateTimeouts)
+	}
 	if len(sum.Serves) > 0 {
 		note += fmt.Sprintf("; served shards %v: applied %d (%d compensated)", sum.Serves, sum.Applied, sum.Compensated)
 	}
