@@ -191,7 +191,10 @@ func TestPSTrainsInMemory(t *testing.T) {
 	if compensated < applied/2 {
 		t.Errorf("%d of %d gradients compensated", compensated, applied)
 	}
-	if _, acc := train.Evaluate(ws[3].Model, test); acc < 0.8 {
+	// The order of the pushes is the scheduler's, so the accuracy varies
+	// from run to run: 0.85-0.90 in 24 runs, once 0.79 under -race. An
+	// untrained or broken model is near 0.1.
+	if _, acc := train.Evaluate(ws[3].Model, test); acc < 0.7 {
 		t.Errorf("accuracy %.3f after 600 asynchronous steps", acc)
 	}
 }
