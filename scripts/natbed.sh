@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # natbed.sh up | down | run CMD...
 # Two peers behind NAT and a relay on a "public" segment, all in network
-# namespaces of their own (prefix nat-), nothing attached to the root
-# namespace, so no packet can leave the test bed:
+# namespaces of their own (prefix nat-, or $NATBED_PREFIX), nothing attached
+# to the root namespace, so no packet can leave the test bed:
 #
 #   nat-relay 11.79.0.1 ─┐
 #                        ├─ bridge in nat-pub (the "internet", 11.79.0.0/24)
