@@ -17,6 +17,12 @@
 # silently, like a home router: unsolicited dials to a peer behind a NAT fail.
 #
 # `run CMD...` brings the bed up, runs CMD, and tears it down on exit.
+# `peers [FLAGS...]` brings it up and runs real `peer run` processes: the
+# relay (--relay-service) and a and b behind their NATs (--relay), b
+# dialling a only at its relayed address; FLAGS (default: a 5-step sync
+# job) go to all three. It prints each peer's last progress line and the
+# hole punches libp2p logged (with NATBED_DEBUG=1: libp2p's debug logs on a
+# and b, heavy enough to slow them); logs stay in $OUT (a temporary folder).
 set -euo pipefail
 P=${NATBED_PREFIX:-nat-}
 
@@ -84,5 +90,35 @@ run)
   up
   "$@"
   ;;
-*) echo "usage: natbed.sh up | down | run CMD..." >&2; exit 2 ;;
+peers)
+  shift
+  flags=("$@")
+  [ ${#flags[@]} -gt 0 ] || flags=(--mode sync --steps 5 --model logreg --limit 2000 --eval-every 5)
+  OUT=${OUT:-$(mktemp -d /tmp/natbed.XXXX)}
+  B=$OUT/peer
+  (cd "$(dirname "$0")/.." && go build -o "$B" ./cmd/peer)
+  trap down EXIT
+  up
+  for k in relay a b; do "$B" keygen --key "$OUT/k$k" >/dev/null 2>&1; done
+  R=$("$B" id --key "$OUT/krelay" | head -1); A=$("$B" id --key "$OUT/ka" | head -1)
+  RA=/ip4/11.79.0.1/tcp/4001/p2p/$R
+  common=(--min-peers 3 --listen /ip4/0.0.0.0/tcp/4001 --linger 5s "${flags[@]}")
+  cd "$OUT"
+  ip netns exec "${P}relay" "$B" run --key krelay --relay-service "${common[@]}" >relay.log 2>&1 &
+  pids=($!)
+  sleep 1
+  lvl=warn; [ "${NATBED_DEBUG:-}" = 1 ] && lvl=debug
+  GOLOG_LOG_LEVEL=$lvl ip netns exec "${P}a" "$B" run --key ka --relay "$RA" --connect "$RA" "${common[@]}" >a.log 2>&1 &
+  pids+=($!)
+  GOLOG_LOG_LEVEL=$lvl ip netns exec "${P}b" "$B" run --key kb --relay "$RA" --connect "$RA" \
+    --connect "$RA/p2p-circuit/p2p/$A" "${common[@]}" >b.log 2>&1 &
+  pids+=($!)
+  rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  for k in relay a b; do echo "$k: $(grep -a '^step' $k.log | tail -1)"; done
+  grep -ah 'hole punch successful\|NO_RESERVATION' a.log b.log | cut -c1-200 || true
+  echo "logs in $OUT"
+  exit $rc
+  ;;
+*) echo "usage: natbed.sh up | down | run CMD... | peers [FLAGS...]" >&2; exit 2 ;;
 esac
