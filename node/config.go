@@ -81,9 +81,11 @@ type Config struct {
 	// verdict to "public".
 	RelayService bool
 	// Relays are static relays (multiaddrs with /p2p/ID, --relay): a node
-	// that finds itself unreachable (AutoNAT) books a circuit v2 slot on
-	// them and advertises the relayed addresses, so that peers that cannot
-	// dial it reach it there and hole punching can upgrade the connection.
+	// given some takes itself for unreachable (behind a NAT; AutoNAT is
+	// not waited for), books a circuit v2 slot on them at once and
+	// advertises the relayed addresses beside its direct ones, so that
+	// peers that cannot dial it reach it there and hole punching can
+	// upgrade the connection.
 	Relays []string
 	// AutoRelay makes such a node look for relays among the peers it is
 	// connected to that offer the relay service (RelayService).

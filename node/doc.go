@@ -52,10 +52,11 @@
 // itself under the swarm name and connects to the members it finds.
 // AutoNAT and DCUtR hole punching (Config.NATService, HolePunching) let
 // peers behind NATs upgrade relayed control connections to direct ones.
-// A node that finds itself unreachable books a circuit v2 slot on its
-// static relays (Config.Relays, --relay), else on a connected peer that
-// offers the relay service (Config.AutoRelay, RelayService), so that two
-// peers that cannot dial each other meet there.
+// A node with static relays (Config.Relays, --relay) books a circuit v2
+// slot on them at start; one that AutoNAT finds unreachable books one on
+// a connected peer that offers the relay service (Config.AutoRelay,
+// RelayService); so two peers that cannot dial each other meet there
+// (TestNATHolePunch: two peers behind masquerading routers).
 // Relays carry control traffic only: the tensor protocol never opens a
 // stream on a limited (relayed) connection — Send waits for a direct one
 // until its deadline, then fails with ErrLimitedConn — and the receiver

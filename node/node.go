@@ -201,6 +201,15 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	var hostRef atomic.Pointer[host.Host]
 	if relays, _ := relayInfos(cfg.Relays); len(relays) > 0 {
 		lopts = append(lopts, libp2p.EnableAutoRelayWithStaticRelays(relays))
+		if !cfg.RelayService && !o.private {
+			// A static relay says this node is behind a NAT: book the
+			// slot at once. Autorelay waits for AutoNAT's verdict
+			// otherwise, which came too late or never behind a
+			// masquerading router (TestNATHolePunch's bed: no
+			// reservation within a 20 s run). Direct addresses stay
+			// advertised.
+			lopts = append(lopts, libp2p.ForceReachabilityPrivate())
+		}
 	} else if cfg.AutoRelay {
 		lopts = append(lopts, libp2p.EnableAutoRelayWithPeerSource(func(ctx context.Context, num int) <-chan peer.AddrInfo {
 			return relayCandidates(hostRef.Load(), num)

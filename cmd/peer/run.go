@@ -44,7 +44,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	fs.Var(&connect, "connect", "multiaddrs (with /p2p/ID) of peers to dial, in the background with backoff for the whole run (one that is down does not stop it)")
 	fs.Var(&bootstrap, "bootstrap", "multiaddrs (with /p2p/ID) of DHT bootstrap peers; turns the DHT on")
 	fs.Var(&allow, "allow", "peer IDs allowed to connect (default: everyone who passes the swarm key)")
-	fs.Var(&relays, "relay", "multiaddr (with /p2p/ID) of a relay to book when this peer is unreachable (behind a NAT); repeatable. Without one, peers offering --relay-service are used")
+	fs.Var(&relays, "relay", "multiaddr (with /p2p/ID) of a relay to book a slot on at start, for a peer behind a NAT (peers reach it there, then hole punching connects them directly); repeatable. Without one, a peer AutoNAT finds unreachable uses peers offering --relay-service")
 	relayService := fs.Bool("relay-service", false, "relay other peers' control traffic (circuit v2; never tensors): run it on a publicly reachable peer")
 	mdns := fs.Bool("mdns", true, "discover peers on the LAN by mDNS")
 	dht := fs.Bool("dht", false, "run the private DHT rendezvous (on by itself with --bootstrap)")
