@@ -58,6 +58,11 @@ func disseminationSources(n int) []int {
 	return []int{0, n / 2, n - 1}
 }
 
+// disseminationWait bounds the wait for one heartbeat to reach every
+// peer: 20 heartbeat periods, at most 3 minutes (a heartbeat can be lost,
+// and the period of a large simulated swarm is minutes).
+func disseminationWait(beat time.Duration) time.Duration { return min(20*beat, 3*time.Minute) }
+
 // disseminationPoll is how often the views are read while a heartbeat
 // spreads: the resolution of the measurement.
 const disseminationPoll = 2 * time.Millisecond
@@ -65,14 +70,15 @@ const disseminationPoll = 2 * time.Millisecond
 // dissemination publishes one heartbeat from each of a few peers, one
 // after the other, and measures how long each takes to reach every other
 // peer's view (its Seq there). It returns the longest, and the fewest
-// peers one reached: each wait ends after 20 heartbeat periods.
+// peers one reached: each wait ends after disseminationWait.
 func (sw *network) dissemination(ctx context.Context, log *slog.Logger) (time.Duration, int) {
 	n := len(sw.peers)
+	wait := disseminationWait(sw.beat)
 	var worst time.Duration
 	fewest := n - 1
 	for _, src := range disseminationSources(n) {
 		p := sw.peers[src]
-		wctx, cancel := context.WithTimeout(ctx, 20*sw.beat)
+		wctx, cancel := context.WithTimeout(ctx, wait)
 		start := time.Now()
 		seq, err := p.Swarm.Control.BeatSeq(wctx)
 		if err != nil {

@@ -38,6 +38,18 @@ func TestFormQuorum(t *testing.T) {
 	}
 }
 
+func TestDisseminationWait(t *testing.T) {
+	for _, c := range []struct{ beat, want time.Duration }{
+		{250 * time.Millisecond, 5 * time.Second},
+		{time.Second, 20 * time.Second},
+		{65 * time.Second, 3 * time.Minute},
+	} {
+		if got := disseminationWait(c.beat); got != c.want {
+			t.Errorf("disseminationWait(%v) = %v, want %v", c.beat, got, c.want)
+		}
+	}
+}
+
 func TestDisseminationSources(t *testing.T) {
 	for _, c := range []struct {
 		n    int
@@ -90,8 +102,8 @@ func TestFormBeyondFullMesh(t *testing.T) {
 	if reached != cfg.Peers-1 {
 		t.Errorf("a heartbeat reached %d of %d peers", reached, cfg.Peers-1)
 	}
-	if took <= 0 || took >= 20*sw.beat {
-		t.Errorf("dissemination took %v, want in (0, %v)", took, 20*sw.beat)
+	if took <= 0 || took >= disseminationWait(sw.beat) {
+		t.Errorf("dissemination took %v, want in (0, %v)", took, disseminationWait(sw.beat))
 	}
 }
 
@@ -139,4 +151,17 @@ func TestScaleControlPlane(t *testing.T) {
 		n, sw.beat, sw.quorum, formed.Round(time.Millisecond), took, took.Seconds()/sw.beat.Seconds(), reached,
 		cpu.Round(time.Millisecond), cpu.Seconds()/(5*sw.beat.Seconds()), hb1-hb0, 5*n*(n-1),
 		float64(cpu.Microseconds())/float64(max(hb1-hb0, 1)), float64(views)/float64(n), thr, und, maxRSSMiB())
+}
+
+// TestSwarmConfigLongHeartbeat: a heartbeat period whose TTL outlasts
+// the control plane's default replay retention still configures.
+func TestSwarmConfigLongHeartbeat(t *testing.T) {
+	for _, beat := range []time.Duration{0, 65 * time.Second, 4 * time.Minute, 20 * time.Minute} {
+		cfg := DefaultConfig()
+		cfg.Peers, cfg.Heartbeat = 256, beat
+		sc := swarmConfig(&cfg, "m", slog.New(slog.DiscardHandler))
+		if err := sc.Gossip.Validate(); err != nil {
+			t.Errorf("heartbeat %v: %v", beat, err)
+		}
+	}
 }

@@ -227,6 +227,10 @@ func swarmConfig(cfg *Config, model string, log *slog.Logger) swarm.Config {
 		beat = heartbeat(cfg.Peers)
 	}
 	sc.Gossip.HeartbeatInterval, sc.Gossip.PeerTTL = beat, 8*beat
+	// Replay state must outlive a peer's TTL (gossip.Config.Validate);
+	// 10 min by default, shorter than 8 periods of a swarm's heartbeats
+	// beyond 256 peers.
+	sc.Gossip.ReplayRetention = max(sc.Gossip.ReplayRetention, sc.Gossip.PeerTTL)
 	sc.Gossip.AnnounceQueue = 1024
 	sc.Aggregate.StallTimeout = cfg.StallTimeout
 	sc.Aggregate.Algorithm, _ = aggregate.ParseAlgorithm(cfg.SyncAlgorithm) // checked by Validate
@@ -323,12 +327,14 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger, form formati
 		p.Swarm = sp
 		sw.peers = append(sw.peers, p)
 	}
+	log.Info("sim: hosts up", "peers", len(sw.peers), "heartbeat", sw.beat)
 	if err := sw.mn.LinkAll(); err != nil {
 		return nil, err
 	}
 	if err := sw.connect(cfg.Seed); err != nil {
 		return nil, err
 	}
+	log.Info("sim: connected; waiting for the views", "peers", len(sw.peers))
 	group := make([]peerid.ID, len(sw.peers))
 	for i, p := range sw.peers {
 		group[i] = p.ID
