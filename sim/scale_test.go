@@ -79,7 +79,7 @@ func TestConfigRejectsBadScale(t *testing.T) {
 // then reaches every peer, each within the deadline.
 func TestFormBeyondFullMesh(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.Peers, cfg.Strategy, cfg.Worker.Model = 20, "adpsgd", "logreg"
+	cfg.Peers, cfg.Strategy, cfg.Worker.Model = 18, "adpsgd", "logreg"
 	cfg.Heartbeat = 500 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

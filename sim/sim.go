@@ -350,6 +350,19 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger, form formati
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	// Each control plane beat when it started, before it had any
+	// connection: nobody heard that beat, and the next comes a period
+	// later (minutes in a large swarm). Beat once more, now connected,
+	// all at once: a publish waits for its router, busy with the others'.
+	var beats sync.WaitGroup
+	defer beats.Wait() // before cancel: bounded by wctx, done on every path that returns
+	for i, p := range sw.peers {
+		beats.Go(func() {
+			if err := p.Swarm.Control.Beat(wctx); err != nil && wctx.Err() == nil {
+				log.Warn("sim: first heartbeat", "peer", i, "err", err)
+			}
+		})
+	}
 	for _, p := range sw.peers {
 		p.Group = group
 	}
