@@ -38,6 +38,24 @@ func TestFormQuorum(t *testing.T) {
 	}
 }
 
+func TestHeartbeat(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want time.Duration
+	}{
+		{1, 250 * time.Millisecond},
+		{16, 256 * time.Millisecond},
+		{17, 289 * time.Millisecond},
+		{18, 810 * time.Millisecond},
+		{256, 163840 * time.Millisecond},
+		{1024, 2621440 * time.Millisecond},
+	} {
+		if got := heartbeat(c.n); got != c.want {
+			t.Errorf("heartbeat(%d) = %v, want %v", c.n, got, c.want)
+		}
+	}
+}
+
 func TestDisseminationWait(t *testing.T) {
 	for _, c := range []struct{ beat, want time.Duration }{
 		{250 * time.Millisecond, 5 * time.Second},

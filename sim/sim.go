@@ -240,11 +240,20 @@ func swarmConfig(cfg *Config, model string, log *slog.Logger) swarm.Config {
 }
 
 // heartbeat is the simulated peers' heartbeat interval: 250 ms, longer
-// beyond 16 peers, so that the swarm's heartbeats (each one verified by
-// every other peer: n² signature checks an interval) keep to about 1 000
-// a second whatever n. At 100 peers and 1 s the validation queues of
-// GossipSub overflowed on 2 cores and peers never saw each other.
+// beyond 16 peers. Every heartbeat reaches every peer, so one period
+// costs the process n(n−1) deliveries, about 240 µs of CPU each
+// (signature check, GossipSub's duplicates over the mesh, GC;
+// TestScaleControlPlane at 64 peers): 16 s at 256 peers. Up to 17 peers
+// the period is n² ms (at 100 peers and 1 s the validation queues of
+// GossipSub overflowed on 2 cores and peers never saw each other);
+// beyond, n² × 2.5 ms keeps heartbeats to about a tenth of one core.
+// Nothing waits a period: peers beat once connected and train once they
+// see formQuorum others; the period only bounds how fresh views and
+// statuses are (2.7 min at 256 peers, 44 min at 1,024).
 func heartbeat(n int) time.Duration {
+	if n > fullMesh+1 {
+		return time.Duration(n*n) * 2500 * time.Microsecond
+	}
 	return max(250*time.Millisecond, time.Duration(n*n)*time.Millisecond)
 }
 
