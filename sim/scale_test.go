@@ -146,29 +146,31 @@ func TestScaleControlPlane(t *testing.T) {
 	defer sw.close()
 	formed := time.Since(start)
 	took, reached := sw.dissemination(context.Background(), slog.New(slog.DiscardHandler))
-	delivered := func() (hb, throttled, undelivered uint64) {
+	delivered := func() (hb, throttled, undelivered, replays uint64) {
 		for _, p := range sw.peers {
 			s := p.Swarm.Control.Stats()
 			hb += s.Heartbeats
+			replays += s.Drop(gossip.DropReplay)
 			throttled += s.Drop(gossip.DropThrottled)
 			undelivered += s.Drop(gossip.DropUndelivered) + s.Drop(gossip.DropSendQueue)
 		}
 		return
 	}
-	hb0, _, _ := delivered()
+	hb0, _, _, rp0 := delivered()
+	fmt.Printf("formed in %v: %d heartbeats delivered, %d duplicates validated\n", formed, hb0, rp0)
 	cpu0 := processCPU()
 	time.Sleep(5 * sw.beat)
 	cpu := processCPU() - cpu0
-	hb1, thr, und := delivered()
+	hb1, thr, und, rp1 := delivered()
 	views := 0
 	for _, p := range sw.peers {
 		views += len(p.Swarm.Control.Peers())
 	}
 	fmt.Printf("%d peers, heartbeat %v: formed (quorum %d) in %v; dissemination %v (%.2f periods, %d reached); "+
-		"idle 5 periods: CPU %v (%.2f cores), %d heartbeats delivered of %d, %.0f µs CPU each; mean view %.1f; throttled %d, lost %d; max RSS %.0f MiB\n",
+		"idle 5 periods: CPU %v (%.2f cores), %d heartbeats delivered of %d, %.0f µs CPU each; mean view %.1f; %d duplicates validated; throttled %d, lost %d; max RSS %.0f MiB\n",
 		n, sw.beat, sw.quorum, formed.Round(time.Millisecond), took, took.Seconds()/sw.beat.Seconds(), reached,
 		cpu.Round(time.Millisecond), cpu.Seconds()/(5*sw.beat.Seconds()), hb1-hb0, 5*n*(n-1),
-		float64(cpu.Microseconds())/float64(max(hb1-hb0, 1)), float64(views)/float64(n), thr, und, maxRSSMiB())
+		float64(cpu.Microseconds())/float64(max(hb1-hb0, 1)), float64(views)/float64(n), rp1-rp0, thr, und, maxRSSMiB())
 }
 
 // TestSwarmConfigLongHeartbeat: a heartbeat period whose TTL outlasts
