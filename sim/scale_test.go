@@ -98,8 +98,10 @@ func TestConfigRejectsBadScale(t *testing.T) {
 func TestFormBeyondFullMesh(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Peers, cfg.Strategy, cfg.Worker.Model = 18, "adpsgd", "logreg"
-	cfg.Heartbeat = 500 * time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Formation does not wait a period (peers beat once connected), and
+	// a long one keeps the periodic beats from loading a busy machine.
+	cfg.Heartbeat = 10 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	start := time.Now()
 	sw, err := newNetwork(ctx, &cfg, slog.New(slog.DiscardHandler), formation{})
