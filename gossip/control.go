@@ -413,6 +413,14 @@ func (c *ControlPlane) addrs() []ma.Multiaddr {
 
 // Beat publishes one heartbeat now.
 func (c *ControlPlane) Beat(ctx context.Context) error {
+	_, err := c.BeatSeq(ctx)
+	return err
+}
+
+// BeatSeq publishes one heartbeat now and returns its sequence number:
+// another peer has received it once its view of this peer (Peer) has that
+// Seq or a later one.
+func (c *ControlPlane) BeatSeq(ctx context.Context) (uint64, error) {
 	hb := &wire.Heartbeat{
 		Peer:  c.self,
 		Seq:   c.nextSeq(),
@@ -422,7 +430,7 @@ func (c *ControlPlane) Beat(ctx context.Context) error {
 	if st := c.status.Load(); st != nil {
 		hb.Status = *st
 	}
-	return c.publish(ctx, c.hbTopic, wire.AppendHeartbeat(nil, hb))
+	return hb.Seq, c.publish(ctx, c.hbTopic, wire.AppendHeartbeat(nil, hb))
 }
 
 // Announce publishes a; it fills in Peer, Seq and Model. The vector must be

@@ -74,6 +74,12 @@ type Config struct {
 	// all-reduce and the vectors fedasync and fedbuff publish; the zero
 	// Spec keeps Async.Codec and float32 all-reduces.
 	Compress compression.Spec `json:"compress,omitzero"`
+	// Heartbeat is the control plane's heartbeat period (0: heartbeat of
+	// the swarm's size).
+	Heartbeat time.Duration `json:"heartbeat_ns,omitempty"`
+	// Quorum is how many other peers each peer must see before training
+	// starts (0: formQuorum of the swarm's size and strategy).
+	Quorum int `json:"quorum,omitempty"`
 	// Worker, Async, Gossip and PS configure the peers and the
 	// strategies. The ps strategy takes its model id from the
 	// architecture, its learning rate from Worker.LR when PS.LR is 0, its
@@ -122,6 +128,10 @@ func (c Config) Validate() error {
 		return bad("limits must be ≥ 0")
 	case c.StallTimeout <= 0:
 		return bad("stall timeout %v must be > 0", c.StallTimeout)
+	case c.Heartbeat < 0:
+		return bad("heartbeat %v must be ≥ 0", c.Heartbeat)
+	case c.Quorum < 0 || c.Quorum > c.Peers-1:
+		return bad("quorum %d not in 0..%d (the other peers)", c.Quorum, c.Peers-1)
 	}
 	if _, err := aggregate.ParseAlgorithm(c.SyncAlgorithm); err != nil {
 		return bad("sync algorithm: %v", err)

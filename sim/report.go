@@ -63,10 +63,12 @@ type Summary struct {
 	Exchanges int               `json:"exchanges,omitempty"`
 	// BytesSent counts the bytes strategies reported sending (async:
 	// published payloads, once per publication; gossip: exchanges).
-	BytesSent int64  `json:"bytes_sent"`
-	Snapshots int    `json:"snapshots"`
-	PerPeer   []any  `json:"per_peer"`
-	Config    Config `json:"config"`
+	BytesSent int64 `json:"bytes_sent"`
+	Snapshots int   `json:"snapshots"`
+	// Scale is the run's cost and its control plane's dissemination.
+	Scale   Scale  `json:"scale"`
+	PerPeer []any  `json:"per_peer"`
+	Config  Config `json:"config"`
 }
 
 func (r *Result) summarise(wall time.Duration, perPeer []any) {

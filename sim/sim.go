@@ -115,11 +115,16 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	sw, err := newNetwork(ctx, &cfg, o.log, formation{})
+	formStart := time.Now()
+	sw, err := newNetwork(ctx, &cfg, o.log, formation{quorum: cfg.Quorum})
 	if err != nil {
 		return nil, err
 	}
 	defer sw.close()
+	formed := time.Since(formStart)
+	spread, reached := sw.dissemination(ctx, o.log)
+	o.log.Info("sim: formed", "peers", cfg.Peers, "wall", formed, "heartbeat", sw.beat,
+		"dissemination", spread, "reached", reached)
 
 	rec := &simRecorder{mem: &train.MemRecorder{}, gap: cfg.SnapshotEvery, names: map[string]string{},
 		latest: map[string][]float32{}, last: map[string]time.Duration{}}
@@ -166,8 +171,10 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	if cfg.StopAtTarget {
 		wg.Go(func() { monitor(runCtx, stop, &cfg, rec, testSet, o.log) })
 	}
+	cpu0 := processCPU()
 	wg.Wait()
 	wall := time.Since(rec.start)
+	cpu := processCPU() - cpu0
 	stop()
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -186,6 +193,9 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	}
 	res := &Result{Config: cfg, Points: pts, Events: rec.mem.Events()}
 	res.summarise(wall, summaries)
+	res.Summary.Scale = Scale{FormS: formed.Seconds(), HeartbeatS: sw.beat.Seconds(), Quorum: sw.quorum,
+		DisseminationS: spread.Seconds(), DisseminationBeats: spread.Seconds() / sw.beat.Seconds(), Reached: reached,
+		TrainCPUS: cpu.Seconds(), MaxRSSMiB: maxRSSMiB()}
 	return res, nil
 }
 
@@ -196,6 +206,9 @@ func peerName(i int) string { return fmt.Sprintf("p%d", i) }
 type network struct {
 	mn     mocknet.Mocknet
 	peers  []*Peer
+	beat   time.Duration // the control plane's heartbeat period
+	quorum int           // the view each peer had before training
+
 	mu     sync.Mutex
 	killed map[int]bool
 }
@@ -209,8 +222,15 @@ func swarmConfig(cfg *Config, model string, log *slog.Logger) swarm.Config {
 	sc.Node.IOTimeout = 10 * time.Second
 	sc.Node.RecvTimeout = 30 * time.Second
 	sc.Gossip.Namespace, sc.Gossip.Model = "sim", model
-	beat := heartbeat(cfg.Peers)
+	beat := cfg.Heartbeat
+	if beat <= 0 {
+		beat = heartbeat(cfg.Peers)
+	}
 	sc.Gossip.HeartbeatInterval, sc.Gossip.PeerTTL = beat, 8*beat
+	// Replay state must outlive a peer's TTL (gossip.Config.Validate);
+	// 10 min by default, shorter than 8 periods of a swarm's heartbeats
+	// beyond 256 peers.
+	sc.Gossip.ReplayRetention = max(sc.Gossip.ReplayRetention, sc.Gossip.PeerTTL)
 	sc.Gossip.AnnounceQueue = 1024
 	sc.Aggregate.StallTimeout = cfg.StallTimeout
 	sc.Aggregate.Algorithm, _ = aggregate.ParseAlgorithm(cfg.SyncAlgorithm) // checked by Validate
@@ -220,28 +240,57 @@ func swarmConfig(cfg *Config, model string, log *slog.Logger) swarm.Config {
 }
 
 // heartbeat is the simulated peers' heartbeat interval: 250 ms, longer
-// beyond 16 peers, so that the swarm's heartbeats (each one verified by
-// every other peer: n² signature checks an interval) keep to about 1 000
-// a second whatever n. At 100 peers and 1 s the validation queues of
-// GossipSub overflowed on 2 cores and peers never saw each other.
+// beyond 16 peers. Every heartbeat reaches every peer, so one period
+// costs the process n(n−1) deliveries, about 240 µs of CPU each
+// (signature check, GossipSub's duplicates over the mesh, GC;
+// TestScaleControlPlane at 64 peers): 16 s at 256 peers. Up to 17 peers
+// the period is n² ms (at 100 peers and 1 s the validation queues of
+// GossipSub overflowed on 2 cores and peers never saw each other);
+// beyond, n² × 2.5 ms keeps heartbeats to about a tenth of one core.
+// Nothing waits a period: peers beat once connected and train once they
+// see formQuorum others; the period only bounds how fresh views and
+// statuses are (2.7 min at 256 peers, 44 min at 1,024).
 func heartbeat(n int) time.Duration {
+	if n > fullMesh+1 {
+		return time.Duration(n*n) * 2500 * time.Microsecond
+	}
 	return max(250*time.Millisecond, time.Duration(n*n)*time.Millisecond)
 }
 
 // formation says how newNetwork waits for the peers to see each other.
 type formation struct {
-	// loose goes on, with a warning, when some peer has not seen every
-	// other by the deadline: for runs whose members are fixed and do not
+	// loose goes on, with a warning, when some peer has not seen quorum
+	// others by the deadline: for runs whose members are fixed and do not
 	// come from the control plane's views (Federation).
 	loose bool
+	// quorum is how many other peers each must see (0: formQuorum).
+	quorum int
 	// wait bounds the wait (0: formWait of the swarm's size).
 	wait time.Duration
 }
 
-// formWait is how long every peer is given to hear from every other: a
-// few heartbeats, and the handshakes of n² connections.
-func formWait(n int) time.Duration {
-	return 30*time.Second + 10*heartbeat(n) + time.Duration(n*n)*5*time.Millisecond
+// formQuorum is how many other peers each of n peers must see before
+// training starts. Strategies whose group is fixed at the start (sync's
+// all-reduce job, ps's servers) and swarms of up to fullMesh+1 peers wait
+// for everyone. Beyond, the others start once they see fullMesh peers:
+// gossip draws its partners from the live view, async strategies fetch
+// from whoever announces, and the views keep filling with every heartbeat
+// while they train. Waiting for full views made formation take as long as
+// the slowest of n² heartbeat deliveries (26 min at 256 peers).
+func formQuorum(n int, strategy string) int {
+	if n <= fullMesh+1 || strategy == "sync" || strategy == "ps" {
+		return n - 1
+	}
+	if strategy == "local" {
+		return 0
+	}
+	return fullMesh
+}
+
+// formWait is how long every peer is given to see its quorum: a few
+// heartbeats, and some time a peer for its handshakes.
+func formWait(n int, beat time.Duration) time.Duration {
+	return 30*time.Second + 10*beat + time.Duration(n)*50*time.Millisecond
 }
 
 func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger, form formation) (*network, error) {
@@ -258,6 +307,7 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger, form formati
 		return nil, err
 	}
 	sc := swarmConfig(cfg, probe.Arch, log)
+	sw.beat = sc.Gossip.HeartbeatInterval
 	keys := seededReader{rand.NewChaCha8(seed32(cfg.Seed, "peer-keys"))}
 	for i := range cfg.Peers {
 		sk, _, err := crypto.GenerateEd25519Key(keys)
@@ -286,12 +336,14 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger, form formati
 		p.Swarm = sp
 		sw.peers = append(sw.peers, p)
 	}
+	log.Info("sim: hosts up", "peers", len(sw.peers), "heartbeat", sw.beat)
 	if err := sw.mn.LinkAll(); err != nil {
 		return nil, err
 	}
 	if err := sw.connect(cfg.Seed); err != nil {
 		return nil, err
 	}
+	log.Info("sim: connected; waiting for the views", "peers", len(sw.peers))
 	group := make([]peerid.ID, len(sw.peers))
 	for i, p := range sw.peers {
 		group[i] = p.ID
@@ -299,16 +351,33 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger, form formati
 	slices.Sort(group)
 	wait := form.wait
 	if wait <= 0 {
-		wait = formWait(len(sw.peers))
+		wait = formWait(len(sw.peers), sw.beat)
+	}
+	sw.quorum = form.quorum
+	if sw.quorum <= 0 {
+		sw.quorum = formQuorum(len(sw.peers), cfg.Strategy)
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	// Each control plane beat when it started, before it had any
+	// connection: nobody heard that beat, and the next comes a period
+	// later (minutes in a large swarm). Beat once more, now connected,
+	// all at once: a publish waits for its router, busy with the others'.
+	var beats sync.WaitGroup
+	defer beats.Wait() // before cancel: bounded by wctx, done on every path that returns
+	for i, p := range sw.peers {
+		beats.Go(func() {
+			if err := p.Swarm.Control.Beat(wctx); err != nil && wctx.Err() == nil {
+				log.Warn("sim: first heartbeat", "peer", i, "err", err)
+			}
+		})
+	}
 	for _, p := range sw.peers {
 		p.Group = group
 	}
 	for i, p := range sw.peers {
-		if err := p.Swarm.WaitPeers(wctx, len(sw.peers)); err != nil {
-			err = fmt.Errorf("sim: peer %d saw %d of %d peers: %w", i, len(p.Swarm.Control.Peers()), len(sw.peers)-1, err)
+		if _, err := p.Swarm.Control.WaitPeers(wctx, sw.quorum); err != nil {
+			err = fmt.Errorf("sim: peer %d saw %d of the %d peers it needs: %w", i, len(p.Swarm.Control.Peers()), sw.quorum, err)
 			if !form.loose || ctx.Err() != nil {
 				return nil, err
 			}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,6 +113,9 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	stall := fs.Duration("stall-timeout", def.StallTimeout, "all-reduce (sync): how long a silent peer is waited for before it is dropped; ps: how long a worker waits for a server before it fails over, and the SSP gate for a worker that makes no step; as peer run --stall-timeout")
 	every := fs.Int("gossip-every", def.Gossip.Every, "adpsgd/sgp: local steps between exchanges")
 	period := fs.Duration("gossip-period", def.Gossip.Period, "adpsgd/sgp: least time between exchanges a peer starts")
+	heartbeat := fs.Duration("heartbeat", 0, "control plane heartbeat period (0: the simulator's default for the swarm's size)")
+	quorum := fs.Int("quorum", 0, "peers each peer must see before training starts (0: all up to 17 peers and for sync and ps, else 16)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole experiment (forming the swarms included) to this file")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -142,6 +147,7 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	cfg.Gossip.Every, cfg.Gossip.Period = *every, *period
 	cfg.Async.BufferRule, cfg.Async.ClipFactor, cfg.Gossip.ClipFactor = bufRule, *clipPeers, *clipPeers
 	cfg.SyncAlgorithm = *syncAlgo
+	cfg.Heartbeat, cfg.Quorum = *heartbeat, *quorum
 	cfg.PS.Servers, cfg.PS.DCLambda, cfg.PS.Policy = *servers, *dcLambda, psPolicy
 
 	// Every run's configuration, checked before anything starts.
@@ -184,6 +190,17 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var results []*sim.Result
 	for i, c := range runs {
 		fmt.Fprintf(stderr, "run %d/%d: %s, %d peers, seed %d, %v\n", i+1, len(runs), c.Label(), c.Peers, c.Seed, c.Duration)
@@ -198,6 +215,9 @@ func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer)
 		s := res.Summary
 		fmt.Fprintf(stderr, "  final accuracy %.4f (min %.4f), time to %.2f: %s, %d steps, mean τ %.2f, %d dropped → %s\n",
 			s.FinalAccuracy, s.FinalMin, c.Target, fmtTime(s.TimeToTarget), s.Steps, s.MeanTau, dropped(s.Drops), dir)
+		sc := s.Scale
+		fmt.Fprintf(stderr, "  formed in %.1fs (heartbeat %.2fs, quorum %d); a heartbeat reached %d peers in %.3fs (%.2f heartbeats); training CPU %.1fs (%.3fs a peer); peak RSS %.0f MiB (%.2f a peer)\n",
+			sc.FormS, sc.HeartbeatS, sc.Quorum, sc.Reached, sc.DisseminationS, sc.DisseminationBeats, sc.TrainCPUS, sc.TrainCPUS/float64(c.Peers), sc.MaxRSSMiB, sc.MaxRSSMiB/float64(c.Peers))
 		results = append(results, res)
 	}
 	rows, err := sim.WriteComparison(*out, results, *baseline)

@@ -67,6 +67,8 @@ func TestExperimentFlagErrors(t *testing.T) {
 		{"--repeat", "0"},
 		{"--strategy", "fedasync", "--compress", "zip"},
 		{"--strategy", "fedbuff", "--codec", "topk:2"},
+		{"--quorum", "4"}, // 4 peers by default: 3 others at most
+		{"--heartbeat", "-1s"},
 		{"extra"},
 	} {
 		var out, errb bytes.Buffer
