@@ -159,7 +159,8 @@ const psGatePause = 20 * time.Millisecond
 // replicates the shard to its backup. A worker whose call to a server
 // gets no reply within cfg.CallTimeout sends the same request to the
 // backup, which takes the shard over; sequence numbers make that retry
-// apply at most once, so no acknowledged update is lost. A peer keeps
+// apply at most once, so no acknowledged update is lost, except those
+// acknowledged while the backup could not be reached. A peer keeps
 // serving after its own steps until the other workers are done (or
 // silent for ServeIdle). The worker ends holding the final parameters.
 func RunPS(ctx context.Context, w *Worker, net PSNet, members []peerid.ID, cfg PSConfig, rec Recorder) (*PSSummary, error) {

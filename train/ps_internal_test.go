@@ -77,3 +77,43 @@ func TestPSBackupCaughtUpAfterFailedReplicas(t *testing.T) {
 		}
 	})
 }
+
+// A push acknowledged by a primary whose replica failed is not on the
+// backup; the worker that then fails over sends a gradient based on a
+// version the backup never saw. The backup takes the shard over and
+// applies it as a fresh gradient instead of refusing it (which ended
+// the worker's run: "gradient at version 131 of shard 0, which is at
+// 130", seen in CI with a server killed mid-replication).
+func TestPSFailoverAheadOfBackup(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const dim = 8
+		cfg := DefaultPSConfig()
+		cfg.Model, cfg.LR, cfg.Servers = "m", 0.1, 1
+		l, err := planLayout([]peerid.ID{"a", "b"}, "m", dim, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		primary, backup := l.Servers[0], l.Backups[0]
+		fail := 1
+		handlers := map[peerid.ID]PSHandler{}
+		srvP := newPSServer(primary, flakyPSNet{primary, handlers, &fail}, cfg, &l, make([]float32, dim))
+		srvB := newPSServer(backup, flakyPSNet{backup, handlers, new(int)}, cfg, &l, make([]float32, dim))
+		handlers[primary], handlers[backup] = srvP.handle, srvB.handle
+		grad := compression.FP32{}.Encode(nil, []float32{1, 1, 1, 1, 1, 1, 1, 1})
+		req := func(seq uint64) *PSRequest {
+			return &PSRequest{Op: PSPush, Model: "m", Dim: dim, Layout: l.digest(), Shard: 0, Session: 1, Seq: seq,
+				Base: seq - 1, Codec: uint8(compression.IDFP32), Elems: dim, Payload: grad}
+		}
+		if rep := srvP.handle(t.Context(), "w", req(1)); rep.Status != PSOK || rep.Version != 1 {
+			t.Fatalf("push 1 at the primary: %v %s, version %d", rep.Status, rep.Detail, rep.Version)
+		}
+		if srvB.shards[0].version != 0 {
+			t.Fatal("the failed replica reached the backup")
+		}
+		// The primary is gone: the worker's next push goes to the backup.
+		rep := srvB.handle(t.Context(), "w", req(2))
+		if rep.Status != PSOK || rep.Version != 1 || rep.Tau != 0 || srvB.promoted.Load() != 1 {
+			t.Fatalf("push 2 at the backup: %v %s, version %d, τ %d, promoted %d", rep.Status, rep.Detail, rep.Version, rep.Tau, srvB.promoted.Load())
+		}
+	})
+}

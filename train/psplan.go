@@ -248,10 +248,14 @@ func admitPS(r *PSRequest, v psShardView) psAdmission {
 	case r.Seq <= v.lastSeq:
 		a.status = PSDup
 		return a
-	case r.Base > v.version:
+	case r.Base > v.version && v.role == rolePrimary:
 		return bad(PSBadRequest, "gradient at version %d of shard %d, which is at %d", r.Base, r.Shard, v.version)
 	}
-	a.decision = psDropPolicy(v.policy, v.workers).Decide(v.version - r.Base)
+	// A backup that took over may be behind what the worker saw: the old
+	// primary acknowledged updates whose replica failed (the backup was
+	// unreachable for a moment, or the primary died while replicating).
+	// Those are lost, as in-flight ones are; the gradient counts as fresh.
+	a.decision = psDropPolicy(v.policy, v.workers).Decide(v.version - min(r.Base, v.version))
 	if a.decision.Action != staleness.Accept {
 		a.status = PSStale
 		return a

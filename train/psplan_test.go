@@ -121,6 +121,9 @@ func TestAdmitPS(t *testing.T) {
 		{"no seq", push(func(r *PSRequest) { r.Seq = 0 }), base, PSBadRequest, false, false, 0},
 		{"retried after failover", push(func(r *PSRequest) { r.Seq = 3 }), base, PSDup, false, false, 0},
 		{"from the future", push(func(r *PSRequest) { r.Base = 11 }), base, PSBadRequest, false, false, 0},
+		// The old primary acknowledged version 11 but its replica failed.
+		{"ahead of a promoted backup", push(func(r *PSRequest) { r.Base = 11 }), view(func(v *psShardView) { v.role = rolePromoted }), PSOK, true, false, 0},
+		{"ahead of a backup taking over", push(func(r *PSRequest) { r.Base = 11 }), view(func(v *psShardView) { v.role = roleBackup }), PSOK, true, true, 0},
 		// ssp:4 with one other worker: dropped beyond τ = 2·(4+1)·1.
 		{"at the drop bound", push(func(r *PSRequest) { r.Base = 0 }), base, PSOK, true, false, 10},
 		{"beyond the drop bound", push(func(r *PSRequest) { r.Base = 0 }), view(func(v *psShardView) { v.version = 11 }), PSStale, false, false, 11},
