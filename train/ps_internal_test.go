@@ -36,22 +36,35 @@ func (n flakyPSNet) Call(ctx context.Context, to peerid.ID, r *PSRequest) (*PSRe
 // the primary's version, so a failover finds the acknowledged updates.
 // (Before, one failed replica dropped the backup: a worker that failed
 // over found it at version 0 and was refused, "gradient at version 2948
+
+// psPairDim is the length of psPair's model.
+const psPairDim = 8
+
+// psPair returns a one-shard layout over two peers and its primary and
+// backup servers, connected by flakyPSNet: the primary's next *fail
+// calls to the backup fail.
+func psPair(t *testing.T, fail *int) (psLayout, *psServer, *psServer) {
+	t.Helper()
+	cfg := DefaultPSConfig()
+	cfg.Model, cfg.LR, cfg.Servers = "m", 0.1, 1
+	l, err := planLayout([]peerid.ID{"a", "b"}, "m", psPairDim, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	primary, backup := l.Servers[0], l.Backups[0]
+	handlers := map[peerid.ID]PSHandler{}
+	srvP := newPSServer(primary, flakyPSNet{primary, handlers, fail}, cfg, &l, make([]float32, psPairDim))
+	srvB := newPSServer(backup, flakyPSNet{backup, handlers, new(int)}, cfg, &l, make([]float32, psPairDim))
+	handlers[primary], handlers[backup] = srvP.handle, srvB.handle
+	return l, srvP, srvB
+}
+
 // of shard 0, which is at 0".)
 func TestPSBackupCaughtUpAfterFailedReplicas(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const dim = 8
-		cfg := DefaultPSConfig()
-		cfg.Model, cfg.LR, cfg.Servers = "m", 0.1, 1
-		l, err := planLayout([]peerid.ID{"a", "b"}, "m", dim, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		primary, backup := l.Servers[0], l.Backups[0]
 		fail := 2
-		handlers := map[peerid.ID]PSHandler{}
-		srvP := newPSServer(primary, flakyPSNet{primary, handlers, &fail}, cfg, &l, make([]float32, dim))
-		srvB := newPSServer(backup, flakyPSNet{backup, handlers, new(int)}, cfg, &l, make([]float32, dim))
-		handlers[primary], handlers[backup] = srvP.handle, srvB.handle
+		l, srvP, srvB := psPair(t, &fail)
+		const dim = psPairDim
 		grad := compression.FP32{}.Encode(nil, []float32{1, 1, 1, 1, 1, 1, 1, 1})
 		push := func(seq uint64) *PSReply {
 			r := &PSRequest{Op: PSPush, Model: "m", Dim: dim, Layout: l.digest(), Shard: 0, Session: 1, Seq: seq,
@@ -86,19 +99,9 @@ func TestPSBackupCaughtUpAfterFailedReplicas(t *testing.T) {
 // 130", seen in CI with a server killed mid-replication).
 func TestPSFailoverAheadOfBackup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const dim = 8
-		cfg := DefaultPSConfig()
-		cfg.Model, cfg.LR, cfg.Servers = "m", 0.1, 1
-		l, err := planLayout([]peerid.ID{"a", "b"}, "m", dim, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		primary, backup := l.Servers[0], l.Backups[0]
 		fail := 1
-		handlers := map[peerid.ID]PSHandler{}
-		srvP := newPSServer(primary, flakyPSNet{primary, handlers, &fail}, cfg, &l, make([]float32, dim))
-		srvB := newPSServer(backup, flakyPSNet{backup, handlers, new(int)}, cfg, &l, make([]float32, dim))
-		handlers[primary], handlers[backup] = srvP.handle, srvB.handle
+		l, srvP, srvB := psPair(t, &fail)
+		const dim = psPairDim
 		grad := compression.FP32{}.Encode(nil, []float32{1, 1, 1, 1, 1, 1, 1, 1})
 		req := func(seq uint64) *PSRequest {
 			return &PSRequest{Op: PSPush, Model: "m", Dim: dim, Layout: l.digest(), Shard: 0, Session: 1, Seq: seq,

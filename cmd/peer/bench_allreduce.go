@@ -196,17 +196,11 @@ func runBenchAllReduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err := barrier(); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
-	if b.cpuProfile != "" {
-		f, err := os.Create(b.cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := startCPUProfile(b.cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	start := time.Now()
 	for range b.iters {
 		if err := one(src, dst); err != nil {
@@ -329,4 +323,21 @@ func waitConnected(ctx context.Context, p *swarm.Peer, ais []*peer.AddrInfo) err
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// startCPUProfile starts a CPU profile written to path (nothing when path
+// is empty) and returns what stops it and closes the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

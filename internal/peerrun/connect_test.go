@@ -16,12 +16,18 @@ import (
 	"github.com/starling-ml/starling/swarm"
 )
 
-func startPeer(t *testing.T, insecure bool) *swarm.Peer {
-	t.Helper()
+// testPeerConfig is the swarm configuration of this file's test peers.
+func testPeerConfig() swarm.Config {
 	c := swarm.DefaultConfig()
 	c.Node = node.TestConfig()
-	c.Node.Insecure = insecure
 	c.Gossip.Namespace = "connect-test"
+	return c
+}
+
+func startPeer(t *testing.T, insecure bool) *swarm.Peer {
+	t.Helper()
+	c := testPeerConfig()
+	c.Node.Insecure = insecure
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p, err := swarm.Start(ctx, c)
@@ -175,10 +181,8 @@ func TestDiallerIgnoresLibp2pBackoff(t *testing.T) {
 	key := t.TempDir() + "/b.key"
 	fd, port := refusingSocket(t)
 	// b's identity, made by a first start on another port.
-	c := swarm.DefaultConfig()
-	c.Node = node.TestConfig()
+	c := testPeerConfig()
 	c.Node.KeyFile = key
-	c.Gossip.Namespace = "connect-test"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b0, err := swarm.Start(ctx, c)
