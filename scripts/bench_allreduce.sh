@@ -13,6 +13,11 @@
 # BASE=REV compares with Starling built from git revision REV instead of
 # Gloo (an A/B of two commits in one run, for changes smaller than the
 # noise between runs).
+# CPU=LO measures CPU time per all-reduce as well: every rank runs under
+# /usr/bin/time, once with ITERS all-reduces and once with LO, and the
+# difference of the ranks' summed user and system seconds, divided by
+# ITERS − LO, is what one all-reduce costs all ranks together (start-up,
+# connection set-up and Python's import of torch cancel out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-$(cd ../shared/bench && pwd)}
@@ -52,29 +57,42 @@ if [ "$where" = netbed ]; then
   "$BENCH/netbed.sh" up "$n" "$rate"
 fi
 
-starling() { # [binary label]
-  local b=${1:-$bin} label=${2:-starling} port=$((42000 + RANDOM % 1000)) peers=()
+tm() { # rank-file: the /usr/bin/time prefix when CPU is set
+  [ -n "${CPU:-}" ] && echo /usr/bin/time -f %U,%S -o "$1.time"
+  return 0
+}
+cpusum() { # label iters files...: prints "cpu LABEL ITERS user U system S" summed over the files
+  local label=$1 it=$2; shift 2
+  cat "$@" | awk -F, -v l="$label" -v i="$it" '{u+=$1; s+=$2} END {printf "cpu %s %d user %.3f system %.3f\n", l, i, u, s}'
+}
+
+starling() { # [binary label iters]
+  local b=${1:-$bin} label=${2:-starling} iters=${3:-$iters} port=$((42000 + RANDOM % 1000)) peers=()
   for k in $(seq 0 $((n-1))); do
     peers+=("/ip4/$(addr "$k")/tcp/$((port+k))/p2p/${ids[$k]}")
   done
   local list; list=$(IFS=,; echo "${peers[*]}")
   for k in $(seq 0 $((n-1))); do
-    onhost "$k" timeout 600 "$b" bench allreduce --key "$tmp/k$k" --listen "/ip4/$(addr "$k")/tcp/$((port+k))" \
+    # shellcheck disable=SC2046
+    onhost "$k" timeout 600 $(tm "$tmp/s$k") "$b" bench allreduce --key "$tmp/k$k" --listen "/ip4/$(addr "$k")/tcp/$((port+k))" \
       --peers "$list" --size-mb "$mb" --iters "$iters" --algo "$ALGO" --label "$label" ${FLAGS:-} > "$tmp/s$k" 2>&1 &
   done
   wait
+  [ -n "${CPU:-}" ] && cpusum "$label" "$iters" "$tmp"/s*.time
   grep -v '^warning: --insecure' "$tmp/s0" || true
   if ! grep -q "^$label " "$tmp/s0"; then # no result: what every rank said
     for k in $(seq 1 $((n-1))); do echo "--- rank $k:"; grep -v '^warning: --insecure' "$tmp/s$k" | tail -20; done >&2
   fi
 }
-gloo() {
-  local port=$((29000 + RANDOM % 1000)) iface=()
+gloo() { # [iters]
+  local iters=${1:-$iters} port=$((29000 + RANDOM % 1000)) iface=()
   for k in $(seq 0 $((n-1))); do
     [ "$where" = netbed ] && iface=("e$k") || iface=(lo)
-    onhost "$k" timeout 600 /usr/bin/python3 "$BENCH/gloo_allreduce.py" "$k" "$n" "$(addr 0)" "$port" "$mb" "$iters" "${iface[@]}" > "$tmp/g$k" 2>&1 &
+    # shellcheck disable=SC2046
+    onhost "$k" timeout 600 $(tm "$tmp/g$k") /usr/bin/python3 "$BENCH/gloo_allreduce.py" "$k" "$n" "$(addr 0)" "$port" "$mb" "$iters" "${iface[@]}" > "$tmp/g$k" 2>&1 &
   done
   wait
+  [ -n "${CPU:-}" ] && cpusum gloo "$iters" "$tmp"/g*.time
   cat "$tmp/g0"
 }
 
@@ -84,8 +102,22 @@ other=gloo
 for r in $(seq 1 "$REPEAT"); do
   starling | tee -a "$tmp/results"
   if [ "$other" = base ]; then starling "$tmp/peer-base" base; else gloo; fi | tee -a "$tmp/results"
+  if [ -n "${CPU:-}" ]; then
+    starling "$bin" starling "$CPU" | grep '^cpu ' | tee -a "$tmp/results"
+    if [ "$other" = base ]; then starling "$tmp/peer-base" base "$CPU"; else gloo "$CPU"; fi | grep '^cpu ' | tee -a "$tmp/results"
+  fi
 done
 med() { grep "^$1 " "$tmp/results" | sed -E 's/.*busbw_MBps=([0-9.]+).*/\1/' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 medt() { grep "^$1 " "$tmp/results" | sed -E 's/.*time_s=([0-9.]+).*/\1/' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 s=$(med starling) g=$(med "$other") st=$(medt starling) gt=$(medt "$other")
 echo "median of $REPEAT: $where n=$n ${rate:-} ${mb} MB: starling busbw ${s} MB/s (${st} s), $other${BASE:+ ($BASE)} ${g} MB/s (${gt} s), ratio $(awk -v a="$s" -v b="$g" 'BEGIN{printf "%.3f", a/b}')"
+if [ -n "${CPU:-}" ]; then # the r-th run with ITERS against the r-th with LO
+  cpu() { # label field(4: user, 6: system, 0: both)
+    grep "^cpu $1 " "$tmp/results" | awk -v hi="$iters" -v lo="$CPU" -v f="$2" '
+      { v = f ? $f : $5 + $7; if ($3 == hi) h[++nh] = v; else l[++nl] = v }
+      END { for (r = 1; r <= nh && r <= nl; r++) print (h[r] - l[r]) / (hi - lo) }' |
+      sort -g | awk '{a[NR]=$1} END {printf "%.3f", a[int((NR+1)/2)]}'
+  }
+  sc=$(cpu starling 0) gc=$(cpu "$other" 0)
+  echo "median CPU-seconds per all-reduce, all ranks: starling $sc (user $(cpu starling 5), system $(cpu starling 7)), $other $gc (user $(cpu "$other" 5), system $(cpu "$other" 7)), ratio $(awk -v a="$sc" -v b="$gc" 'BEGIN{printf "%.2f", a/b}')"
+fi
