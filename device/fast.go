@@ -353,13 +353,14 @@ func (f *Fast) LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, row
 	layerNormSplit(opLayerNormBackward, rows, cols, dx, x, dy, mean, rstd, w, nil, dw, db, 0)
 }
 
-// GELU implements Backend with float32 Go loops (gelu.go) split across
-// goroutines (pointwise.go): within 5e-6 relative of the float64 reference.
+// GELU implements Backend with the AVX-512 kernel, else float32 Go loops
+// (gelu.go), split across goroutines (pointwise.go): within 5e-6 relative
+// of the float64 reference.
 func (f *Fast) GELU(y, d, x []float32) {
 	if d != nil {
 		d = d[:len(x)]
 	}
-	pointwise(opGELU, len(x), y[:len(x)], d, x)
+	pointwise(opGELU, len(x), y[:len(x)], d, x, f.vec)
 }
 
 // Mul implements Backend (the portable loop).

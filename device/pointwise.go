@@ -29,6 +29,7 @@ type splitCall struct {
 	op        splitOp
 	n, nt     int
 	dst, a, b []float32
+	vec       bool // opGELU: the AVX-512 kernel
 
 	cols                        int // row kernels
 	eps                         float32
@@ -45,6 +46,14 @@ func (c *splitCall) run(w int) {
 		var d []float32
 		if c.a != nil {
 			d = c.a[lo:hi]
+		}
+		if c.vec && hi > lo {
+			var dp *float32
+			if d != nil {
+				dp = &d[0]
+			}
+			geluAVX512(&c.dst[lo], dp, &c.b[lo], hi-lo)
+			break
 		}
 		gelu32(c.dst[lo:hi], d, c.b[lo:hi])
 	case opLayerNorm:
@@ -97,10 +106,11 @@ func (c *splitCall) do() {
 }
 
 // pointwise runs GELU over the first n values of dst, a and b (the caller
-// checked the lengths), in parallel when n is large enough to pay.
-func pointwise(op splitOp, n int, dst, a, b []float32) {
+// checked the lengths), in parallel when n is large enough to pay, with
+// the AVX-512 kernel if vec.
+func pointwise(op splitOp, n int, dst, a, b []float32, vec bool) {
 	c := newSplit(op, n, 1)
-	c.dst, c.a, c.b = dst, a, b
+	c.dst, c.a, c.b, c.vec = dst, a, b, vec
 	c.do()
 }
 

@@ -53,5 +53,11 @@ func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, 
 //go:noescape
 func nonFiniteAVX512(x *float32, n int) bool
 
+// geluAVX512 sets y = GELU(x) and, unless d is nil, d = GELU'(x), for n
+// values.
+//
+//go:noescape
+func geluAVX512(y, d, x *float32, n int)
+
 //go:noescape
 func minMaxAVX512(a, b *float32, n int)

@@ -911,3 +911,83 @@ mm_tail:
 mm_done:
 	VZEROUPPER
 	RET
+
+// GELUSTEP computes, for the 16 values v in Z0: Z8 = GELU(v) = v·s with
+// s = σ(2u) = 1/(1 + e), e = exp(−2u), u = √(2/π)·v·(1 + 0.044715·v²), and
+// Z9 = GELU'(v) = s + 2√(2/π)·v·s·(1 − s)·(1 + 3·0.044715·v²) with
+// 1 − s = e·s, so neither tail cancels. −2u is clamped above at 88.3 (e
+// stays finite); NaN propagates. Uses Z13..Z17 and EXP's Z21..Z31;
+// clobbers Z1..Z12.
+#define GELUSTEP \
+	VMULPS       Z0, Z0, Z10  \
+	VMOVAPS      Z10, Z5      \
+	VFMADD213PS  Z31, Z15, Z5 \
+	VMULPS       Z0, Z5, Z5   \
+	VMULPS       Z14, Z5, Z1  \
+	VMINPS       Z1, Z13, Z1  \
+	EXP                       \
+	VADDPS       Z31, Z1, Z7  \
+	VDIVPS       Z7, Z31, Z7  \
+	VMULPS       Z0, Z7, Z8   \
+	VMULPS       Z1, Z7, Z9   \
+	VMULPS       Z8, Z9, Z9   \
+	VMOVAPS      Z10, Z12     \
+	VFMADD213PS  Z31, Z16, Z12 \
+	VMULPS       Z12, Z9, Z9  \
+	VFMADD213PS  Z7, Z17, Z9
+
+// func geluAVX512(y, d, x *float32, n int)
+// y = GELU(x) and, unless d is nil, d = GELU'(x) (see GELUSTEP).
+TEXT ·geluAVX512(SB), NOSPLIT, $0-32
+	MOVQ y+0(FP), DI
+	MOVQ d+8(FP), DX
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), CX
+	CONST($0x42b0999a, Z13) // 88.3
+	CONST($0xbfcc422a, Z14) // −2√(2/π)
+	CONST($0x3d372713, Z15) // 0.044715
+	CONST($0x3e095d4f, Z16) // 3·0.044715
+	CONST($0x3fcc422a, Z17) // 2√(2/π)
+	CONST($0xc2aeac4f, Z21) // ln(FLT_MIN)
+	CONST($0x3fb8aa3b, Z22) // log2(e)
+	CONST($0x3f318000, Z23) // ln 2, high part
+	CONST($0xb95e8083, Z24) // ln 2, low part
+	CONST($0x39506967, Z25)
+	CONST($0x3ab743ce, Z26)
+	CONST($0x3c088908, Z27)
+	CONST($0x3d2aa9c1, Z28)
+	CONST($0x3e2aaaaa, Z29)
+	CONST($0x3f000000, Z30)
+	CONST($0x3f800000, Z31) // 1
+
+gelu16:
+	CMPQ    CX, $16
+	JL      gelu_tail
+	VMOVUPS (SI), Z0
+	GELUSTEP
+	VMOVUPS Z8, (DI)
+	TESTQ   DX, DX
+	JE      gelu_next
+	VMOVUPS Z9, (DX)
+	ADDQ    $64, DX
+
+gelu_next:
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP  gelu16
+
+gelu_tail:
+	TESTQ     CX, CX
+	JE        gelu_done
+	TAIL
+	VMOVUPS.Z (SI), K1, Z0
+	GELUSTEP
+	VMOVUPS   Z8, K1, (DI)
+	TESTQ     DX, DX
+	JE        gelu_done
+	VMOVUPS   Z9, K1, (DX)
+
+gelu_done:
+	VZEROUPPER
+	RET

@@ -36,4 +36,6 @@ func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, 
 
 func nonFiniteAVX512(x *float32, n int) bool { panic(errNoAsm) }
 
+func geluAVX512(y, d, x *float32, n int) { panic(errNoAsm) }
+
 func minMaxAVX512(a, b *float32, n int) { panic(errNoAsm) }
