@@ -334,13 +334,14 @@ func (f *Fast) SoftmaxRowsBackward(dx, dy, y []float32, rows, cols int) {
 	}
 }
 
-// LayerNorm implements Backend: the portable loop over parts of the rows
-// split across goroutines (pointwise.go).
+// LayerNorm implements Backend: the AVX-512 kernel (cols a multiple of 8),
+// else the portable loop, over parts of the rows split across goroutines
+// (pointwise.go).
 func (f *Fast) LayerNorm(y, mean, rstd, x, w, b []float32, rows, cols int, eps float32) {
 	checkRows("LayerNorm x", x, rows, cols)
 	checkRows("LayerNorm y", y, rows, cols)
 	mean, rstd, w, b = mean[:rows], rstd[:rows], w[:cols], b[:cols]
-	layerNormSplit(opLayerNorm, rows, cols, y, x, nil, mean, rstd, w, b, nil, nil, eps)
+	layerNormSplit(opLayerNorm, rows, cols, y, x, nil, mean, rstd, w, b, nil, nil, eps, f.vec)
 }
 
 // LayerNormBackward implements Backend as LayerNorm does; each part sums
@@ -350,7 +351,7 @@ func (f *Fast) LayerNormBackward(dx, dw, db, dy, x, mean, rstd, w []float32, row
 	checkRows("LayerNormBackward dy", dy, rows, cols)
 	checkRows("LayerNormBackward dx", dx, rows, cols)
 	mean, rstd, w, dw, db = mean[:rows], rstd[:rows], w[:cols], dw[:cols], db[:cols]
-	layerNormSplit(opLayerNormBackward, rows, cols, dx, x, dy, mean, rstd, w, nil, dw, db, 0)
+	layerNormSplit(opLayerNormBackward, rows, cols, dx, x, dy, mean, rstd, w, nil, dw, db, 0, f.vec)
 }
 
 // GELU implements Backend with the AVX-512 kernel, else float32 Go loops

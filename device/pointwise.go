@@ -29,7 +29,7 @@ type splitCall struct {
 	op        splitOp
 	n, nt     int
 	dst, a, b []float32
-	vec       bool // opGELU: the AVX-512 kernel
+	vec       bool // the AVX-512 kernels (LayerNorm's: when cols%8 == 0)
 
 	cols                        int // row kernels
 	eps                         float32
@@ -58,6 +58,10 @@ func (c *splitCall) run(w int) {
 		gelu32(c.dst[lo:hi], d, c.b[lo:hi])
 	case opLayerNorm:
 		r, k := c.cols, hi-lo
+		if c.vec && k > 0 && r > 0 && r%8 == 0 {
+			layerNormAVX512(&c.dst[lo*r], &c.mean[lo], &c.rstd[lo], &c.a[lo*r], &c.w[0], &c.bias[0], k, r, c.eps)
+			break
+		}
 		portable.LayerNorm(c.dst[lo*r:hi*r], c.mean[lo:hi], c.rstd[lo:hi], c.a[lo*r:hi*r], c.w, c.bias, k, r, c.eps)
 	case opLayerNormBackward:
 		r, k := c.cols, hi-lo
@@ -66,6 +70,10 @@ func (c *splitCall) run(w int) {
 			p := c.partial[w]
 			clear(p)
 			dw, db = p[:r], p[r:]
+		}
+		if c.vec && k > 0 && r > 0 && r%8 == 0 {
+			layerNormBackwardAVX512(&c.dst[lo*r], &dw[0], &db[0], &c.b[lo*r], &c.a[lo*r], &c.mean[lo], &c.rstd[lo], &c.w[0], k, r)
+			break
 		}
 		portable.LayerNormBackward(c.dst[lo*r:hi*r], dw, db, c.b[lo*r:hi*r], c.a[lo*r:hi*r], c.mean[lo:hi], c.rstd[lo:hi], c.w, k, r)
 	}
@@ -115,10 +123,11 @@ func pointwise(op splitOp, n int, dst, a, b []float32, vec bool) {
 }
 
 // layerNormSplit runs LayerNorm or its backward (op) over rows×cols in
-// parallel when that pays; lengths are the caller's to check.
-func layerNormSplit(op splitOp, rows, cols int, dst, a, b, mean, rstd, w, bias, dw, db []float32, eps float32) {
+// parallel when that pays, with the AVX-512 kernels if vec; lengths are
+// the caller's to check.
+func layerNormSplit(op splitOp, rows, cols int, dst, a, b, mean, rstd, w, bias, dw, db []float32, eps float32, vec bool) {
 	c := newSplit(op, rows, cols)
-	c.dst, c.a, c.b, c.cols, c.eps = dst, a, b, cols, eps
+	c.dst, c.a, c.b, c.cols, c.eps, c.vec = dst, a, b, cols, eps, vec
 	c.mean, c.rstd, c.w, c.bias, c.dw, c.db = mean, rstd, w, bias, dw, db
 	if op == opLayerNormBackward {
 		for len(c.partial) < c.nt {

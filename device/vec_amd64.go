@@ -59,5 +59,17 @@ func nonFiniteAVX512(x *float32, n int) bool
 //go:noescape
 func geluAVX512(y, d, x *float32, n int)
 
+// layerNormAVX512 is CPU.LayerNorm for rows ≥ 1 and cols a positive
+// multiple of 8.
+//
+//go:noescape
+func layerNormAVX512(y, mean, rstd, x, w, b *float32, rows, cols int, eps float32)
+
+// layerNormBackwardAVX512 is CPU.LayerNormBackward for rows ≥ 1 and cols a
+// positive multiple of 8.
+//
+//go:noescape
+func layerNormBackwardAVX512(dx, dw, db, dy, x, mean, rstd, w *float32, rows, cols int)
+
 //go:noescape
 func minMaxAVX512(a, b *float32, n int)

@@ -991,3 +991,160 @@ gelu_tail:
 gelu_done:
 	VZEROUPPER
 	RET
+
+// func layerNormAVX512(y, mean, rstd, x, w, b *float32, rows, cols int, eps float32)
+// CPU.LayerNorm for rows ≥ 1 rows of cols values, cols a positive multiple
+// of 8: the mean and variance in float64 over eight lanes, then
+// y = float32((x − mean)·rstd)·w + b in float32 (no fused multiply-add,
+// as the Go loop).
+TEXT ·layerNormAVX512(SB), NOSPLIT, $0-68
+	MOVQ      y+0(FP), DI
+	MOVQ      mean+8(FP), R11
+	MOVQ      rstd+16(FP), R12
+	MOVQ      x+24(FP), SI
+	MOVQ      w+32(FP), R9
+	MOVQ      b+40(FP), R10
+	MOVQ      rows+48(FP), R8
+	MOVQ      cols+56(FP), BX
+	VCVTSI2SDQ BX, X15, X15    // cols, float64
+	VCVTSS2SD eps+64(FP), X14, X14
+	SHLQ      $2, BX          // bytes a row
+	MOVQ      $0x3ff0000000000000, AX
+	VMOVQ     AX, X12         // 1.0
+
+ln_row:
+	VXORPD Z0, Z0, Z0
+	XORQ   AX, AX
+
+ln_sum:
+	VCVTPS2PD (SI)(AX*1), Z1
+	VADDPD    Z1, Z0, Z0
+	ADDQ      $32, AX
+	CMPQ      AX, BX
+	JL        ln_sum
+	HSUMPD
+	VDIVSD       X15, X0, X13 // mean
+	VBROADCASTSD X13, Z2
+	VXORPD       Z0, Z0, Z0
+	XORQ         AX, AX
+
+ln_var:
+	VCVTPS2PD   (SI)(AX*1), Z1
+	VSUBPD      Z2, Z1, Z1
+	VFMADD231PD Z1, Z1, Z0
+	ADDQ        $32, AX
+	CMPQ        AX, BX
+	JL          ln_var
+	HSUMPD
+	VDIVSD       X15, X0, X0
+	VADDSD       X14, X0, X0
+	VSQRTSD      X0, X0, X0
+	VDIVSD       X0, X12, X3  // rstd
+	VBROADCASTSD X3, Z4
+	VCVTSD2SS    X13, X5, X5
+	VMOVSS       X5, (R11)
+	VCVTSD2SS    X3, X5, X5
+	VMOVSS       X5, (R12)
+	XORQ         AX, AX
+
+ln_out:
+	VCVTPS2PD (SI)(AX*1), Z1
+	VSUBPD    Z2, Z1, Z1
+	VMULPD    Z4, Z1, Z1
+	VCVTPD2PS Z1, Y1
+	VMULPS    (R9)(AX*1), Y1, Y1
+	VADDPS    (R10)(AX*1), Y1, Y1
+	VMOVUPS   Y1, (DI)(AX*1)
+	ADDQ      $32, AX
+	CMPQ      AX, BX
+	JL        ln_out
+	ADDQ      BX, SI
+	ADDQ      BX, DI
+	ADDQ      $4, R11
+	ADDQ      $4, R12
+	DECQ      R8
+	JNZ       ln_row
+	VZEROUPPER
+	RET
+
+// func layerNormBackwardAVX512(dx, dw, db, dy, x, mean, rstd, w *float32, rows, cols int)
+// CPU.LayerNormBackward for rows ≥ 1 rows of cols values, cols a positive
+// multiple of 8: x̂ and the row sums Σ dy·w and Σ dy·w·x̂ in float64 over
+// eight lanes; dw += float32(dy·x̂) and db += dy in float32, row by row as
+// the Go loop; dx = float32(rstd·(dy·w − mean(dy·w) − x̂·mean(dy·w·x̂))).
+TEXT ·layerNormBackwardAVX512(SB), NOSPLIT, $0-80
+	MOVQ      dx+0(FP), DI
+	MOVQ      dw+8(FP), R13
+	MOVQ      db+16(FP), R14
+	MOVQ      dy+24(FP), CX
+	MOVQ      x+32(FP), SI
+	MOVQ      mean+40(FP), R11
+	MOVQ      rstd+48(FP), R12
+	MOVQ      w+56(FP), R9
+	MOVQ      rows+64(FP), R8
+	MOVQ      cols+72(FP), BX
+	VCVTSI2SDQ BX, X15, X15
+	SHLQ      $2, BX
+
+lb_row:
+	VCVTSS2SD    (R11), X2, X2
+	VBROADCASTSD X2, Z2       // mean
+	VCVTSS2SD    (R12), X4, X4
+	VBROADCASTSD X4, Z4       // rstd
+	VXORPD       Z6, Z6, Z6   // Σ dy·w
+	VXORPD       Z7, Z7, Z7   // Σ dy·w·x̂
+	XORQ         AX, AX
+
+lb_sums:
+	VCVTPS2PD   (SI)(AX*1), Z1
+	VSUBPD      Z2, Z1, Z1
+	VMULPD      Z4, Z1, Z1     // x̂
+	VCVTPS2PD   (CX)(AX*1), Z3 // dy
+	VMULPD      Z1, Z3, Z5
+	VCVTPD2PS   Z5, Y5
+	VADDPS      (R13)(AX*1), Y5, Y5
+	VMOVUPS     Y5, (R13)(AX*1)
+	VMOVUPS     (CX)(AX*1), Y8
+	VADDPS      (R14)(AX*1), Y8, Y8
+	VMOVUPS     Y8, (R14)(AX*1)
+	VCVTPS2PD   (R9)(AX*1), Z9
+	VMULPD      Z9, Z3, Z9     // dy·w
+	VADDPD      Z9, Z6, Z6
+	VFMADD231PD Z1, Z9, Z7
+	ADDQ        $32, AX
+	CMPQ        AX, BX
+	JL          lb_sums
+	VMOVAPD      Z6, Z0
+	HSUMPD
+	VDIVSD       X15, X0, X0
+	VBROADCASTSD X0, Z6
+	VMOVAPD      Z7, Z0
+	HSUMPD
+	VDIVSD       X15, X0, X0
+	VBROADCASTSD X0, Z7
+	XORQ         AX, AX
+
+lb_dx:
+	VCVTPS2PD    (SI)(AX*1), Z1
+	VSUBPD       Z2, Z1, Z1
+	VMULPD       Z4, Z1, Z1
+	VCVTPS2PD    (CX)(AX*1), Z3
+	VCVTPS2PD    (R9)(AX*1), Z9
+	VMULPD       Z9, Z3, Z3
+	VSUBPD       Z6, Z3, Z3
+	VFNMADD231PD Z7, Z1, Z3
+	VMULPD       Z4, Z3, Z3
+	VCVTPD2PS    Z3, Y3
+	VMOVUPS      Y3, (DI)(AX*1)
+	ADDQ         $32, AX
+	CMPQ         AX, BX
+	JL           lb_dx
+	ADDQ         BX, SI
+	ADDQ         BX, DI
+	ADDQ         BX, CX
+	ADDQ         $4, R11
+	ADDQ         $4, R12
+	DECQ         R8
+	JNZ          lb_row
+	VZEROUPPER
+	RET

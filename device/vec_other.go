@@ -38,4 +38,12 @@ func nonFiniteAVX512(x *float32, n int) bool { panic(errNoAsm) }
 
 func geluAVX512(y, d, x *float32, n int) { panic(errNoAsm) }
 
+func layerNormAVX512(y, mean, rstd, x, w, b *float32, rows, cols int, eps float32) {
+	panic(errNoAsm)
+}
+
+func layerNormBackwardAVX512(dx, dw, db, dy, x, mean, rstd, w *float32, rows, cols int) {
+	panic(errNoAsm)
+}
+
 func minMaxAVX512(a, b *float32, n int) { panic(errNoAsm) }
