@@ -285,13 +285,18 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		return nil
 	}
+	// wait merges the pending fragment, blocking until its all-reduce
+	// ends (a "wait" span: the communication that overlap did not hide).
 	wait := func() error {
 		if pending == nil {
 			return nil
 		}
 		s := pending
 		pending = nil
-		return merge(s, <-s.done)
+		end := trace.StartArgs(ctx, trace.Train, "wait", int64(s.due), trace.Args{"outer": s.outer, "fragment": s.frag})
+		r := <-s.done
+		end()
+		return merge(s, r)
 	}
 	defer func() {
 		if pending != nil {
