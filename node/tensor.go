@@ -959,7 +959,7 @@ func (p *streamPool) get(ctx context.Context) (network.Stream, bool, error) {
 	defer cancel()
 	// With only a relayed connection, NewStream waits (until ctx ends) for
 	// hole punching to bring a direct one; tensors never take the relay.
-	s, err := newStream(ctx, p.ts.host, p.p)
+	s, err := OpenStream(ctx, p.ts.host, p.p, ProtocolID)
 	if err != nil {
 		if errors.Is(err, network.ErrLimitedConn) || p.onlyLimited() {
 			return nil, false, fmt.Errorf("%w: %v", ErrLimitedConn, err)
@@ -971,35 +971,6 @@ func (p *streamPool) get(ctx context.Context) (network.Stream, bool, error) {
 		return nil, false, ErrLimitedConn
 	}
 	return s, false, nil
-}
-
-// newStream opens a tensor stream to p, waiting no longer than ctx even
-// when the host's dial ignores it: mocknet's does (its DialPeer takes no
-// context), and with hundreds of simulated peers dialling each other its
-// dials queue on its locks and event bus for minutes. A dial given up on
-// finishes on its own goroutine, and the stream it brings is reset.
-func newStream(ctx context.Context, h host.Host, p peer.ID) (network.Stream, error) {
-	type opened struct {
-		s   network.Stream
-		err error
-	}
-	ch := make(chan opened) // unbuffered: a stream is handed over or reset, never both
-	go func() {
-		s, err := h.NewStream(ctx, p, ProtocolID)
-		select {
-		case ch <- opened{s, err}:
-		case <-ctx.Done():
-			if s != nil {
-				s.Reset()
-			}
-		}
-	}()
-	select {
-	case o := <-ch:
-		return o.s, o.err
-	case <-ctx.Done():
-		return nil, fmt.Errorf("opening a stream to %s: %w", p, ctx.Err())
-	}
 }
 
 // onlyLimited reports whether every connection to the peer is limited.
