@@ -270,6 +270,11 @@ const (
 	// enough for a heartbeat or two to show where the others are, short
 	// enough to stay well inside an all-reduce's stall timeout.
 	alignWait = 1500 * time.Millisecond
+	// progressPoll is how often a peer waiting for a state that rounds
+	// still running will produce looks at the others' versions
+	// (whileProgressing): its patience is a round timeout, and a look
+	// builds every peer's status (a map of the swarm, at 256 peers).
+	progressPoll = 250 * time.Millisecond
 	// overtakeGrace is how long (with a quarter of the round timeout at
 	// most) peers of a group must have said they finished round r before
 	// a peer still in round r's all-reduce gives it up and takes their
@@ -746,7 +751,7 @@ func (f *fedPeer) whileProgressing(ctx context.Context) (_ context.Context, stop
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(alignPoll)
+		t := time.NewTicker(progressPoll)
 		defer t.Stop()
 		watch := newProgressWatch(time.Now(), topVersion(f.net.Statuses()))
 		for {
