@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 )
 
@@ -342,5 +345,62 @@ func TestStrangerParksLittle(t *testing.T) {
 	}
 	if all, _ := parkState(b, stranger.ID()); all != 0 || b.ts.strangers != 0 {
 		t.Fatalf("parked %d (strangers %d) after all claimed", all, b.ts.strangers)
+	}
+}
+
+// stuckDialHost is a host whose NewStream ignores its context and waits
+// for release, as mocknet's does under load: its DialPeer takes no
+// context, and at 256 simulated peers fetching from each other the dials
+// queue for minutes on mocknet's locks and event bus.
+type stuckDialHost struct {
+	host.Host
+	release chan struct{}
+}
+
+func (h stuckDialHost) NewStream(_ context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
+	<-h.release
+	return h.Host.NewStream(context.Background(), p, pids...)
+}
+
+// TestSendGivesUpOnStuckDial checks that Send returns when its context
+// ends even if the host's dial does not: a FedAsync peer's pullers sat in
+// such dials long after the run's deadline (docs/results/README.md, "256
+// libp2p peers in one process").
+func TestSendGivesUpOnStuckDial(t *testing.T) {
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	var hs [2]host.Host
+	for i := range hs {
+		h, err := mn.GenPeer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs[i] = h
+	}
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	a, err := Attach(stuckDialHost{Host: hs[0], release: release}, TestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Attach(hs[1], TestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	t.Cleanup(func() { close(release) }) // first: lets the dial finish
+
+	ctx := ctxT(t, 50*time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- a.Send(ctx, b.ID(), rawTensor(1, 4, 1)) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Send = %v, want a context.DeadlineExceeded", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Send still waits for a dial 5 s after its 50 ms context ended")
 	}
 }

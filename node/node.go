@@ -460,6 +460,35 @@ func (n *Node) Send(ctx context.Context, p peer.ID, t Tensor) error {
 	return n.ts.send(ctx, pool, &t)
 }
 
+// OpenStream opens a stream to p on h, waiting no longer than ctx even
+// when h's dial ignores it: mocknet's does (its DialPeer takes no
+// context), and with hundreds of simulated peers dialling each other its
+// dials queue on its locks and event bus for minutes. A dial given up on
+// finishes on its own goroutine, and the stream it brings is reset.
+func OpenStream(ctx context.Context, h host.Host, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
+	type opened struct {
+		s   network.Stream
+		err error
+	}
+	ch := make(chan opened) // unbuffered: a stream is handed over or reset, never both
+	go func() {
+		s, err := h.NewStream(ctx, p, pids...)
+		select {
+		case ch <- opened{s, err}:
+		case <-ctx.Done():
+			if s != nil {
+				s.Reset()
+			}
+		}
+	}()
+	select {
+	case o := <-ch:
+		return o.s, o.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("node: opening a stream to %s: %w", p, ctx.Err())
+	}
+}
+
 // Recv returns the tensor with tag from peer from (from any peer if from
 // is "": the first such tensor to arrive whole), waiting until it arrives, ctx ends, or — if ctx has no deadline —
 // Config.RecvTimeout passes. The payload goes into dst as it arrives when

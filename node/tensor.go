@@ -18,6 +18,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/security/noise"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+
 	"github.com/starling-ml/starling/compression"
 )
 
@@ -958,7 +959,7 @@ func (p *streamPool) get(ctx context.Context) (network.Stream, bool, error) {
 	defer cancel()
 	// With only a relayed connection, NewStream waits (until ctx ends) for
 	// hole punching to bring a direct one; tensors never take the relay.
-	s, err := p.ts.host.NewStream(ctx, p.p, ProtocolID)
+	s, err := OpenStream(ctx, p.ts.host, p.p, ProtocolID)
 	if err != nil {
 		if errors.Is(err, network.ErrLimitedConn) || p.onlyLimited() {
 			return nil, false, fmt.Errorf("%w: %v", ErrLimitedConn, err)

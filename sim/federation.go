@@ -225,8 +225,9 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 		loss, acc := eval.Evaluate(testSet)
 		pt := RoundPoint{Round: int(ri.Round), Seconds: time.Since(start).Seconds(), Accuracy: acc, Loss: loss}
 		res.Curve = append(res.Curve, pt)
-		res.FinalAccuracy = acc
-		res.Rounds = int(ri.Round)
+		if pt.Round > res.Rounds { // participants of different rounds report concurrently
+			res.Rounds, res.FinalAccuracy = pt.Round, acc
+		}
 		if progress != nil {
 			progress(pt)
 		}
@@ -291,7 +292,25 @@ func Federation(ctx context.Context, cfg FedConfig, trainSet, testSet *data.Set,
 			return res, err
 		}
 	}
+	if err := ended(res, cfg.Fed.Rounds); err != nil {
+		return res, err
+	}
 	return res, nil
+}
+
+// ErrEndedEarly reports a federation whose peers all stopped before its
+// last round without reaching the target.
+var ErrEndedEarly = errors.New("sim: the federation ended early")
+
+// ended checks that a federation that did not reach its target reported
+// its last round: every round's participants report it, even a round that
+// failed (as the previous state), so a missing last round means the
+// peers stopped without finishing.
+func ended(res *FedResult, rounds int) error {
+	if res.RoundsToTarget > 0 || res.Rounds >= rounds {
+		return nil
+	}
+	return fmt.Errorf("%w: the peers stopped after round %d of %d without reporting a later one (those rounds were left without a result; see the peers' round-failed events)", ErrEndedEarly, res.Rounds, rounds)
 }
 
 // fixedMembers is a train.Net whose members are the whole federation and

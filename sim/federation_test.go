@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/starling-ml/starling/peerid"
@@ -66,5 +67,25 @@ func TestFederationBoundedGroups(t *testing.T) {
 	}
 	if res.FinalMean < 0.7 {
 		t.Errorf("final mean accuracy %.3f", res.FinalMean)
+	}
+}
+
+// TestEndedEarly: a federation that stopped before its last round without
+// reaching its target is an error naming the round, not a result.
+func TestEndedEarly(t *testing.T) {
+	for _, c := range []struct {
+		res    FedResult
+		rounds int
+		early  bool
+	}{
+		{FedResult{RoundsToTarget: -1, Rounds: 20}, 20, false},
+		{FedResult{RoundsToTarget: 5, Rounds: 5}, 20, false}, // stopped at the target
+		{FedResult{RoundsToTarget: -1, Rounds: 7}, 20, true},
+		{FedResult{RoundsToTarget: -1}, 3, true}, // no round reported
+	} {
+		err := ended(&c.res, c.rounds)
+		if early := errors.Is(err, ErrEndedEarly); early != c.early {
+			t.Errorf("%+v of %d rounds: %v, want early %v", c.res, c.rounds, err, c.early)
+		}
 	}
 }

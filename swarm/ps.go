@@ -103,7 +103,7 @@ func (t *PSTransport) Call(ctx context.Context, to peerid.ID, r *train.PSRequest
 	if err != nil {
 		return nil, fmt.Errorf("swarm: bad peer id %q: %w", to, err)
 	}
-	st, err := t.n.Host().NewStream(ctx, id, PSProtocol)
+	st, err := node.OpenStream(ctx, t.n.Host(), id, PSProtocol)
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/starling-ml/starling/node"
 )
 
 // StateProtocol is the state service's protocol id.
@@ -273,7 +275,7 @@ type stateHead struct {
 // the stripe into dst[req.offset:].
 func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst []float32) (stateHead, error) {
 	var h stateHead
-	st, err := s.h.NewStream(network.WithAllowLimitedConn(ctx, "state"), p, StateProtocol)
+	st, err := node.OpenStream(network.WithAllowLimitedConn(ctx, "state"), s.h, p, StateProtocol)
 	if err != nil {
 		return h, err
 	}
@@ -384,7 +386,12 @@ func (s *stateService) fetch(ctx context.Context, peers []peer.ID, minVersion ui
 	var got []ans
 	var errs []error
 	for i := 0; i < len(peers) && len(got) < k; i++ {
-		a := <-ch
+		var a ans
+		select {
+		case a = <-ch:
+		case <-ctx.Done(): // the askers end on their own (ch holds all answers)
+			return 0, fmt.Errorf("%w: asking %d peers: %w", ErrNoState, len(peers), ctx.Err())
+		}
 		if a.err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", a.p, a.err))
 			continue

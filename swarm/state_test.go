@@ -10,6 +10,8 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
 	"github.com/starling-ml/starling/peerid"
@@ -140,5 +142,50 @@ func TestAskerClosingWriteStillServed(t *testing.T) {
 	}
 	if head[0] != stOK || binary.BigEndian.Uint64(head[1:]) != 2 {
 		t.Fatalf("status %d version %d, want the version published while it waited", head[0], binary.BigEndian.Uint64(head[1:]))
+	}
+}
+
+// stuckDialHost is a host whose NewStream ignores its context and waits
+// for release, as mocknet's does when hundreds of simulated peers dial
+// each other (its DialPeer takes no context).
+type stuckDialHost struct {
+	host.Host
+	release chan struct{}
+}
+
+func (h stuckDialHost) NewStream(_ context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
+	<-h.release
+	return h.Host.NewStream(context.Background(), p, pids...)
+}
+
+// TestFetchEndsWithStuckDials: a state fetch that asks peers it cannot
+// reach yet returns when its context ends, not when the dials do (the
+// 256-client federation's sampled clients sat in fetchState, asking the
+// 255 others for version 1, for minutes).
+func TestFetchEndsWithStuckDials(t *testing.T) {
+	mn := mocknet.New()
+	t.Cleanup(func() { mn.Close() })
+	ps := attachPeers(t, mn, 3)
+	if err := mn.LinkAll(); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	s := newStateService(stuckDialHost{Host: ps[0].state.h, release: release}, 1<<20, time.Second)
+	ps[1].state.publish(1, vec(10, 0))
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.fetch(ctx, []peer.ID{ps[1].state.h.ID(), ps[2].state.h.ID()}, 1, make([]float32, 10), 1)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("fetched through a dial that never finished")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fetch still waits for its dials 5 s after its 100 ms context ended")
 	}
 }

@@ -270,6 +270,11 @@ const (
 	// enough for a heartbeat or two to show where the others are, short
 	// enough to stay well inside an all-reduce's stall timeout.
 	alignWait = 1500 * time.Millisecond
+	// progressPoll is how often a peer waiting for a state that rounds
+	// still running will produce looks at the others' versions
+	// (whileProgressing): its patience is a round timeout, and a look
+	// builds every peer's status (a map of the swarm, at 256 peers).
+	progressPoll = 250 * time.Millisecond
 	// overtakeGrace is how long (with a quarter of the round timeout at
 	// most) peers of a group must have said they finished round r before
 	// a peer still in round r's all-reduce gives it up and takes their
@@ -579,7 +584,7 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			// Joining a running federation: wait for the state round r
 			// starts from, which the others publish as they finish r−1.
 			from := othersOf(self, f.members())
-			if v, err := fetchState(ctx, net, from, r-1, state, cfg.RoundTimeout); err == nil {
+			if v, err := f.fetchWhileProgressing(ctx, from, r-1, state); err == nil {
 				if adopt(v) {
 					return nil
 				}
@@ -633,10 +638,22 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			}
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout)
 		before := version
-		info, synced, err := f.round(rctx, w, server, state, send, avg, delta, &version, r, plan)
-		cancel()
+		var (
+			info   RoundInfo
+			synced bool
+		)
+		if plan.behind {
+			// Missed rounds: take the state after round r−1 first, as
+			// long as the rounds before r, still running, go on
+			// completing; the round's timeout starts after it.
+			synced, err = f.fetchBehind(ctx, server, state, n, &version, r, plan.from)
+		}
+		if err == nil && !synced {
+			rctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout)
+			info, synced, err = f.round(rctx, w, server, state, send, avg, delta, &version, r, plan)
+			cancel()
+		}
 		if err != nil && ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -673,7 +690,7 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	// A peer that came too late to take part (it would join past the last
 	// round) takes the others' final state.
 	if last := uint64(cfg.Rounds); f.joinAt > last && version < last {
-		if v, err := fetchState(ctx, net, othersOf(self, f.members()), last, state, cfg.RoundTimeout); err == nil {
+		if v, err := f.fetchWhileProgressing(ctx, othersOf(self, f.members()), last, state); err == nil {
 			f.event("caught-up", fmt.Sprintf("final version %d", v))
 			if adopt(v) {
 				return nil
@@ -701,12 +718,16 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 }
 
 // fetchState fetches the state of version ≥ version from peers into
-// state, waiting up to timeout; state is untouched unless it succeeds.
+// state, waiting up to timeout (0: as long as ctx); state is untouched
+// unless it succeeds.
 func fetchState(ctx context.Context, net Net, peers []peerid.ID, version uint64, state []float32, timeout time.Duration) (uint64, error) {
 	if len(peers) == 0 {
 		return 0, ErrNoState
 	}
-	fctx, cancel := context.WithTimeout(ctx, timeout)
+	fctx, cancel := ctx, context.CancelFunc(func() {})
+	if timeout > 0 {
+		fctx, cancel = context.WithTimeout(ctx, timeout)
+	}
 	defer cancel()
 	tmp := make([]float32, len(state))
 	v, err := net.Fetch(fctx, peers, version, tmp)
@@ -717,26 +738,78 @@ func fetchState(ctx context.Context, net Net, peers []peerid.ID, version uint64,
 	return v, nil
 }
 
-// round runs round r, as plan says, for a sampled peer. synced reports
-// that the peer took the round's result (or a later state) from others.
+// whileProgressing returns a context that ends with ctx, or once the
+// newest version among the live peers has not grown for the round
+// timeout (progressWatch), with ErrNoState as its cause; stop ends the
+// watch. A wait for a state that rounds still running will produce
+// lasts as long as they complete: a fixed deadline from its start, on a
+// loaded machine, gave up while they were completing, and the round
+// that needed the state then produced none either.
+func (f *fedPeer) whileProgressing(ctx context.Context) (_ context.Context, stop func()) {
+	patience := f.cfg.RoundTimeout
+	wctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(progressPoll)
+		defer t.Stop()
+		watch := newProgressWatch(time.Now(), topVersion(f.net.Statuses()))
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+			if watch.stalled(time.Now(), topVersion(f.net.Statuses()), patience) {
+				cancel(fmt.Errorf("%w: no peer's version grew for %v", ErrNoState, patience))
+				return
+			}
+		}
+	}()
+	return wctx, func() {
+		cancel(nil)
+		<-done
+	}
+}
+
+// fetchWhileProgressing is fetchState waiting while the federation moves
+// (whileProgressing) rather than for a fixed time.
+func (f *fedPeer) fetchWhileProgressing(ctx context.Context, peers []peerid.ID, version uint64, state []float32) (uint64, error) {
+	wctx, stop := f.whileProgressing(ctx)
+	defer stop()
+	v, err := fetchState(wctx, f.net, peers, version, state, 0)
+	if err != nil && ctx.Err() == nil {
+		if cause := context.Cause(wctx); cause != nil && errors.Is(cause, ErrNoState) {
+			return 0, fmt.Errorf("%w (%w)", err, cause)
+		}
+	}
+	return v, err
+}
+
+// fetchBehind brings a peer sampled for round r that missed rounds to
+// the state after round r−1, from from, before it trains round r. synced
+// reports that it took round r's result or a later state: the round is
+// done.
+func (f *fedPeer) fetchBehind(ctx context.Context, server ServerOpt, state []float32, n int, version *uint64, r uint64, from []peerid.ID) (synced bool, err error) {
+	endFetch := trace.Start(ctx, trace.Net, "fetch", int64(r))
+	v, err := f.fetchWhileProgressing(ctx, from, r-1, state)
+	endFetch()
+	if err != nil {
+		return false, fmt.Errorf("round %d: fetching state %d: %w", r, r-1, err)
+	}
+	copy(server.State(), state[n:])
+	*version = v
+	f.publish(ctx, v, state)
+	return v >= r, nil
+}
+
+// round runs round r, as plan says, for a sampled peer that holds the
+// state after round r−1 (fetchBehind). synced reports that the peer took
+// the round's result (or a later state) from others.
 func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state, send, avg, delta []float32, version *uint64, r uint64, plan roundPlan) (RoundInfo, bool, error) {
 	net, cfg := f.net, f.cfg
 	n := len(w.Model.Params)
 	global := state[:n]
-	if plan.behind {
-		endFetch := trace.Start(ctx, trace.Net, "fetch", int64(r))
-		v, err := net.Fetch(ctx, plan.from, r-1, state)
-		endFetch()
-		if err != nil {
-			return RoundInfo{}, false, fmt.Errorf("round %d: fetching state %d: %w", r, r-1, err)
-		}
-		copy(server.State(), state[n:])
-		*version = v
-		f.publish(ctx, v, state)
-		if v >= r {
-			return RoundInfo{}, true, nil
-		}
-	}
 	// Local training from the global model.
 	copy(w.Model.Params, global)
 	if cfg.ResetClientOpt {

@@ -531,3 +531,63 @@ func TestFederatedEvenSplitHeals(t *testing.T) {
 		t.Fatalf("the peers end on different states (%d finished)", len(finals))
 	}
 }
+
+// paceNet makes every all-reduce start pace late, as on a loaded CPU:
+// each round takes at least pace.
+type paceNet struct {
+	train.Net
+	pace time.Duration
+}
+
+func (n paceNet) AllReduce(ctx context.Context, round uint64, group []peerid.ID, dst, src []float32, weight float64) ([]peerid.ID, error) {
+	time.Sleep(n.pace)
+	return n.Net.AllReduce(ctx, round, group, dst, src, weight)
+}
+
+// roundsRec records the versions the peers report and their failed
+// rounds.
+type roundsRec struct {
+	mu       sync.Mutex
+	versions map[int]bool
+	failed   []string
+}
+
+func (r *roundsRec) Snapshot(_ string, _ time.Duration, v int, _ []float32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.versions[v] = true
+}
+
+func (r *roundsRec) Event(e train.Event) {
+	if e.Kind == "round-failed" {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.failed = append(r.failed, e.Peer+": "+e.Detail)
+	}
+}
+
+// TestFederatedBehindWaitsWhileRoundsComplete: with two of eight peers
+// sampled a round, most peers' first round lies rounds ahead. Such a peer
+// waits for the state of the round before its own, which the rounds
+// between produce one after another (1 s each here), longer in all than
+// the round timeout (3 s). It must wait as long as rounds complete: a
+// peer that gave up after the round timeout left its round without a
+// result, so every later round waited for a state nobody would publish
+// and the federation ended early without an error (examples/federated
+// with 16 clients and C = 0.1 on a loaded machine: 7 of 20 rounds).
+func TestFederatedBehindWaitsWhileRoundsComplete(t *testing.T) {
+	small, shards, cfg, wcfg := logregFed(t, 8, 800, 10, 3*time.Second)
+	cfg.Fraction = 0.25
+	rec := &roundsRec{versions: map[int]bool{}}
+	runFedWrapped(t, 8, shards, small, cfg, wcfg, "", rec, func(_ peerid.ID, net train.Net) train.Net {
+		return paceNet{Net: net, pace: time.Second}
+	})
+	for v := 1; v <= cfg.Rounds; v++ {
+		if !rec.versions[v] {
+			t.Errorf("no peer reported round %d", v)
+		}
+	}
+	for _, f := range rec.failed {
+		t.Errorf("failed round: %s", f)
+	}
+}

@@ -225,6 +225,42 @@ func (w *overtakeWatch) look(now time.Time, ahead []peerid.ID, grace time.Durati
 	return !w.since.IsZero() && now.Sub(w.since) >= grace
 }
 
+// progressWatch decides, look by look, when a wait for a state that
+// rounds still to come will produce has gone on too long: once the
+// newest version among the live peers (topVersion) has not grown for
+// patience. Such a wait may span many rounds, each bounded by its own
+// timeout, so a fixed deadline from its start would give up on a
+// federation that is moving.
+type progressWatch struct {
+	top   uint64
+	since time.Time
+}
+
+// newProgressWatch starts a watch at now, with top the newest version.
+func newProgressWatch(now time.Time, top uint64) progressWatch {
+	return progressWatch{top: top, since: now}
+}
+
+// stalled takes one look, at now, that saw top, and reports whether the
+// versions have not grown for patience.
+func (w *progressWatch) stalled(now time.Time, top uint64, patience time.Duration) bool {
+	if top > w.top {
+		w.top, w.since = top, now
+		return false
+	}
+	return now.Sub(w.since) >= patience
+}
+
+// topVersion returns the newest version among the live peers' statuses
+// (0 if none).
+func topVersion(statuses map[peerid.ID]Status) uint64 {
+	var top uint64
+	for _, v := range liveVersions(statuses) {
+		top = max(top, v)
+	}
+	return top
+}
+
 // roundVerdict is what a peer makes of one round it was sampled for.
 type roundVerdict struct {
 	// fatal ends the run with the round's error (the model diverged).

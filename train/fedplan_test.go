@@ -338,3 +338,31 @@ func TestFinalFrom(t *testing.T) {
 		})
 	}
 }
+
+// TestProgressWatch: a wait spanning rounds goes on while the newest
+// version grows, and ends patience after it last grew.
+func TestProgressWatch(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	w := newProgressWatch(t0, 3)
+	for _, l := range []struct {
+		at      float64
+		top     uint64
+		stalled bool
+	}{
+		{1, 3, false},
+		{2.9, 3, false},
+		{2.95, 4, false}, // a round completed: the patience starts again
+		{5.9, 4, false},
+		{6, 5, false},
+		{8.9, 2, false}, // a version lower than the newest is no progress
+		{9, 5, true},
+	} {
+		if got := w.stalled(at(l.at), l.top, 3*time.Second); got != l.stalled {
+			t.Fatalf("at %vs with top %d: stalled %v, want %v", l.at, l.top, got, l.stalled)
+		}
+	}
+	if got := topVersion(map[peerid.ID]Status{"a": {Version: 7}, "b": {Version: 9, Done: true}, "c": {Version: 4}}); got != 7 {
+		t.Fatalf("topVersion = %d, want 7 (the stopped peer's 9 does not count)", got)
+	}
+}

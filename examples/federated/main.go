@@ -79,9 +79,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if res.RoundsToTarget > 0 {
+	switch {
+	case *target <= 0:
+		fmt.Fprintf(stdout, "ran %d rounds (%.0fs); final accuracy %.2f%%\n", res.Rounds, res.WallS, 100*res.FinalAccuracy)
+	case res.RoundsToTarget > 0:
 		fmt.Fprintf(stdout, "reached %.2f%% in %d rounds (%.0fs); final accuracy %.2f%%\n", 100**target, res.RoundsToTarget, res.TimeToTarget, 100*res.FinalAccuracy)
-	} else {
+	default:
 		fmt.Fprintf(stdout, "did not reach %.2f%% in %d rounds; final accuracy %.2f%%\n", 100**target, res.Rounds, 100*res.FinalAccuracy)
 	}
 	if *consensus {
