@@ -471,6 +471,11 @@ func TestDisconnectedPeerForgotten(t *testing.T) {
 	id1 := idOf(hosts[1].ID())
 	eventually(t, 10*time.Second, "the first heartbeat", func() bool { _, ok := cps[0].Peer(id1); return ok })
 	cps[1].Close()
+	// The process is gone: nothing may dial it again (a pubsub stream
+	// opened late would, and its host is still up here).
+	if err := mn.UnlinkPeers(hosts[0].ID(), hosts[1].ID()); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	if err := mn.DisconnectPeers(hosts[0].ID(), hosts[1].ID()); err != nil {
 		t.Fatal(err)
@@ -479,13 +484,27 @@ func TestDisconnectedPeerForgotten(t *testing.T) {
 	if took := time.Since(start); took < DisconnectGrace/2 {
 		t.Errorf("forgotten after %v, within the grace of %v", took, DisconnectGrace)
 	}
-	// The same identity comes back with a new control plane.
-	cp, err := New(hosts[1], cfg, WithStatus(wire.Status{JoinAt: 99}))
+	// The same identity comes back, as a restarted process: a new host
+	// (the old one's pubsub state would otherwise race the reconnection)
+	// with a new control plane.
+	sk := hosts[1].Peerstore().PrivKey(hosts[1].ID())
+	addr := hosts[1].Addrs()[0]
+	if err := hosts[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	h1, err := mn.AddPeer(sk, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := New(h1, cfg, WithStatus(wire.Status{JoinAt: 99}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cp.Close()
-	if _, err := mn.ConnectPeers(hosts[0].ID(), hosts[1].ID()); err != nil {
+	if _, err := mn.LinkPeers(hosts[0].ID(), h1.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mn.ConnectPeers(hosts[0].ID(), h1.ID()); err != nil {
 		t.Fatal(err)
 	}
 	waitTopicPeers(t, []*ControlPlane{cps[0], cp}, 1)
