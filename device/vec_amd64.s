@@ -616,6 +616,22 @@ adam_done:
 	MOVL         bits, AX \
 	VPBROADCASTD AX, reg
 
+// EXPCONSTS loads the constants EXP uses into Z21..Z31 (clobbers AX):
+// ln(FLT_MIN), log2(e), ln 2 in a high and a low part, the polynomial's
+// coefficients of degree 7 down to 2 (the last is 0.5), and 1.
+#define EXPCONSTS \
+	CONST($0xc2aeac4f, Z21) \
+	CONST($0x3fb8aa3b, Z22) \
+	CONST($0x3f318000, Z23) \
+	CONST($0xb95e8083, Z24) \
+	CONST($0x39506967, Z25) \
+	CONST($0x3ab743ce, Z26) \
+	CONST($0x3c088908, Z27) \
+	CONST($0x3d2aa9c1, Z28) \
+	CONST($0x3e2aaaaa, Z29) \
+	CONST($0x3f000000, Z30) \
+	CONST($0x3f800000, Z31)
+
 // EXP sets Z1 = exp(Z1) lane-wise (Cephes expf: range reduction by ln 2 in
 // two parts, degree-7 polynomial, VSCALEFPS for 2^n; about 1 ulp). Inputs
 // are clamped below at ln(FLT_MIN) so the result never underflows to a
@@ -719,17 +735,7 @@ sm_argdone:
 	MOVQ R9, arg+40(FP)
 
 	// Pass 3: g = exp(z − mx), summed into Z20.
-	CONST($0xc2aeac4f, Z21) // ln(FLT_MIN)
-	CONST($0x3fb8aa3b, Z22) // log2(e)
-	CONST($0x3f318000, Z23) // ln 2, high part
-	CONST($0xb95e8083, Z24) // ln 2, low part
-	CONST($0x39506967, Z25)
-	CONST($0x3ab743ce, Z26)
-	CONST($0x3c088908, Z27)
-	CONST($0x3d2aa9c1, Z28)
-	CONST($0x3e2aaaaa, Z29)
-	CONST($0x3f000000, Z30)
-	CONST($0x3f800000, Z31) // 1
+	EXPCONSTS
 	VPXORD Z20, Z20, Z20
 	MOVQ   SI, R8
 	MOVQ   grad+0(FP), DI
@@ -948,17 +954,7 @@ TEXT ·geluAVX512(SB), NOSPLIT, $0-32
 	CONST($0x3d372713, Z15) // 0.044715
 	CONST($0x3e095d4f, Z16) // 3·0.044715
 	CONST($0x3fcc422a, Z17) // 2√(2/π)
-	CONST($0xc2aeac4f, Z21) // ln(FLT_MIN)
-	CONST($0x3fb8aa3b, Z22) // log2(e)
-	CONST($0x3f318000, Z23) // ln 2, high part
-	CONST($0xb95e8083, Z24) // ln 2, low part
-	CONST($0x39506967, Z25)
-	CONST($0x3ab743ce, Z26)
-	CONST($0x3c088908, Z27)
-	CONST($0x3d2aa9c1, Z28)
-	CONST($0x3e2aaaaa, Z29)
-	CONST($0x3f000000, Z30)
-	CONST($0x3f800000, Z31) // 1
+	EXPCONSTS
 
 gelu16:
 	CMPQ    CX, $16
