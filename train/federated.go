@@ -402,33 +402,52 @@ func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r ui
 // all-reduce's probes, but never sends round r's data. stop ends the
 // watch and returns those peers (nil if it did not end the round).
 func (f *fedPeer) watchOvertaken(ctx context.Context, r uint64, group []peerid.ID) (_ context.Context, stop func() []peerid.ID) {
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
 	grace := min(f.cfg.RoundTimeout/4, overtakeGrace)
-	var ahead []peerid.ID
+	var watch overtakeWatch
+	var ahead []peerid.ID // written by the watch's goroutine, read after it ends
+	wctx, end := watchCtx(ctx, alignPoll, func(now time.Time) error {
+		p := overtaken(f.self, r, group, liveVersions(f.net.Statuses()))
+		if !watch.look(now, p, grace) {
+			return nil
+		}
+		ahead = p
+		return errOvertaken
+	})
+	return wctx, func() []peerid.ID {
+		end()
+		return ahead
+	}
+}
+
+// errOvertaken ends a round's all-reduce whose group went on without this
+// peer (watchOvertaken).
+var errOvertaken = errors.New("train: peers of the group finished the round without this one")
+
+// watchCtx returns a context that ends with ctx or, once check (called
+// every period, on one goroutine) returns an error, with that error as
+// its cause. stop ends the watch and waits for the goroutine.
+func watchCtx(ctx context.Context, period time.Duration, check func(now time.Time) error) (_ context.Context, stop func()) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(alignPoll)
+		t := time.NewTicker(period)
 		defer t.Stop()
-		var watch overtakeWatch
 		for {
 			select {
 			case <-wctx.Done():
 				return
 			case <-t.C:
 			}
-			p := overtaken(f.self, r, group, liveVersions(f.net.Statuses()))
-			if watch.look(time.Now(), p, grace) {
-				ahead = p
-				cancel()
+			if err := check(time.Now()); err != nil {
+				cancel(err)
 				return
 			}
 		}
 	}()
-	return wctx, func() []peerid.ID {
-		cancel()
+	return wctx, func() {
+		cancel(nil)
 		<-done
-		return ahead
 	}
 }
 
@@ -747,29 +766,13 @@ func fetchState(ctx context.Context, net Net, peers []peerid.ID, version uint64,
 // that needed the state then produced none either.
 func (f *fedPeer) whileProgressing(ctx context.Context) (_ context.Context, stop func()) {
 	patience := f.cfg.RoundTimeout
-	wctx, cancel := context.WithCancelCause(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(progressPoll)
-		defer t.Stop()
-		watch := newProgressWatch(time.Now(), topVersion(f.net.Statuses()))
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case <-t.C:
-			}
-			if watch.stalled(time.Now(), topVersion(f.net.Statuses()), patience) {
-				cancel(fmt.Errorf("%w: no peer's version grew for %v", ErrNoState, patience))
-				return
-			}
+	watch := newProgressWatch(time.Now(), topVersion(f.net.Statuses()))
+	return watchCtx(ctx, progressPoll, func(now time.Time) error {
+		if watch.stalled(now, topVersion(f.net.Statuses()), patience) {
+			return fmt.Errorf("%w: no peer's version grew for %v", ErrNoState, patience)
 		}
-	}()
-	return wctx, func() {
-		cancel(nil)
-		<-done
-	}
+		return nil
+	})
 }
 
 // fetchWhileProgressing is fetchState waiting while the federation moves
