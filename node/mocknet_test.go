@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/core/protocol"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
+
+	"github.com/starling-ml/starling/node/nodetest"
 )
 
 // newMocknet attaches n nodes to a fully connected mocknet whose links have
@@ -348,20 +348,6 @@ func TestStrangerParksLittle(t *testing.T) {
 	}
 }
 
-// stuckDialHost is a host whose NewStream ignores its context and waits
-// for release, as mocknet's does under load: its DialPeer takes no
-// context, and at 256 simulated peers fetching from each other the dials
-// queue for minutes on mocknet's locks and event bus.
-type stuckDialHost struct {
-	host.Host
-	release chan struct{}
-}
-
-func (h stuckDialHost) NewStream(_ context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
-	<-h.release
-	return h.Host.NewStream(context.Background(), p, pids...)
-}
-
 // TestSendGivesUpOnStuckDial checks that Send returns when its context
 // ends even if the host's dial does not: a FedAsync peer's pullers sat in
 // such dials long after the run's deadline (docs/results/README.md, "256
@@ -381,7 +367,7 @@ func TestSendGivesUpOnStuckDial(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
-	a, err := Attach(stuckDialHost{Host: hs[0], release: release}, TestConfig())
+	a, err := Attach(nodetest.StuckDialHost{Host: hs[0], Release: release}, TestConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

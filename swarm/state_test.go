@@ -11,9 +11,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/libp2p/go-libp2p/core/protocol"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
+	"github.com/starling-ml/starling/node/nodetest"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -145,19 +145,6 @@ func TestAskerClosingWriteStillServed(t *testing.T) {
 	}
 }
 
-// stuckDialHost is a host whose NewStream ignores its context and waits
-// for release, as mocknet's does when hundreds of simulated peers dial
-// each other (its DialPeer takes no context).
-type stuckDialHost struct {
-	host.Host
-	release chan struct{}
-}
-
-func (h stuckDialHost) NewStream(_ context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
-	<-h.release
-	return h.Host.NewStream(context.Background(), p, pids...)
-}
-
 // TestFetchEndsWithStuckDials: a state fetch that asks peers it cannot
 // reach yet returns when its context ends, not when the dials do (the
 // 256-client federation's sampled clients sat in fetchState, asking the
@@ -171,7 +158,7 @@ func TestFetchEndsWithStuckDials(t *testing.T) {
 	}
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
-	s := newStateService(stuckDialHost{Host: ps[0].state.h, release: release}, 1<<20, time.Second)
+	s := newStateService(nodetest.StuckDialHost{Host: ps[0].state.h, Release: release}, 1<<20, time.Second)
 	ps[1].state.publish(1, vec(10, 0))
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
