@@ -40,6 +40,14 @@ func (n flakyPSNet) Call(ctx context.Context, to peerid.ID, r *PSRequest) (*PSRe
 // psPairDim is the length of psPair's model.
 const psPairDim = 8
 
+// psPairPush returns worker "w"'s push number seq (session 1) to psPair's
+// shard: a gradient of ones computed at version seq−1.
+func psPairPush(l psLayout, seq uint64) *PSRequest {
+	grad := compression.FP32{}.Encode(nil, []float32{1, 1, 1, 1, 1, 1, 1, 1})
+	return &PSRequest{Op: PSPush, Model: "m", Dim: psPairDim, Layout: l.digest(), Shard: 0, Session: 1, Seq: seq,
+		Base: seq - 1, Codec: uint8(compression.IDFP32), Elems: psPairDim, Payload: grad}
+}
+
 // psPair returns a one-shard layout over two peers and its primary and
 // backup servers, connected by flakyPSNet: the primary's next *fail
 // calls to the backup fail.
@@ -64,12 +72,8 @@ func TestPSBackupCaughtUpAfterFailedReplicas(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fail := 2
 		l, srvP, srvB := psPair(t, &fail)
-		const dim = psPairDim
-		grad := compression.FP32{}.Encode(nil, []float32{1, 1, 1, 1, 1, 1, 1, 1})
 		push := func(seq uint64) *PSReply {
-			r := &PSRequest{Op: PSPush, Model: "m", Dim: dim, Layout: l.digest(), Shard: 0, Session: 1, Seq: seq,
-				Base: seq - 1, Codec: uint8(compression.IDFP32), Elems: dim, Payload: grad}
-			rep := srvP.handle(t.Context(), "w", r)
+			rep := srvP.handle(t.Context(), "w", psPairPush(l, seq))
 			if rep.Status != PSOK {
 				t.Fatalf("push %d: %v %s", seq, rep.Status, rep.Detail)
 			}
@@ -101,20 +105,14 @@ func TestPSFailoverAheadOfBackup(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fail := 1
 		l, srvP, srvB := psPair(t, &fail)
-		const dim = psPairDim
-		grad := compression.FP32{}.Encode(nil, []float32{1, 1, 1, 1, 1, 1, 1, 1})
-		req := func(seq uint64) *PSRequest {
-			return &PSRequest{Op: PSPush, Model: "m", Dim: dim, Layout: l.digest(), Shard: 0, Session: 1, Seq: seq,
-				Base: seq - 1, Codec: uint8(compression.IDFP32), Elems: dim, Payload: grad}
-		}
-		if rep := srvP.handle(t.Context(), "w", req(1)); rep.Status != PSOK || rep.Version != 1 {
+		if rep := srvP.handle(t.Context(), "w", psPairPush(l, 1)); rep.Status != PSOK || rep.Version != 1 {
 			t.Fatalf("push 1 at the primary: %v %s, version %d", rep.Status, rep.Detail, rep.Version)
 		}
 		if srvB.shards[0].version != 0 {
 			t.Fatal("the failed replica reached the backup")
 		}
 		// The primary is gone: the worker's next push goes to the backup.
-		rep := srvB.handle(t.Context(), "w", req(2))
+		rep := srvB.handle(t.Context(), "w", psPairPush(l, 2))
 		if rep.Status != PSOK || rep.Version != 1 || rep.Tau != 0 || srvB.promoted.Load() != 1 {
 			t.Fatalf("push 2 at the backup: %v %s, version %d, τ %d, promoted %d", rep.Status, rep.Detail, rep.Version, rep.Tau, srvB.promoted.Load())
 		}
