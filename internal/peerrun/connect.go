@@ -18,10 +18,11 @@ import (
 )
 
 // Redialling of --connect addresses (libp2p's dial backoff aside): the
-// first retry after redialFirst, doubling up to redialMax; a connected peer is checked every checkEvery
-// and redialled when its connection is gone. attemptTimeout
-// bounds one dial, so that a peer stuck in the handshake (stopped, or
-// with another swarm key) does not hold the dialler.
+// first retry after redialFirst, doubling up to redialMax; a connected
+// peer is checked every checkEvery and redialled when its connection is
+// gone. attemptTimeout bounds one dial, so that a peer stuck in the
+// handshake (stopped, or with another swarm key) does not hold the
+// dialler.
 const (
 	redialFirst    = 250 * time.Millisecond
 	redialMax      = 10 * time.Second
