@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"log/slog"
-	"syscall"
 	"time"
 )
 
@@ -26,24 +25,6 @@ type Scale struct {
 	// training phase; MaxRSSMiB its peak resident memory.
 	TrainCPUS float64 `json:"train_cpu_s"`
 	MaxRSSMiB float64 `json:"max_rss_mib"`
-}
-
-// processCPU is the process's CPU time so far (0 where rusage fails).
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// maxRSSMiB is the process's peak resident memory (Linux reports KiB).
-func maxRSSMiB() float64 {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return float64(ru.Maxrss) / 1024
 }
 
 // disseminationSources are the peers whose heartbeat dissemination is

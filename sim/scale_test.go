@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/starling-ml/starling/gossip"
+	"github.com/starling-ml/starling/internal/rusage"
 )
 
 func TestFormQuorum(t *testing.T) {
@@ -160,9 +161,9 @@ func TestScaleControlPlane(t *testing.T) {
 	}
 	hb0, _, _, rp0 := delivered()
 	fmt.Printf("formed in %v: %d heartbeats delivered, %d duplicates validated\n", formed, hb0, rp0)
-	cpu0 := processCPU()
+	cpu0 := rusage.CPU()
 	time.Sleep(5 * sw.beat)
-	cpu := processCPU() - cpu0
+	cpu := rusage.CPU() - cpu0
 	hb1, thr, und, rp1 := delivered()
 	views := 0
 	for _, p := range sw.peers {
@@ -172,7 +173,7 @@ func TestScaleControlPlane(t *testing.T) {
 		"idle 5 periods: CPU %v (%.2f cores), %d heartbeats delivered of %d, %.0f µs CPU each; mean view %.1f; %d duplicates validated; throttled %d, lost %d; max RSS %.0f MiB\n",
 		n, sw.beat, sw.quorum, formed.Round(time.Millisecond), took, took.Seconds()/sw.beat.Seconds(), reached,
 		cpu.Round(time.Millisecond), cpu.Seconds()/(5*sw.beat.Seconds()), hb1-hb0, 5*n*(n-1),
-		float64(cpu.Microseconds())/float64(max(hb1-hb0, 1)), float64(views)/float64(n), rp1-rp0, thr, und, maxRSSMiB())
+		float64(cpu.Microseconds())/float64(max(hb1-hb0, 1)), float64(views)/float64(n), rp1-rp0, thr, und, float64(rusage.PeakRSS())/(1<<20))
 }
 
 // TestSwarmConfigLongHeartbeat: a heartbeat period whose TTL outlasts

@@ -21,6 +21,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/internal/ctxtime"
+	"github.com/starling-ml/starling/internal/rusage"
 	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
@@ -171,10 +172,10 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	if cfg.StopAtTarget {
 		wg.Go(func() { monitor(runCtx, stop, &cfg, rec, testSet, o.log) })
 	}
-	cpu0 := processCPU()
+	cpu0 := rusage.CPU()
 	wg.Wait()
 	wall := time.Since(rec.start)
-	cpu := processCPU() - cpu0
+	cpu := rusage.CPU() - cpu0
 	stop()
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -195,7 +196,7 @@ func Run(ctx context.Context, cfg Config, trainSet, testSet *data.Set, opts ...O
 	res.summarise(wall, summaries)
 	res.Summary.Scale = Scale{FormS: formed.Seconds(), HeartbeatS: sw.beat.Seconds(), Quorum: sw.quorum,
 		DisseminationS: spread.Seconds(), DisseminationBeats: spread.Seconds() / sw.beat.Seconds(), Reached: reached,
-		TrainCPUS: cpu.Seconds(), MaxRSSMiB: maxRSSMiB()}
+		TrainCPUS: cpu.Seconds(), MaxRSSMiB: float64(rusage.PeakRSS()) / (1 << 20)}
 	return res, nil
 }
 

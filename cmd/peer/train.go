@@ -12,6 +12,7 @@ import (
 
 	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/internal/progress"
+	"github.com/starling-ml/starling/internal/rusage"
 	"github.com/starling-ml/starling/nn"
 	"github.com/starling-ml/starling/train"
 	"github.com/starling-ml/starling/workload"
@@ -246,7 +247,7 @@ func runTrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	if o.JSON != "" {
-		out := trainSummary{Summary: sum, Data: wl.Source, ModelID: wl.ID(), Init: o.Init, Precision: o.Prec.String(), PeakRSSMB: peakRSSMB()}
+		out := trainSummary{Summary: sum, Data: wl.Source, ModelID: wl.ID(), Init: o.Init, Precision: o.Prec.String(), PeakRSSMB: float64(rusage.PeakRSS()) / 1e6}
 		if wl.Vocab != nil {
 			out.Vocab = wl.Vocab.Size()
 		}
