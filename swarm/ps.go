@@ -14,7 +14,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/multiformats/go-multistream"
 
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/train"
@@ -104,6 +106,9 @@ func (t *PSTransport) Call(ctx context.Context, to peerid.ID, r *train.PSRequest
 		return nil, fmt.Errorf("swarm: bad peer id %q: %w", to, err)
 	}
 	st, err := node.OpenStream(ctx, t.n.Host(), id, PSProtocol)
+	if notServing(err) {
+		return notServingReply(to), nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -112,15 +117,25 @@ func (t *PSTransport) Call(ctx context.Context, to peerid.ID, r *train.PSRequest
 		st.SetDeadline(dl)
 	}
 	w := bufio.NewWriter(st)
-	if err := writePSFrame(w, r, r.Payload); err != nil || w.Flush() != nil {
+	err = writePSFrame(w, r, r.Payload)
+	if err == nil {
+		err = w.Flush()
+	}
+	if err != nil {
 		st.Reset()
-		return nil, ctxOr(ctx, fmt.Errorf("swarm: ps request to %s: %v", to, err))
+		if notServing(err) {
+			return notServingReply(to), nil
+		}
+		return nil, ctxOr(ctx, fmt.Errorf("swarm: ps request to %s: %w", to, err))
 	}
 	st.CloseWrite()
 	var rep train.PSReply
 	payload, err := readPSFrame(bufio.NewReader(st), &rep, t.maxPayload)
 	if err != nil {
 		st.Reset()
+		if notServing(err) {
+			return notServingReply(to), nil
+		}
 		return nil, ctxOr(ctx, fmt.Errorf("swarm: ps reply from %s: %w", to, err))
 	}
 	rep.Payload = payload
@@ -128,11 +143,26 @@ func (t *PSTransport) Call(ctx context.Context, to peerid.ID, r *train.PSRequest
 	return &rep, nil
 }
 
+// notServing reports whether err is the peer's refusal of PSProtocol:
+// its host is up but its run has not registered the protocol yet, or has
+// ended. Stream negotiation is lazy, so the refusal can surface at the
+// open, the first write or the first read.
+func notServing(err error) bool {
+	return err != nil && errors.As(err, new(multistream.ErrNotSupported[protocol.ID]))
+}
+
+// notServingReply is what Call returns for a peer that does not serve
+// PSProtocol: the same PSNotReady as a peer whose run has not started
+// serving, which a worker retries while the server may still be starting.
+func notServingReply(to peerid.ID) *train.PSReply {
+	return &train.PSReply{Status: train.PSNotReady, Detail: fmt.Sprintf("%s does not serve %s", to, PSProtocol)}
+}
+
 // ctxOr returns ctx's error once it has ended (the reason a stream
 // failed), err otherwise.
 func ctxOr(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
+	if e := ctxtime.Ended(ctx); e != nil {
+		return e
 	}
 	return err
 }

@@ -149,3 +149,27 @@ func TestPSTransportCallDeadline(t *testing.T) {
 		t.Fatalf("%+v, %v", rep, err)
 	}
 }
+
+// TestPSTransportCallBeforeServing: a peer whose host is up but that has
+// not registered the ps protocol yet (its run starts later, or it ended)
+// answers PSNotReady, which a worker retries, not a transport error,
+// which fails it over.
+func TestPSTransportCallBeforeServing(t *testing.T) {
+	ps := newSwarm(t, 2)
+	a := NewPSTransport(ps[0].Node, 1<<20, 5*time.Second)
+	t.Cleanup(a.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for range 2 {
+		rep, err := a.Call(ctx, peerid.ID(ps[1].Node.ID().String()), &train.PSRequest{Op: train.PSPush, Payload: make([]byte, 1<<16)})
+		if err != nil || rep.Status != train.PSNotReady {
+			t.Fatalf("%+v, %v", rep, err)
+		}
+	}
+	b := NewPSTransport(ps[1].Node, 1<<20, 5*time.Second)
+	b.Close()
+	rep, err := a.Call(ctx, b.Self(), &train.PSRequest{Op: train.PSPull})
+	if err != nil || rep.Status != train.PSNotReady {
+		t.Fatalf("after the peer stopped serving: %+v, %v", rep, err)
+	}
+}
