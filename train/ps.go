@@ -202,7 +202,7 @@ func RunPS(ctx context.Context, w *Worker, net PSNet, members []peerid.ID, cfg P
 	}
 	sum.Applied, sum.Compensated, sum.Promoted = srv.applied.Load(), srv.compensated.Load(), srv.promoted.Load()
 	sum.WallS = time.Since(start).Seconds()
-	if ctx.Err() != nil && runErr != nil && errors.Is(runErr, ctx.Err()) {
+	if e := ctxtime.Ended(ctx); e != nil && errors.Is(runErr, e) {
 		runErr = nil
 	}
 	return sum, runErr
@@ -441,8 +441,10 @@ func (pw *psWorker) call(ctx context.Context, i int, r *PSRequest) (*PSReply, er
 			rep, err = pw.net.Call(cctx, to, r)
 		}
 		cancel()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if err := ctxtime.Ended(ctx); err != nil {
+			// The run's end (its deadline may fail the call before
+			// ctx.Err() is set), not the server's: no failover.
+			return nil, err
 		}
 		status := PSOK
 		if err == nil {

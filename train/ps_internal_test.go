@@ -30,13 +30,6 @@ func (n flakyPSNet) Call(ctx context.Context, to peerid.ID, r *PSRequest) (*PSRe
 	return n.to[to](ctx, n.self, r), nil
 }
 
-// TestPSBackupCaughtUpAfterFailedReplicas: replicas that fail do not
-// cost the shard its backup for good. The primary tries again after a
-// backoff, and the first replica that gets through brings the backup to
-// the primary's version, so a failover finds the acknowledged updates.
-// (Before, one failed replica dropped the backup: a worker that failed
-// over found it at version 0 and was refused, "gradient at version 2948
-
 // psPairDim is the length of psPair's model.
 const psPairDim = 8
 
@@ -67,6 +60,12 @@ func psPair(t *testing.T, fail *int) (psLayout, *psServer, *psServer) {
 	return l, srvP, srvB
 }
 
+// TestPSBackupCaughtUpAfterFailedReplicas: replicas that fail do not
+// cost the shard its backup for good. The primary tries again after a
+// backoff, and the first replica that gets through brings the backup to
+// the primary's version, so a failover finds the acknowledged updates.
+// (Before, one failed replica dropped the backup: a worker that failed
+// over found it at version 0 and was refused, "gradient at version 2948
 // of shard 0, which is at 0".)
 func TestPSBackupCaughtUpAfterFailedReplicas(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -117,4 +116,38 @@ func TestPSFailoverAheadOfBackup(t *testing.T) {
 			t.Fatalf("push 2 at the backup: %v %s, version %d, τ %d, promoted %d", rep.Status, rep.Detail, rep.Version, rep.Tau, srvB.promoted.Load())
 		}
 	})
+}
+
+// pastDeadline is a context whose deadline has passed but whose timer has
+// not fired yet: Err is still nil.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// TestPSCallAtRunDeadlineDoesNotFailOver: a call that fails because the
+// run's deadline passed (the stream's deadline is the run's, and can fire
+// before ctx.Err() is set) ends the call with the deadline; it does not
+// fail over to the backup, which would take the shard over from a
+// primary that is alive. (Before, every run of --duration could end in
+// such a failover, and the primary, told "moved", failed its run.)
+func TestPSCallAtRunDeadlineDoesNotFailOver(t *testing.T) {
+	l, err := planLayout([]peerid.ID{"a", "b"}, "m", psPairDim, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultPSConfig()
+	cfg.Model, cfg.LR = "m", 0.1
+	fail := 1
+	ok := func(context.Context, peerid.ID, *PSRequest) *PSReply { return &PSReply{Status: PSOK} }
+	net := flakyPSNet{self: "w", to: map[peerid.ID]PSHandler{"a": ok, "b": ok}, fail: &fail}
+	pw := newPSWorker("w", net, cfg, &l, nil, nil)
+	pw.calls[0].started = true
+	r := pw.request(PSPull, 0)
+	_, err = pw.call(pastDeadline{context.Background()}, 0, &r)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("call at the run's deadline: %v, want the deadline", err)
+	}
+	if pw.calls[0].onBackup || pw.failovers != 0 {
+		t.Errorf("failed over at the run's deadline: %+v, %d failovers", pw.calls[0], pw.failovers)
+	}
 }

@@ -22,3 +22,17 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// Ended returns ctx's error, or context.DeadlineExceeded once ctx's
+// deadline has passed even if its timer has not fired yet: a stream whose
+// deadline was set from ctx's can fail a moment before ctx.Err() says so,
+// and that failure is ctx's end, not the peer's.
+func Ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
