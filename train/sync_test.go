@@ -639,6 +639,28 @@ func syncBothLeftOutAtOnce(t *testing.T) {
 	runPairLeftOut(t, workers, nets, func(int, train.StepInfo) {})
 }
 
+// TestSyncBothLeftOutAtOnceSlowStatuses is TestSyncBothLeftOutAtOnce with
+// statuses that take 500 ms to arrive, as gossip's do: both peers declare
+// a join at a step of the other, both miss it, and must then form one job,
+// not two.
+func TestSyncBothLeftOutAtOnceSlowStatuses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		job := newMemJob(300 * time.Millisecond)
+		workers, nets := memPeers(t, job, 2, 256, 0)
+		for _, n := range nets {
+			n.StatusDelay = 500 * time.Millisecond
+		}
+		var once sync.Once
+		job.netw.SetHook(func(from, _ peerid.ID, tag aggregate.Tag, data []float32) aggtest.Action {
+			if from == peerid.ID(nets[1].ID) && tag.Round == 16 && len(data) > 0 {
+				once.Do(func() { data[0] = float32(math.NaN()) })
+			}
+			return aggtest.Deliver
+		})
+		runPairLeftOut(t, workers, nets, func(int, train.StepInfo) {})
+	})
+}
+
 // runPairLeftOut runs a 400-step job of two peers, calling onStep (under
 // a lock) after each of their steps; both must be left out of a step at
 // least once and end together.

@@ -116,6 +116,15 @@ func planJoin(v joinView) joinPlan {
 		}
 	}
 	if len(ahead) == 0 {
+		if v.now.Before(v.stale) && len(run) == 0 && slices.ContainsFunc(v.members, func(p peerid.ID) bool {
+			ps, ok := v.statuses[p]
+			return ok && p < v.self && ps.JoinAt > 0 && !stopped(ps, v.steps)
+		}) {
+			// Joiners that missed each other (both left out of one step,
+			// each waiting for the other's state) would start two jobs:
+			// the lowest starts, the others wait for it and join it.
+			return joinPlan{action: joinLook, pause: lookPause}
+		}
 		if v.left && v.now.Before(v.stale) && slices.ContainsFunc(run, func(p peerid.ID) bool { return v.statuses[p].Version < v.version }) {
 			return joinPlan{action: joinLook, pause: lookPause}
 		}

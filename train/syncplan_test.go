@@ -68,6 +68,13 @@ func TestPlanJoin(t *testing.T) {
 			look(func(v *joinView) { v.version = 0; v.discover = t0.Add(time.Second) },
 				pids("a", "b"), map[peerid.ID]Status{"a": {}, "b": {}}),
 			joinPlan{action: joinStart, group: pids("a", "b", "me")}},
+		{"a lower joiner and nobody running, fresh statuses: wait for it to start",
+			look(func(v *joinView) { v.stale = t0.Add(time.Second) }, pids("b", "x"), map[peerid.ID]Status{
+				"b": {JoinAt: 117}, "x": {JoinAt: 117}}),
+			joinPlan{action: joinLook, pause: lookPause}},
+		{"only higher joiners, fresh statuses: start, they join me",
+			look(func(v *joinView) { v.stale = t0.Add(time.Second) }, pids("x"), map[peerid.ID]Status{"x": {JoinAt: 117}}),
+			joinPlan{action: joinStart, group: pids("me")}},
 		{"peers at my step; joiners, stopped and behind ones left out",
 			look(nil, pids("a", "b", "c", "d", "e"), map[peerid.ID]Status{
 				"a": {Version: 10}, "b": {JoinAt: 30}, "c": {Version: 8, Done: true}, "d": {Version: 7}, "e": {Version: 10}}),

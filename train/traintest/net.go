@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/peerid"
@@ -132,6 +133,9 @@ type Net struct {
 	// instead of the Board's joined peers: a federation whose peers never
 	// come or go.
 	Fixed []peerid.ID
+	// StatusDelay, if set, is how long a status takes to reach the
+	// others, as swarm's heartbeat gossip takes up to a second.
+	StatusDelay time.Duration
 }
 
 var _ train.Net = (*Net)(nil)
@@ -174,6 +178,10 @@ func (n *Net) Fetch(ctx context.Context, peers []peerid.ID, version uint64, dst 
 
 // SetStatus implements train.Net.
 func (n *Net) SetStatus(_ context.Context, st train.Status) error {
+	if n.StatusDelay > 0 {
+		time.AfterFunc(n.StatusDelay, func() { n.Board.SetStatus(n.ID, st) })
+		return nil
+	}
 	n.Board.SetStatus(n.ID, st)
 	return nil
 }
