@@ -93,12 +93,8 @@ type flopser interface {
 	flops() float64
 }
 
-func grow(buf []float32, n int) []float32 {
-	if cap(buf) < n {
-		return make([]float32, n)
-	}
-	return buf[:n]
-}
+// grow is device.Grow: a layer's buffers live in its backend's memory.
+func grow(be device.Backend, buf []float32, n int) []float32 { return device.Grow(be, buf, n) }
 
 // lastAxis checks that the last axis of in is d and returns how many
 // vectors of d values one sample holds.
@@ -168,7 +164,7 @@ func (l *Dense) flops() float64 { return 2 * float64(l.pos) * float64(l.In) * fl
 func (l *Dense) Forward(be device.Backend, x []float32, n int) []float32 {
 	rows := n * l.pos
 	l.x = x
-	l.y = grow(l.y, rows*l.Out)
+	l.y = grow(be, l.y, rows*l.Out)
 	device.GemmMixed(be, false, true, rows, l.Out, l.In, 1, device.F32(x, l.In), weightMat(l.w, l.wh, l.In), 0, l.y, l.Out)
 	switch {
 	case l.NoBias && l.ReLU:
@@ -196,7 +192,7 @@ func (l *Dense) Backward(be device.Backend, dy []float32, n int, needDx bool) []
 	if !needDx {
 		return nil
 	}
-	l.dx = grow(l.dx, rows*l.In)
+	l.dx = grow(be, l.dx, rows*l.In)
 	device.GemmMixed(be, false, false, rows, l.In, l.Out, 1, device.F32(dy, l.Out), weightMat(l.w, l.wh, l.In), 0, l.dx, l.In)
 	return l.dx
 }
@@ -217,7 +213,7 @@ func (l *ReLU) Setup(in Shape) (Shape, error) { l.size = in.Size(); return in, n
 
 // Forward implements Layer.
 func (l *ReLU) Forward(be device.Backend, x []float32, n int) []float32 {
-	l.y = grow(l.y, n*l.size)
+	l.y = grow(be, l.y, n*l.size)
 	be.ReLU(l.y, x[:n*l.size])
 	return l.y
 }
@@ -227,7 +223,7 @@ func (l *ReLU) Backward(be device.Backend, dy []float32, n int, needDx bool) []f
 	if !needDx {
 		return nil
 	}
-	l.dx = grow(l.dx, n*l.size)
+	l.dx = grow(be, l.dx, n*l.size)
 	be.ReLUBackward(l.dx, dy[:n*l.size], l.y)
 	return l.dx
 }
@@ -259,14 +255,14 @@ func (l *Conv2D) im2col(be device.Backend, x []float32, n int) device.Mat {
 	g.N = n
 	rows, cc := g.ColRows(), g.ColCols()
 	if l.wth == nil {
-		l.col = grow(l.col, rows*cc)
+		l.col = grow(be, l.col, rows*cc)
 		be.Im2Col(l.col, x, g)
 		return device.F32(l.col, cc)
 	}
 	l.colh = growHalf(l.colh, rows*cc)
 	g.N = 1
 	per, in := g.ColRows()*cc, l.h*l.w*l.In
-	l.colx = grow(l.colx, per)
+	l.colx = grow(be, l.colx, per)
 	for s := 0; s < n; s++ {
 		be.Im2Col(l.colx, x[s*in:(s+1)*in], g)
 		device.EncodeBF16(l.colh[s*per:(s+1)*per], l.colx)
@@ -321,7 +317,7 @@ func (l *Conv2D) Forward(be device.Backend, x []float32, n int) []float32 {
 	g.N = n
 	rows, cc := g.ColRows(), g.ColCols()
 	col := l.im2col(be, x, n)
-	l.y = grow(l.y, rows*l.Out)
+	l.y = grow(be, l.y, rows*l.Out)
 	device.GemmMixed(be, false, true, rows, l.Out, cc, 1, col, weightMat(l.wt, l.wth, cc), 0, l.y, l.Out)
 	if l.ReLU {
 		be.BiasReLU(l.y, l.b, rows, l.Out)
@@ -345,9 +341,9 @@ func (l *Conv2D) Backward(be device.Backend, dy []float32, n int, needDx bool) [
 	if !needDx {
 		return nil
 	}
-	l.dcol = grow(l.dcol, rows*cc)
+	l.dcol = grow(be, l.dcol, rows*cc)
 	device.GemmMixed(be, false, false, rows, cc, l.Out, 1, device.F32(dy, l.Out), weightMat(l.wt, l.wth, cc), 0, l.dcol, cc)
-	l.dx = grow(l.dx, n*l.h*l.w*l.In)
+	l.dx = grow(be, l.dx, n*l.h*l.w*l.In)
 	clear(l.dx)
 	be.Col2Im(l.dx, l.dcol, g)
 	return l.dx
@@ -377,11 +373,8 @@ func (l *MaxPool2D) Forward(be device.Backend, x []float32, n int) []float32 {
 	g := l.geom
 	g.N = n
 	out := n * g.OutH() * g.OutW() * g.C
-	l.y = grow(l.y, out)
-	if cap(l.arg) < out {
-		l.arg = make([]int32, out)
-	}
-	l.arg = l.arg[:out]
+	l.y = grow(be, l.y, out)
+	l.arg = device.GrowInt32(be, l.arg, out)
 	be.MaxPool(l.y, l.arg, x, g)
 	return l.y
 }
@@ -392,7 +385,7 @@ func (l *MaxPool2D) Backward(be device.Backend, dy []float32, n int, needDx bool
 		return nil
 	}
 	g := l.geom
-	l.dx = grow(l.dx, n*g.H*g.W*g.C)
+	l.dx = grow(be, l.dx, n*g.H*g.W*g.C)
 	be.MaxPoolBackward(l.dx, dy[:len(l.arg)], l.arg)
 	return l.dx
 }
@@ -454,7 +447,7 @@ func (l *AvgPool2D) windows(n int, f func(o, i int)) {
 // Forward implements Layer.
 func (l *AvgPool2D) Forward(be device.Backend, x []float32, n int) []float32 {
 	g := l.geom
-	l.y = grow(l.y, n*g.OutH()*g.OutW()*g.C)
+	l.y = grow(be, l.y, n*g.OutH()*g.OutW()*g.C)
 	clear(l.y)
 	l.windows(n, func(o, i int) { be.Axpy(1, x[i:i+g.C], l.y[o:o+g.C]) })
 	be.Scale(1/float32(g.K*g.K), l.y)
@@ -468,7 +461,7 @@ func (l *AvgPool2D) Backward(be device.Backend, dy []float32, n int, needDx bool
 	}
 	g := l.geom
 	inv := 1 / float32(g.K*g.K)
-	l.dx = grow(l.dx, n*g.H*g.W*g.C)
+	l.dx = grow(be, l.dx, n*g.H*g.W*g.C)
 	clear(l.dx)
 	l.windows(n, func(o, i int) { be.Axpy(inv, dy[o:o+g.C], l.dx[i:i+g.C]) })
 	return l.dx
@@ -504,7 +497,7 @@ func (l *Flatten) Forward(be device.Backend, x []float32, n int) []float32 {
 	if l.identity() {
 		return x
 	}
-	l.y = grow(l.y, n*l.h*l.w*l.c)
+	l.y = grow(be, l.y, n*l.h*l.w*l.c)
 	l.permute(l.y, x, n, true)
 	return l.y
 }
@@ -517,7 +510,7 @@ func (l *Flatten) Backward(be device.Backend, dy []float32, n int, needDx bool) 
 	if l.identity() {
 		return dy
 	}
-	l.dx = grow(l.dx, n*l.h*l.w*l.c)
+	l.dx = grow(be, l.dx, n*l.h*l.w*l.c)
 	l.permute(l.dx, dy, n, false)
 	return l.dx
 }

@@ -92,8 +92,12 @@ type Model struct {
 	stoch   []stochastic
 	step    uint64
 	probs   []float32
-	prec    Precision
-	half    []uint16 // BF16: Params rounded to bfloat16 before each forward pass
+	// in and targetBuf hold the batch in the backend's memory when it has
+	// its own (device.Stage); unused on the CPU.
+	in        []float32
+	targetBuf []int32
+	prec      Precision
+	half      []uint16 // BF16: Params rounded to bfloat16 before each forward pass
 }
 
 type stochastic struct {
@@ -156,8 +160,8 @@ func NewModel(root Layer, in Shape, loss Loss, seed uint64, opts ...Option) (*Mo
 			total += n
 		}
 	}
-	m.Params = make([]float32, total)
-	m.Grads = make([]float32, total)
+	m.Params = device.Alloc(o.be, total)
+	m.Grads = device.Alloc(o.be, total)
 	switch o.prec {
 	case FP32:
 	case BF16:
@@ -261,7 +265,7 @@ func (m *Model) forward(x []float32, n int, training bool) []float32 {
 		// step, an average with peers): round them afresh.
 		device.EncodeBF16(m.half, m.Params)
 	}
-	return m.root.Forward(m.be, x[:n*m.Input.Size()], n)
+	return m.root.Forward(m.be, device.Stage(m.be, &m.in, x[:n*m.Input.Size()]), n)
 }
 
 // ForwardBackward runs one training step's batch through the model: y
@@ -272,8 +276,8 @@ func (m *Model) forward(x []float32, n int, training bool) []float32 {
 func (m *Model) ForwardBackward(x []float32, y []int32) (loss float64, correct int) {
 	n := m.samples(y)
 	logits := m.forward(x, n, true)
-	m.probs = grow(m.probs, len(y)*m.Classes)
-	loss, correct = m.loss.Loss(m.be, m.probs, logits, y, m.Classes)
+	m.probs = grow(m.be, m.probs, len(y)*m.Classes)
+	loss, correct = m.loss.Loss(m.be, m.probs, logits, device.StageInt32(m.be, &m.targetBuf, y), m.Classes)
 	m.root.Backward(m.be, m.probs, n, false)
 	m.step++
 	return loss, correct
@@ -306,8 +310,8 @@ func (m *Model) Evaluate(x []float32, y []int32, batch int) (loss, acc float64) 
 		e := min(s+batch, total)
 		logits := m.Forward(x[s*d:e*d], e-s)
 		ys := y[s*t : e*t]
-		m.probs = grow(m.probs, len(ys)*m.Classes)
-		l, c := m.loss.Loss(m.be, m.probs, logits, ys, m.Classes)
+		m.probs = grow(m.be, m.probs, len(ys)*m.Classes)
+		l, c := m.loss.Loss(m.be, m.probs, logits, device.StageInt32(m.be, &m.targetBuf, ys), m.Classes)
 		loss += l * float64(len(ys))
 		correct += c
 	}

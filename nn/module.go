@@ -164,7 +164,7 @@ func (r *Residual) Setup(in Shape) (Shape, error) {
 func (r *Residual) Forward(be device.Backend, x []float32, n int) []float32 {
 	x = x[:n*r.size]
 	b := r.Body.Forward(be, x, n)
-	r.y = grow(r.y, len(x))
+	r.y = grow(be, r.y, len(x))
 	copy(r.y, x)
 	be.Axpy(1, b[:len(x)], r.y)
 	return r.y
@@ -174,7 +174,7 @@ func (r *Residual) Forward(be device.Backend, x []float32, n int) []float32 {
 func (r *Residual) Backward(be device.Backend, dy []float32, n int, needDx bool) []float32 {
 	dy = dy[:n*r.size]
 	if needDx {
-		r.dx = grow(r.dx, len(dy))
+		r.dx = grow(be, r.dx, len(dy))
 		copy(r.dx, dy) // before the body may overwrite dy
 	}
 	d := r.Body.Backward(be, dy, n, needDx)

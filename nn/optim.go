@@ -53,10 +53,11 @@ func (o *SGD) Name() string {
 // Step implements Optimizer.
 func (o *SGD) Step(params, grads []float32, lr float32) {
 	if o.cfg.Momentum != 0 && len(o.buf) != len(params) {
-		o.buf = make([]float32, len(params))
+		o.buf = device.Alloc(o.be, len(params))
 	}
 	o.be.SGD(params, grads, o.buf, lr, o.cfg.Momentum, o.cfg.WeightDecay, o.cfg.Nesterov)
 	o.steps++
+	device.Sync(o.be) // the host reads the parameters next: exchange, checkpoint
 }
 
 // State implements Optimizer.
@@ -124,11 +125,12 @@ func (o *Adam) Name() string {
 // Step implements Optimizer.
 func (o *Adam) Step(params, grads []float32, lr float32) {
 	if len(o.m) != len(params) {
-		o.m, o.v = make([]float32, len(params)), make([]float32, len(params))
+		o.m, o.v = device.Alloc(o.be, len(params)), device.Alloc(o.be, len(params))
 	}
 	o.steps++
 	c := o.cfg
 	o.be.Adam(params, grads, o.m, o.v, o.steps, lr, c.Beta1, c.Beta2, c.Eps, c.WeightDecay, c.Decoupled)
+	device.Sync(o.be) // the host reads the parameters next: exchange, checkpoint
 }
 
 // State implements Optimizer.

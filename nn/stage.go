@@ -121,6 +121,7 @@ type Stage struct {
 	Offset        int
 
 	m      *Model
+	in, dy []float32 // the activations received, in the backend's memory (device.Stage)
 	layers []Layer
 	stoch  []stochastic
 	probs  []float32
@@ -204,7 +205,7 @@ func (s *Stage) Forward(x []float32, n int, training bool, draw uint64) []float3
 	for _, st := range s.stoch {
 		st.l.SetTraining(training, device.Hash64(st.seed, draw))
 	}
-	x = x[:n*s.In.Size()]
+	x = device.Stage(s.m.be, &s.in, x[:n*s.In.Size()])
 	for _, l := range s.layers {
 		x = l.Forward(s.m.be, x, n)
 	}
@@ -216,6 +217,7 @@ func (s *Stage) Forward(x []float32, n int, training bool, draw uint64) []float3
 // (overwriting them); it returns the gradient of the input, owned by the
 // stage, or nil for the first stage.
 func (s *Stage) Backward(dy []float32, n int) []float32 {
+	dy = device.Stage(s.m.be, &s.dy, dy)
 	for i := len(s.layers) - 1; i >= 0; i-- {
 		dy = s.layers[i].Backward(s.m.be, dy, n, i > 0 || !s.First())
 	}
@@ -232,8 +234,8 @@ func (s *Stage) Backward(dy []float32, n int) []float32 {
 func (s *Stage) Loss(logits []float32, y []int32, scale float32) (loss float64, correct int, dlogits []float32) {
 	m := s.m
 	m.samples(y)
-	s.probs = grow(s.probs, len(y)*m.Classes)
-	loss, correct = m.loss.Loss(m.be, s.probs, logits, y, m.Classes)
+	s.probs = grow(m.be, s.probs, len(y)*m.Classes)
+	loss, correct = m.loss.Loss(m.be, s.probs, logits, device.StageInt32(m.be, &m.targetBuf, y), m.Classes)
 	if scale != 1 {
 		m.be.Scale(scale, s.probs)
 	}

@@ -53,7 +53,7 @@ func (l *Embedding) Forward(be device.Backend, x []float32, n int) []float32 {
 		l.ids = make([]int32, rows)
 	}
 	l.ids = l.ids[:rows]
-	l.y = grow(l.y, rows*d)
+	l.y = grow(be, l.y, rows*d)
 	for i, v := range x[:rows] {
 		id := int32(v)
 		if float32(id) != v || id < 0 || int(id) >= l.Num {
@@ -76,7 +76,7 @@ func (l *Embedding) Backward(be device.Backend, dy []float32, n int, needDx bool
 	if !needDx {
 		return nil
 	}
-	l.dzeros = grow(l.dzeros, n*l.pos)
+	l.dzeros = grow(be, l.dzeros, n*l.pos)
 	clear(l.dzeros)
 	return l.dzeros
 }
@@ -115,7 +115,7 @@ func (l *PositionEmbedding) Bind(p, g [][]float32) { l.w, l.dw = p[0], g[0] }
 // Forward implements Layer.
 func (l *PositionEmbedding) Forward(be device.Backend, x []float32, n int) []float32 {
 	size := l.t * l.Dim
-	l.y = grow(l.y, n*size)
+	l.y = grow(be, l.y, n*size)
 	copy(l.y, x[:n*size])
 	be.AddRowVector(l.y, l.w[:size], n, size)
 	return l.y
@@ -175,8 +175,8 @@ func (l *LayerNorm) Bind(p, g [][]float32) { l.w, l.b, l.dw, l.db = p[0], p[1], 
 func (l *LayerNorm) Forward(be device.Backend, x []float32, n int) []float32 {
 	rows := n * l.pos
 	l.x = x
-	l.y = grow(l.y, rows*l.Dim)
-	l.mean, l.rstd = grow(l.mean, rows), grow(l.rstd, rows)
+	l.y = grow(be, l.y, rows*l.Dim)
+	l.mean, l.rstd = grow(be, l.mean, rows), grow(be, l.rstd, rows)
 	be.LayerNorm(l.y, l.mean, l.rstd, x, l.w, l.b, rows, l.Dim, l.Eps)
 	return l.y
 }
@@ -220,14 +220,14 @@ func (l *GELU) Setup(in Shape) (Shape, error) { l.size = in.Size(); return in, n
 
 // Forward implements Layer.
 func (l *GELU) Forward(be device.Backend, x []float32, n int) []float32 {
-	l.y = grow(l.y, n*l.size)
+	l.y = grow(be, l.y, n*l.size)
 	if !l.bf16 {
-		l.grad = grow(l.grad, n*l.size)
+		l.grad = grow(be, l.grad, n*l.size)
 		be.GELU(l.y, l.grad, x[:n*l.size])
 		return l.y
 	}
 	l.gradh = growHalf(l.gradh, n*l.size)
-	l.grad = grow(l.grad, min(geluChunk, n*l.size))
+	l.grad = grow(be, l.grad, min(geluChunk, n*l.size))
 	for s := 0; s < n*l.size; s += geluChunk {
 		e := min(s+geluChunk, n*l.size)
 		be.GELU(l.y[s:e], l.grad[:e-s], x[s:e])
@@ -294,7 +294,7 @@ func (l *Dropout) Forward(be device.Backend, x []float32, n int) []float32 {
 	if !l.active() {
 		return x
 	}
-	l.mask, l.y = grow(l.mask, len(x)), grow(l.y, len(x))
+	l.mask, l.y = grow(be, l.mask, len(x)), grow(be, l.y, len(x))
 	keep := float32(1 / (1 - float64(l.P)))
 	for i, v := range x {
 		m := keep
@@ -403,8 +403,8 @@ func (l *CausalSelfAttention) Forward(be device.Backend, x []float32, n int) []f
 	t, hs := l.t, l.Dim/l.Heads
 	scale := float32(1 / math.Sqrt(float64(hs)))
 	qkv := l.qkv.Forward(be, x, n)
-	l.att = grow(l.att, n*l.Heads*t*t)
-	l.o = grow(l.o, n*t*l.Dim)
+	l.att = grow(be, l.att, n*l.Heads*t*t)
+	l.o = grow(be, l.o, n*t*l.Dim)
 	for h := 0; h < l.Heads; h++ {
 		q, k, _, _, s := l.head(h, qkv, l.o, l.att)
 		gemmSamples(be, false, true, t, t, hs, scale, q, k, s, n) // S = Q·Kᵀ/√hs
@@ -422,8 +422,8 @@ func (l *CausalSelfAttention) Backward(be device.Backend, dy []float32, n int, n
 	t, hs := l.t, l.Dim/l.Heads
 	scale := float32(1 / math.Sqrt(float64(hs)))
 	do := l.proj.Backward(be, dy, n, true)
-	l.dqkv = grow(l.dqkv, n*t*3*l.Dim)
-	l.dp = grow(l.dp, len(l.att))
+	l.dqkv = grow(be, l.dqkv, n*t*3*l.Dim)
+	l.dp = grow(be, l.dp, len(l.att))
 	for h := 0; h < l.Heads; h++ {
 		_, _, v, dO, p := l.head(h, l.qkv.y, do, l.att)
 		_, _, dv, _, dp := l.head(h, l.dqkv, do, l.dp)

@@ -171,8 +171,8 @@ func NewDeMo(cfg DeMoConfig, views []nn.View, be device.Backend) (*DeMo, error) 
 	if covered != d.n {
 		return nil, fmt.Errorf("%w: demo: the model's tensors do not cover its %d parameters (%d)", ErrSync, d.n, covered)
 	}
-	d.m, d.c, d.sent = make([]float32, d.n), make([]float32, d.n), make([]float32, d.n)
-	d.tmp, d.mag = make([]float32, maxBand), make([]float32, s*s)
+	d.m, d.c, d.sent = device.Alloc(be, d.n), device.Alloc(be, d.n), device.Alloc(be, d.n)
+	d.tmp, d.mag = device.Alloc(be, maxBand), device.Alloc(be, s*s)
 	return d, nil
 }
 
@@ -182,7 +182,7 @@ func (d *DeMo) basis(n int) []float32 {
 	if b, ok := d.dct[n]; ok {
 		return b
 	}
-	b := make([]float32, n*n)
+	b := device.Alloc(d.be, n*n)
 	for k := range n {
 		scale := math.Sqrt(2 / float64(n))
 		if k == 0 {

@@ -208,7 +208,7 @@ func NewPipeline(w *Worker, st *nn.Stage, link PipeLink, cfg PipeConfig) (*Pipel
 	}
 	w.it.DropLast = true // every step's batch splits into Micro parts
 	return &Pipeline{skip: w.Steps,
-		cfg: cfg, w: w, st: st, link: link, ops: ops, acc: make([]float32, len(st.Params)),
+		cfg: cfg, w: w, st: st, link: link, ops: ops, acc: device.Alloc(w.Model.Backend(), len(st.Params)),
 		in: make([][]float32, cfg.Micro), ys: make([][]int32, cfg.Micro), ns: make([]int, cfg.Micro),
 		dlog: make([][]float32, cfg.Micro),
 	}, nil
