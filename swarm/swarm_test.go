@@ -289,7 +289,7 @@ func TestFederatedPeerStopsOverMocknet(t *testing.T) {
 	}
 	// Peer 1 announced its stop: peer 0, alone of the last round's two,
 	// is no minority waiting for it (train's quorate).
-	if took := time.Since(start); took > cfg.RoundTimeout*3/4 {
+	if took := time.Since(start); took >= cfg.RoundTimeout {
 		t.Errorf("took %v: peer 0 waited for the peer that had stopped", took)
 	}
 	if m := ps[0].Members(); len(m) != 1 || len(ps[0].Control.Peers()) != 1 {
@@ -307,7 +307,10 @@ func TestFederatedSampledPeerCrashesOverMocknet(t *testing.T) {
 	const n = 5
 	ps, workers, ctx, mn := fedSwarmNet(t, n, 2500)
 	cfg := train.DefaultFedConfig()
-	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 12, 0.4, 40*time.Second
+	// Waiting for the crashed peer takes a whole RoundTimeout, so the run
+	// would last longer than it; a loaded machine slows the 12 rounds to
+	// half a minute at most.
+	cfg.Rounds, cfg.Fraction, cfg.RoundTimeout = 12, 0.4, 60*time.Second
 	rec := &train.MemRecorder{}
 	var victim atomic.Int32
 	victim.Store(-1)
@@ -344,7 +347,7 @@ func TestFederatedSampledPeerCrashesOverMocknet(t *testing.T) {
 			t.Errorf("%s at %v: %s", e.Peer, e.At, e.Detail)
 		}
 	}
-	if took := time.Since(start); took > cfg.RoundTimeout*3/4 {
+	if took := time.Since(start); took >= cfg.RoundTimeout {
 		t.Errorf("took %v: the survivors waited for the crashed peer", took)
 	}
 }
