@@ -57,7 +57,8 @@ type FedConfig struct {
 	// outer step the local fragment becomes α·local + (1−α)·global.
 	Alpha float32
 	// Overlap is Streaming DiLoCo's τ: the inner steps a fragment's
-	// all-reduce overlaps before its result is merged (< H/F).
+	// all-reduce overlaps before its result is merged (< H; beyond H/F
+	// the all-reduces of successive fragments run at once).
 	Overlap int
 	// FragmentRetry is how far apart, counted from the first try's start,
 	// Streaming DiLoCo tries a fragment's failed all-reduce again (twice)
@@ -189,8 +190,8 @@ func (c FedConfig) Validate() error {
 		switch {
 		case c.Fragments < 1 || c.LocalSteps < c.Fragments:
 			return fmt.Errorf("%w: streaming-diloco needs 1 ≤ fragments ≤ h, got fragments=%d, h=%d", ErrStrategy, c.Fragments, c.LocalSteps)
-		case c.Overlap < 0 || c.Overlap >= c.LocalSteps/c.Fragments:
-			return fmt.Errorf("%w: streaming-diloco overlap %d must be below h/fragments = %d", ErrStrategy, c.Overlap, c.LocalSteps/c.Fragments)
+		case c.Overlap < 0 || c.Overlap >= c.LocalSteps:
+			return fmt.Errorf("%w: streaming-diloco overlap %d must be below h = %d", ErrStrategy, c.Overlap, c.LocalSteps)
 		case !(c.Alpha >= 0 && c.Alpha <= 1):
 			return fmt.Errorf("%w: streaming-diloco alpha %v not in [0, 1]", ErrStrategy, c.Alpha)
 		}

@@ -29,7 +29,10 @@ import (
 //	θ_local,p  ← α·θ_local,p + (1−α)·θ_global,p
 //
 // With overlap τ > 0 the all-reduce runs while τ more inner steps go on,
-// and its result is merged (the last two lines) after them.
+// and its result is merged (the last two lines) after them. τ may reach
+// H − 1: past H/F, the next fragments' all-reduces queue behind the
+// running one (one at a time, in launch order), so a slow link or a
+// late peer holds the training loop only once a fragment is due.
 //
 // async-diloco (PCCL's async DiLoCo, one-step-delayed outer updates) is
 // the case F = 1, τ = H: outer step o's all-reduce runs during all of
@@ -239,7 +242,10 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	}
 
 	seen := map[peerid.ID]bool{} // every member seen: the reference for a majority
-	var pending *fragSync
+	// pending lists the fragments whose all-reduce runs, in launch order,
+	// which is the order of their due steps. τ < H keeps a fragment from
+	// being in flight twice.
+	var pending []*fragSync
 	var lastUsed []peerid.ID
 	// merge applies a finished synchronisation: the outer step on the
 	// fragment's global parameters, then the mix into the local ones.
@@ -285,22 +291,47 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		return nil
 	}
-	// wait merges the pending fragment, blocking until its all-reduce
-	// ends (a "wait" span: the communication that overlap did not hide).
+	// wait merges the oldest pending fragment, blocking until its
+	// all-reduce ends (a "wait" span: the communication that overlap did
+	// not hide).
 	wait := func() error {
-		if pending == nil {
-			return nil
-		}
-		s := pending
-		pending = nil
+		s := pending[0]
+		pending = pending[1:]
 		end := trace.StartArgs(ctx, trace.Train, "wait", int64(s.due), trace.Args{"outer": s.outer, "fragment": s.frag})
 		r := <-s.done
 		end()
 		return merge(s, r)
 	}
+	// waitUntil merges the pending fragments while ok says so of the
+	// oldest.
+	waitUntil := func(ok func(*fragSync) bool) error {
+		for len(pending) > 0 && ok(pending[0]) {
+			if err := wait(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	all := func(*fragSync) bool { return true }
+	// comm runs the overlapped all-reduces one at a time, in launch
+	// order: the runner takes one round at a time, and every peer must
+	// take the fragments in the same order (a runner in a later round
+	// refuses an earlier round's chunks).
+	comm := make(chan func(), f)
+	commDone := make(chan struct{})
+	go func() {
+		defer close(commDone)
+		for run := range comm {
+			run()
+		}
+	}()
 	defer func() {
-		if pending != nil {
-			<-pending.done // the all-reduce honours ctx; never leave it running
+		close(comm)
+		<-commDone
+	}()
+	defer func() {
+		for _, s := range pending {
+			<-s.done // the all-reduce honours ctx; never leave it running
 		}
 	}()
 
@@ -319,14 +350,16 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		endCompute()
 		lossSum += loss * float64(k)
 		samples += k
-		if pending != nil && t >= pending.due {
-			if err := wait(); err != nil {
-				return err
-			}
+		if err := waitUntil(func(s *fragSync) bool { return t >= s.due }); err != nil {
+			return err
 		}
 		if outer, p, ok := syncAt(t, h, f); ok {
-			if err := wait(); err != nil { // never two in flight
-				return err
+			// Never the same fragment twice in flight (only a bad τ
+			// could ask it): its buffers are the all-reduce's.
+			if slices.ContainsFunc(pending, func(s *fragSync) bool { return s.frag == p }) {
+				if err := waitUntil(all); err != nil {
+					return err
+				}
 			}
 			fr := frags[p]
 			gather(fr.send, params, fr.spans)
@@ -371,8 +404,8 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 					return err
 				}
 			} else {
-				pending = s
-				go run()
+				pending = append(pending, s)
+				comm <- run
 			}
 		}
 		if t%h != 0 {
@@ -380,7 +413,7 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		// The end of outer step t/h.
 		if t == total {
-			if err := wait(); err != nil {
+			if err := waitUntil(all); err != nil {
 				return err
 			}
 		}

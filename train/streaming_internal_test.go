@@ -80,7 +80,7 @@ func TestParseStreamingDiLoCo(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []string{"streaming-diloco:h=2,fragments=4", "streaming-diloco:h=40,fragments=4,overlap=10", "streaming-diloco:alpha=2", "streaming-diloco:fragments=0"} {
+	for _, bad := range []string{"streaming-diloco:h=2,fragments=4", "streaming-diloco:h=40,fragments=4,overlap=40", "streaming-diloco:alpha=2", "streaming-diloco:fragments=0"} {
 		c := c
 		err := c.ParseStrategy(bad)
 		if err == nil {

@@ -147,13 +147,16 @@ func agreed(t *testing.T, run streamRun, skip peerid.ID) []float32 {
 
 // Streaming DiLoCo learns, and its peers end bit-identical: in fp32, and
 // with fp4 outer gradients and a fragment all-reduce that overlaps two
-// inner steps.
+// inner steps, or five (two fragments in flight at once).
 func TestStreamingDiLoCoLearnsAndAgrees(t *testing.T) {
 	for _, tc := range []struct {
 		name, strategy, codec string
 	}{
 		{"fp32", "streaming-diloco:h=8,fragments=2,alpha=0", ""},
 		{"fp4-overlap", "streaming-diloco:h=8,fragments=2,overlap=2", "fp4"},
+		// τ above H/F: fragment 1's all-reduce starts while fragment 0's
+		// still runs.
+		{"fp4-overlap-two-in-flight", "streaming-diloco:h=8,fragments=2,overlap=5", "fp4"},
 		{"async-diloco", "async-diloco:h=8", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

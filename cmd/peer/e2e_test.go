@@ -533,7 +533,7 @@ func TestRunBadInput(t *testing.T) {
 		"robust sparse":    {[]string{"run", "--mode", "async", "--async", "fedbuff", "--buffer-rule", "median", "--compress", "topk:0.01,ef"}, "sends models"},
 		"buffer rule sync": {[]string{"run", "--mode", "sync", "--buffer-rule", "median"}, "--buffer-rule applies to --mode async"},
 		"overlap fedavg":   {[]string{"run", "--overlap", "2"}, "--overlap applies to --strategy streaming-diloco"},
-		"overlap too long": {[]string{"run", "--strategy", "streaming-diloco:h=8,fragments=4", "--overlap", "2"}, "overlap 2 must be below h/fragments = 2"},
+		"overlap too long": {[]string{"run", "--strategy", "streaming-diloco:h=8,fragments=4", "--overlap", "8"}, "overlap 8 must be below h = 8"},
 		"streaming ef":     {[]string{"run", "--strategy", "streaming-diloco", "--compress", "fp4:ef"}, "no error-feedback residual"},
 		"attack unasked":   {[]string{"run", "--attack", "signflip"}, "add --allow-attack"},
 		"attack unknown":   {[]string{"run", "--attack", "bribe", "--allow-attack"}, "unknown attack"},

@@ -79,7 +79,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	save := fs.String("save", "", "write the final model to this file as a PyTorch state dict (safetensors)")
 	// Federated.
 	strategy := fs.String("strategy", "fedavg", "federated strategy: fedavg, fedprox[:mu=μ], fedadam, fedyogi, fedadagrad, diloco[:h=H], streaming-diloco[:h=H,fragments=F,alpha=α,overlap=τ], async-diloco[:h=H] (DiLoCo whose outer step lands one outer step late, its all-reduce hidden behind the next H inner steps); --mode sync: dp (the default) or demo[:chunk=64,k=32,beta=0.999,bits=23] (DeMo: each peer's momentum, the k largest DCT coefficients of each chunk×chunk tile sent with bits mantissa bits, a sign step)")
-	overlap := fs.Int("overlap", 0, "streaming-diloco: inner steps τ that a fragment's all-reduce overlaps before its result is merged (as overlap=τ in --strategy; must be below h/fragments)")
+	overlap := fs.Int("overlap", 0, "streaming-diloco: inner steps τ that a fragment's all-reduce overlaps before its result is merged (as overlap=τ in --strategy; must be below h)")
 	rounds := fs.Int("rounds", 20, "federated rounds")
 	fraction := fs.Float64("fraction", 1, "fraction C of live peers sampled per round")
 	groupSize := fs.Int("group-size", fed.GroupSize, "federated, sync: the most peers one all-reduce averages; a larger round sample (or sync job) splits into groups of at most this many, re-drawn each round (0: one group)")
