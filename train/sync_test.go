@@ -624,11 +624,24 @@ func syncBothLeftOut(t *testing.T) {
 // at the same moment (one sent a NaN: it is excluded, and the other is
 // below the quorum); each then sees the other at its own step. They must
 // run on together, not as two jobs.
-func TestSyncBothLeftOutAtOnce(t *testing.T) { synctest.Test(t, syncBothLeftOutAtOnce) }
+func TestSyncBothLeftOutAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) { syncBothLeftOutAtOnce(t, 0) })
+}
 
-func syncBothLeftOutAtOnce(t *testing.T) {
+// TestSyncBothLeftOutAtOnceSlowStatuses is TestSyncBothLeftOutAtOnce with
+// statuses that take 500 ms to arrive, as gossip's do: both peers declare
+// a join at a step of the other, both miss it, and must then form one job,
+// not two.
+func TestSyncBothLeftOutAtOnceSlowStatuses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) { syncBothLeftOutAtOnce(t, 500*time.Millisecond) })
+}
+
+func syncBothLeftOutAtOnce(t *testing.T, statusDelay time.Duration) {
 	job := newMemJob(300 * time.Millisecond)
 	workers, nets := memPeers(t, job, 2, 256, 0)
+	for _, n := range nets {
+		n.StatusDelay = statusDelay
+	}
 	var once sync.Once
 	job.netw.SetHook(func(from, _ peerid.ID, tag aggregate.Tag, data []float32) aggtest.Action {
 		if from == peerid.ID(nets[1].ID) && tag.Round == 16 && len(data) > 0 {
@@ -637,28 +650,6 @@ func syncBothLeftOutAtOnce(t *testing.T) {
 		return aggtest.Deliver
 	})
 	runPairLeftOut(t, workers, nets, func(int, train.StepInfo) {})
-}
-
-// TestSyncBothLeftOutAtOnceSlowStatuses is TestSyncBothLeftOutAtOnce with
-// statuses that take 500 ms to arrive, as gossip's do: both peers declare
-// a join at a step of the other, both miss it, and must then form one job,
-// not two.
-func TestSyncBothLeftOutAtOnceSlowStatuses(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		job := newMemJob(300 * time.Millisecond)
-		workers, nets := memPeers(t, job, 2, 256, 0)
-		for _, n := range nets {
-			n.StatusDelay = 500 * time.Millisecond
-		}
-		var once sync.Once
-		job.netw.SetHook(func(from, _ peerid.ID, tag aggregate.Tag, data []float32) aggtest.Action {
-			if from == peerid.ID(nets[1].ID) && tag.Round == 16 && len(data) > 0 {
-				once.Do(func() { data[0] = float32(math.NaN()) })
-			}
-			return aggtest.Deliver
-		})
-		runPairLeftOut(t, workers, nets, func(int, train.StepInfo) {})
-	})
 }
 
 // runPairLeftOut runs a 400-step job of two peers, calling onStep (under
