@@ -591,3 +591,53 @@ func TestFederatedBehindWaitsWhileRoundsComplete(t *testing.T) {
 		t.Errorf("failed round: %s", f)
 	}
 }
+
+// fanoutNet records the most peers one Fetch was given.
+type fanoutNet struct {
+	train.Net
+	most *atomic.Int64
+	n    *atomic.Int64
+}
+
+func (f fanoutNet) Fetch(ctx context.Context, peers []peerid.ID, version uint64, dst []float32) (uint64, error) {
+	f.n.Add(1)
+	for {
+		m := f.most.Load()
+		if int64(len(peers)) <= m || f.most.CompareAndSwap(m, int64(len(peers))) {
+			break
+		}
+	}
+	return f.Net.Fetch(ctx, peers, version, dst)
+}
+
+// TestFederatedFetchesFromAFew: a starting peer's catch-up and a behind
+// peer's fetch ask a few peers at a time, never all the members or the
+// whole previous sample. With 256 clients, asking all 255 others at once
+// (a catch-up, a joiner) or the previous round's 26 participants took the
+// process past 10 GiB and failed rounds 1–3 (examples/federated, C = 0.1).
+// Here 24 peers sample 6 a round (a behind peer's sources) and the rounds
+// still all complete.
+func TestFederatedFetchesFromAFew(t *testing.T) {
+	const n = 24
+	small, shards, cfg, wcfg := logregFed(t, n, 2400, 8, 3*time.Second)
+	cfg.Fraction = 0.25
+	rec := &roundsRec{versions: map[int]bool{}}
+	var most, fetches atomic.Int64
+	runFedWrapped(t, n, shards, small, cfg, wcfg, "", rec, func(_ peerid.ID, net train.Net) train.Net {
+		return fanoutNet{Net: paceNet{Net: net, pace: 200 * time.Millisecond}, most: &most, n: &fetches}
+	})
+	if fetches.Load() == 0 {
+		t.Fatal("no peer fetched a state: the test no longer covers the fetches")
+	}
+	if m := most.Load(); m > train.FetchFanout {
+		t.Errorf("a fetch asked %d peers at once, want at most %d", m, train.FetchFanout)
+	}
+	for v := 1; v <= cfg.Rounds; v++ {
+		if !rec.versions[v] {
+			t.Errorf("no peer reported round %d", v)
+		}
+	}
+	for _, f := range rec.failed {
+		t.Errorf("failed round: %s", f)
+	}
+}
