@@ -89,3 +89,22 @@ func TestEndedEarly(t *testing.T) {
 		}
 	}
 }
+
+// TestPendingBoardHoldsUnstartedClients: until a client says otherwise,
+// the others see it as started but not joined (train.JoinPending), so no
+// round takes it in. A client with no status at all counted as a member
+// of round 1 (no JoinAt): sampled before it ran, it never answered, and
+// 256 clients started one by one lost rounds 1 and 2.
+func TestPendingBoardHoldsUnstartedClients(t *testing.T) {
+	ids := []peerid.ID{"a", "b", "c"}
+	board := pendingBoard(ids)
+	a := fixedMembers{Net: selfNet{id: "a"}, group: ids, board: board}
+	b := fixedMembers{Net: selfNet{id: "b"}, group: ids, board: board}
+	if err := a.SetStatus(context.Background(), train.Status{JoinAt: 1}); err != nil {
+		t.Fatal(err)
+	}
+	got := b.Statuses()
+	if len(got) != 2 || got["a"].JoinAt != 1 || got["c"].JoinAt != train.JoinPending {
+		t.Errorf("b sees %v, want a joining at 1 and c pending", got)
+	}
+}
