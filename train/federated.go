@@ -344,14 +344,27 @@ func (f *fedPeer) publish(ctx context.Context, version uint64, state []float32) 
 	f.net.SetStatus(ctx, Status{Version: version, JoinAt: f.joinAt})
 }
 
-// awaitFounders gives the peers that started beside this one, and have
-// not chosen their first round yet, up to alignWait to do so.
+// awaitFounders waits for the peers that started beside this one, and
+// have not chosen their first round yet, to do so: as long as others keep
+// declaring, it gives the rest up to alignWait (a quarter of the round
+// timeout at most) after the last declaration, and a round timeout in
+// all. A fixed alignWait from its start was too short where starting
+// peers share a loaded CPU: 256 clients on 2 cores declared over 2 s, and
+// founders that went on formed round 1 from different members.
 func (f *fedPeer) awaitFounders(ctx context.Context) error {
-	deadline := time.Now().Add(min(f.cfg.RoundTimeout/4, alignWait))
-	for anyPending(f.net.Statuses()) && time.Now().Before(deadline) {
+	start := time.Now()
+	st := f.net.Statuses()
+	watch := newProgressWatch(start, declared(st))
+	patience := min(f.cfg.RoundTimeout/4, alignWait)
+	for anyPending(st) {
+		now := time.Now()
+		if watch.stalled(now, declared(st), patience) || now.Sub(start) >= f.cfg.RoundTimeout {
+			return nil
+		}
 		if err := ctxtime.Sleep(ctx, alignPoll); err != nil {
 			return err
 		}
+		st = f.net.Statuses()
 	}
 	return nil
 }

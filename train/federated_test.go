@@ -641,3 +641,41 @@ func TestFederatedFetchesFromAFew(t *testing.T) {
 		t.Errorf("failed round: %s", f)
 	}
 }
+
+// slowDeclareNet delays the status that names a peer's first round.
+type slowDeclareNet struct {
+	train.Net
+	delay time.Duration
+}
+
+func (n slowDeclareNet) SetStatus(ctx context.Context, st train.Status) error {
+	if st.JoinAt != 0 && st.JoinAt != train.JoinPending {
+		time.Sleep(n.delay)
+	}
+	return n.Net.SetStatus(ctx, st)
+}
+
+// TestFederatedFoundersAwaitSlowDeclarations: founders whose declarations
+// trickle in over 3 s (a process of 256 clients on 2 loaded cores: 1.5–3.6
+// s) wait for them while they keep coming. Founders that gave pending
+// peers 1.5 s in all formed round 1 from different members, and it failed
+// ("peers disagree on the group").
+func TestFederatedFoundersAwaitSlowDeclarations(t *testing.T) {
+	const n = 8
+	small, shards, cfg, wcfg := logregFed(t, n, 800, 3, 3*time.Second)
+	cfg.Fraction = 0.5
+	rec := &roundsRec{versions: map[int]bool{}}
+	i := 0
+	runFedWrapped(t, n, shards, small, cfg, wcfg, "", rec, func(_ peerid.ID, net train.Net) train.Net {
+		i++ // peers are wrapped one by one, before any starts
+		return slowDeclareNet{Net: net, delay: time.Duration(i) * 400 * time.Millisecond}
+	})
+	for v := 1; v <= cfg.Rounds; v++ {
+		if !rec.versions[v] {
+			t.Errorf("no peer reported round %d", v)
+		}
+	}
+	for _, f := range rec.failed {
+		t.Errorf("failed round: %s", f)
+	}
+}

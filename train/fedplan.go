@@ -132,6 +132,18 @@ func anyPending(statuses map[peerid.ID]Status) bool {
 	return false
 }
 
+// declared counts the live peers in statuses that have chosen their
+// first round (not JoinPending): founders wait while it grows.
+func declared(statuses map[peerid.ID]Status) uint64 {
+	var n uint64
+	for _, st := range statuses {
+		if !st.Done && st.JoinAt != JoinPending {
+			n++
+		}
+	}
+	return n
+}
+
 // roundPlan is a peer's decision at the start of round r, once it holds a
 // majority of its reference.
 type roundPlan struct {

@@ -174,6 +174,9 @@ func TestAnyPending(t *testing.T) {
 	if !anyPending(map[peerid.ID]Status{"a": {JoinAt: 1}, "b": {JoinAt: JoinPending}}) {
 		t.Error("a pending peer not seen")
 	}
+	if got := declared(map[peerid.ID]Status{"a": {JoinAt: 1}, "b": {JoinAt: JoinPending}, "c": {Version: 3}, "d": {JoinAt: 1, Done: true}}); got != 2 {
+		t.Errorf("declared = %d, want 2 (a and c)", got)
+	}
 }
 
 // TestPlanRoundGroups: a sample larger than the group size is split into
