@@ -160,6 +160,15 @@ func decodeReq(b []byte) (stateReq, error) {
 	}, nil
 }
 
+// replyBuffer is the size of the buffers for a reply of length values:
+// the whole reply, 1 MiB at most. A fixed 1 MiB on both sides made the
+// header-only asks of a 256-client federation's state fetches 77 % of the
+// process's allocations (14 of 18.6 GB in 44 s) and its RSS 2.5 times
+// its live heap.
+func replyBuffer(length uint64) int {
+	return int(min(1<<20, replyHead+4*length+4))
+}
+
 // reply header: status u8, version u64, total u64, digest [32], offset
 // u64, length u64; then length values and a CRC-32C of their bytes.
 const replyHead = 1 + 8 + 8 + 32 + 8 + 8
@@ -203,7 +212,7 @@ func (s *stateService) handle(st network.Stream) {
 		}
 		break
 	}
-	w := bufio.NewWriterSize(st, 1<<20)
+	w := bufio.NewWriterSize(st, replyBuffer(req.length))
 	head := make([]byte, replyHead)
 	if p == nil {
 		head[0] = stNotYet
@@ -294,7 +303,7 @@ func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst
 	}
 	sr := &stallReader{st: st, stall: s.stall}
 	defer sr.stop()
-	r := bufio.NewReaderSize(sr, 1<<20)
+	r := bufio.NewReaderSize(sr, replyBuffer(req.length))
 	head := make([]byte, replyHead)
 	if _, err := io.ReadFull(r, head); err != nil {
 		st.Reset()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"io"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -174,5 +175,40 @@ func TestFetchEndsWithStuckDials(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the fetch still waits for its dials 5 s after its 100 ms context ended")
+	}
+}
+
+// TestHeaderAsksAllocateLittle: asking a holder for its state's header
+// (every peer a fetch asks does so) allocates buffers the size of the
+// reply, not 1 MiB on each side.
+func TestHeaderAsksAllocateLittle(t *testing.T) {
+	for _, c := range []struct {
+		length uint64
+		want   int
+	}{{0, replyHead + 4}, {10, replyHead + 44}, {1 << 30, 1 << 20}} {
+		if got := replyBuffer(c.length); got != c.want {
+			t.Errorf("replyBuffer(%d) = %d, want %d", c.length, got, c.want)
+		}
+	}
+	ps := newSwarm(t, 2)
+	ps[1].state.publish(1, vec(10, 0))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ask := func() {
+		if _, err := ps[0].state.request(ctx, ps[1].state.h.ID(), stateReq{version: 1, waitMS: 1000}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask() // the connection and its first stream
+	const n = 50
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range n {
+		ask()
+	}
+	runtime.ReadMemStats(&after)
+	// Both sides run in this process: 2 MiB an ask with 1 MiB buffers.
+	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > 256<<10 {
+		t.Errorf("a header ask allocated %d KiB", per>>10)
 	}
 }

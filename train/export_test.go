@@ -37,3 +37,7 @@ func PSLayoutDigest(members []peerid.ID, model string, dim, n int) uint64 {
 	}
 	return l.digest()
 }
+
+// FetchFanout is how many peers one attempt of a federated state fetch
+// asks at once.
+const FetchFanout = fetchFanout

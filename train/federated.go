@@ -262,6 +262,20 @@ const (
 	catchUpPoll = 100 * time.Millisecond
 	// catchUpFetch bounds a starting peer's fetch of the newest state.
 	catchUpFetch = 1500 * time.Millisecond
+	// fetchFanout is how many peers one attempt of a state fetch asks at
+	// once (fetchFrom): enough for the swarm's striped pull (three
+	// stripes) and a spare. Asking every member at once cost a joiner or
+	// a catch-up of a 256-client federation 255 streams, each with its
+	// buffers (a goroutine dump held 59 joiners doing so, and 8,723 state
+	// requests waiting for a dial, at 10.9 GiB).
+	fetchFanout = 4
+	// blindFetch bounds an attempt that asks peers no status names as
+	// holders of the state: statuses lag, so one of them may hold it, or
+	// produce it while asked; the next attempt looks at the statuses again.
+	blindFetch = 2 * time.Second
+	// fetchPause separates a fetch's failed attempts, so that peers that
+	// refuse at once do not make it spin.
+	fetchPause = 50 * time.Millisecond
 	// majorityPoll is how often a minority peer looks for the majority.
 	majorityPoll = 200 * time.Millisecond
 	// alignPoll is how often a peer lining up for a round looks at the
@@ -332,14 +346,27 @@ func (f *fedPeer) publish(ctx context.Context, version uint64, state []float32) 
 	f.net.SetStatus(ctx, Status{Version: version, JoinAt: f.joinAt})
 }
 
-// awaitFounders gives the peers that started beside this one, and have
-// not chosen their first round yet, up to alignWait to do so.
+// awaitFounders waits for the peers that started beside this one, and
+// have not chosen their first round yet, to do so: as long as others keep
+// declaring, it gives the rest up to alignWait (a quarter of the round
+// timeout at most) after the last declaration, and a round timeout in
+// all. A fixed alignWait from its start was too short where starting
+// peers share a loaded CPU: 256 clients on 2 cores declared over 2 s, and
+// founders that went on formed round 1 from different members.
 func (f *fedPeer) awaitFounders(ctx context.Context) error {
-	deadline := time.Now().Add(min(f.cfg.RoundTimeout/4, alignWait))
-	for anyPending(f.net.Statuses()) && time.Now().Before(deadline) {
+	start := time.Now()
+	st := f.net.Statuses()
+	watch := newProgressWatch(start, declared(st))
+	patience := min(f.cfg.RoundTimeout/4, alignWait)
+	for anyPending(st) {
+		now := time.Now()
+		if watch.stalled(now, declared(st), patience) || now.Sub(start) >= f.cfg.RoundTimeout {
+			return nil
+		}
 		if err := ctxtime.Sleep(ctx, alignPoll); err != nil {
 			return err
 		}
+		st = f.net.Statuses()
 	}
 	return nil
 }
@@ -378,7 +405,7 @@ func (f *fedPeer) alignRound(ctx context.Context, state []float32, version, r ui
 		plan := planAlign(f.self, r, sampled, liveVersions(f.net.Statuses()))
 		if len(plan.fetch) > 0 {
 			fctx, cancel := context.WithTimeout(ctx, f.cfg.RoundTimeout/4)
-			v, err := f.net.Fetch(fctx, plan.fetch, r, state)
+			v, err := f.fetchFrom(fctx, plan.fetch, r, state)
 			cancel()
 			if err == nil {
 				return v, nil
@@ -550,7 +577,10 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			members := f.members()
 			if others := othersOf(self, members); len(others) > 0 {
 				ref = members
-				if v, err := fetchState(ctx, net, others, version+1, state, catchUpFetch); err == nil {
+				cctx, cancel := context.WithTimeout(ctx, catchUpFetch)
+				v, err := f.fetchFrom(cctx, others, version+1, state)
+				cancel()
+				if err == nil {
 					copy(st, state[n:])
 					version = v
 					f.event("caught-up", fmt.Sprintf("version %d", v))
@@ -723,7 +753,10 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	// final state, if they have one to give.
 	if last := uint64(cfg.Rounds); lastFailed && version == last {
 		from := finalFrom(cfg.Seed, cfg.Fraction, self, last, f.members())
-		if v, err := fetchState(ctx, net, from, last, state, cfg.RoundTimeout/4); err == nil {
+		fctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout/4)
+		v, err := f.fetchFrom(fctx, from, last, state)
+		cancel()
+		if err == nil {
 			f.event("caught-up", fmt.Sprintf("final version %d", v))
 			if adopt(v) {
 				return nil
@@ -737,9 +770,41 @@ func Federated(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	return nil
 }
 
+// fetchFrom fetches the state of version ≥ want from candidates into
+// state, a few peers at a time (pickSources): each attempt asks at most
+// fetchFanout of them, the peers whose statuses say they hold it first,
+// for up to a quarter of the round timeout (blindFetch at least), else
+// others for up to blindFetch; a failed attempt moves on to peers not yet
+// asked, looking at the statuses again. It returns once an attempt
+// succeeds or ctx ends, which the caller bounds; state is untouched
+// unless it succeeds.
+func (f *fedPeer) fetchFrom(ctx context.Context, candidates []peerid.ID, want uint64, state []float32) (uint64, error) {
+	tried := map[peerid.ID]bool{}
+	for {
+		ask, known := pickSources(f.cfg.Seed, f.self, want, candidates, liveVersions(f.net.Statuses()), tried, fetchFanout)
+		if len(ask) == 0 {
+			return 0, fmt.Errorf("%w: no peer to ask", ErrNoState)
+		}
+		wait := blindFetch
+		if known {
+			wait = max(blindFetch, f.cfg.RoundTimeout/4)
+		}
+		v, err := fetchState(ctx, f.net, ask, want, state, wait)
+		if err == nil || ctx.Err() != nil {
+			return v, err
+		}
+		for _, p := range ask {
+			tried[p] = true
+		}
+		if serr := ctxtime.Sleep(ctx, fetchPause); serr != nil {
+			return 0, fmt.Errorf("%w (then %w)", err, serr)
+		}
+	}
+}
+
 // fetchState fetches the state of version ≥ version from peers into
 // state, waiting up to timeout (0: as long as ctx); state is untouched
-// unless it succeeds.
+// unless it succeeds. Callers ask a few peers at a time (fetchFrom).
 func fetchState(ctx context.Context, net Net, peers []peerid.ID, version uint64, state []float32, timeout time.Duration) (uint64, error) {
 	if len(peers) == 0 {
 		return 0, ErrNoState
@@ -781,7 +846,7 @@ func (f *fedPeer) whileProgressing(ctx context.Context) (_ context.Context, stop
 func (f *fedPeer) fetchWhileProgressing(ctx context.Context, peers []peerid.ID, version uint64, state []float32) (uint64, error) {
 	wctx, stop := f.whileProgressing(ctx)
 	defer stop()
-	v, err := fetchState(wctx, f.net, peers, version, state, 0)
+	v, err := f.fetchFrom(wctx, peers, version, state)
 	if err != nil && ctx.Err() == nil {
 		if cause := context.Cause(wctx); cause != nil && errors.Is(cause, ErrNoState) {
 			return 0, fmt.Errorf("%w (%w)", err, cause)
@@ -860,7 +925,10 @@ func (f *fedPeer) round(ctx context.Context, w *Worker, server ServerOpt, state,
 		// Peers of the group finished round r without this peer: take
 		// their result rather than the previous state relabelled.
 		f.event("overtaken", fmt.Sprintf("round %d: %d peers of the group finished it without this one; taking their state", r, len(ahead)))
-		if v, ferr := fetchState(ctx, net, ahead, r, state, cfg.RoundTimeout/4); ferr == nil {
+		fctx, cancel := context.WithTimeout(ctx, cfg.RoundTimeout/4)
+		v, ferr := f.fetchFrom(fctx, ahead, r, state)
+		cancel()
+		if ferr == nil {
 			copy(server.State(), state[n:])
 			copy(w.Model.Params, global)
 			*version = v

@@ -1,11 +1,13 @@
 package train
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"time"
 
 	"github.com/starling-ml/starling/aggregate"
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/peerid"
 )
 
@@ -128,6 +130,18 @@ func anyPending(statuses map[peerid.ID]Status) bool {
 		}
 	}
 	return false
+}
+
+// declared counts the live peers in statuses that have chosen their
+// first round (not JoinPending): founders wait while it grows.
+func declared(statuses map[peerid.ID]Status) uint64 {
+	var n uint64
+	for _, st := range statuses {
+		if !st.Done && st.JoinAt != JoinPending {
+			n++
+		}
+	}
+	return n
 }
 
 // roundPlan is a peer's decision at the start of round r, once it holds a
@@ -311,4 +325,66 @@ func othersOf(self peerid.ID, lists ...[]peerid.ID) []peerid.ID {
 		}
 	}
 	return nil
+}
+
+// pickSources returns the peers of candidates (self excluded) that one
+// attempt of a state fetch asks for the state of version ≥ want: at most
+// k, never all of a large federation at once. known reports that their
+// statuses (versions) say they hold it. The known holders come first,
+// newest version first; when no candidate is a known holder, it names k
+// others (statuses lag: one may hold the state, or produce it while
+// asked). Peers in tried (asked by a failed attempt) come after those not
+// yet asked; once every candidate was tried, all are eligible again. Among
+// equals the order is drawn from (seed, self): the behind peers of a
+// round spread over the holders instead of all asking the same few.
+func pickSources(seed uint64, self peerid.ID, want uint64, candidates []peerid.ID, versions map[peerid.ID]uint64, tried map[peerid.ID]bool, k int) (ask []peerid.ID, known bool) {
+	type source struct {
+		p       peerid.ID
+		holds   bool
+		tried   bool
+		version uint64
+		h       uint64
+	}
+	salt := seed ^ fnv64(string(self))
+	all := make([]source, 0, len(candidates))
+	seen := make(map[peerid.ID]bool, len(candidates))
+	for _, p := range candidates {
+		if p == self || seen[p] {
+			continue
+		}
+		seen[p] = true
+		v, ok := versions[p]
+		all = append(all, source{p: p, holds: ok && v >= want, tried: tried[p], version: v, h: device.Hash64(salt, fnv64(string(p)))})
+	}
+	if !slices.ContainsFunc(all, func(s source) bool { return !s.tried }) {
+		for i := range all {
+			all[i].tried = false // everyone was asked: start over
+		}
+	}
+	holders := slices.ContainsFunc(all, func(s source) bool { return s.holds && !s.tried })
+	slices.SortFunc(all, func(a, b source) int {
+		if a.tried != b.tried {
+			if a.tried {
+				return 1
+			}
+			return -1
+		}
+		if a.holds != b.holds {
+			if a.holds {
+				return -1
+			}
+			return 1
+		}
+		if a.holds && a.version != b.version {
+			return cmp.Compare(b.version, a.version)
+		}
+		return cmp.Or(cmp.Compare(a.h, b.h), cmp.Compare(a.p, b.p))
+	})
+	for _, s := range all {
+		if len(ask) == k || s.tried || s.holds != holders {
+			break
+		}
+		ask = append(ask, s.p)
+	}
+	return ask, holders
 }

@@ -174,6 +174,9 @@ func TestAnyPending(t *testing.T) {
 	if !anyPending(map[peerid.ID]Status{"a": {JoinAt: 1}, "b": {JoinAt: JoinPending}}) {
 		t.Error("a pending peer not seen")
 	}
+	if got := declared(map[peerid.ID]Status{"a": {JoinAt: 1}, "b": {JoinAt: JoinPending}, "c": {Version: 3}, "d": {JoinAt: 1, Done: true}}); got != 2 {
+		t.Errorf("declared = %d, want 2 (a and c)", got)
+	}
 }
 
 // TestPlanRoundGroups: a sample larger than the group size is split into
@@ -364,5 +367,73 @@ func TestProgressWatch(t *testing.T) {
 	}
 	if got := topVersion(map[peerid.ID]Status{"a": {Version: 7}, "b": {Version: 9, Done: true}, "c": {Version: 4}}); got != 7 {
 		t.Fatalf("topVersion = %d, want 7 (the stopped peer's 9 does not count)", got)
+	}
+}
+
+// TestPickSources: one attempt of a state fetch asks at most k peers, the
+// known holders first (newest first), else others; failed attempts move
+// on to peers not yet asked, and askers spread over the holders.
+func TestPickSources(t *testing.T) {
+	many := make([]peerid.ID, 256)
+	for i := range many {
+		many[i] = peerid.ID(fmt.Sprintf("p%03d", i))
+	}
+	for _, c := range []struct {
+		name       string
+		candidates []peerid.ID
+		versions   map[peerid.ID]uint64
+		tried      []peerid.ID
+		k          int
+		want       []peerid.ID // nil: check only the count and known
+		n          int
+		known      bool
+	}{
+		{"255 others, no holder known: k of them", many, nil, nil, 4, nil, 4, false},
+		{"holders first, newest first", pids("self", "a", "b", "c", "d", "e", "f"),
+			map[peerid.ID]uint64{"a": 2, "b": 7, "c": 6, "d": 5, "e": 5, "f": 9}, nil, 3, pids("f", "b", "c"), 3, true},
+		{"only holders, even if fewer than k", pids("a", "b", "c"),
+			map[peerid.ID]uint64{"a": 2, "b": 5}, nil, 3, pids("b"), 1, true},
+		{"a tried holder is not asked again while others remain", pids("a", "b", "c"),
+			map[peerid.ID]uint64{"a": 2, "b": 5}, pids("b"), 3, nil, 2, false},
+		{"everyone tried: start over", pids("a", "b"),
+			map[peerid.ID]uint64{"b": 5}, pids("a", "b"), 3, pids("b"), 1, true},
+		{"self and duplicates are not asked", pids("self", "a", "a"), map[peerid.ID]uint64{"self": 9}, nil, 3, pids("a"), 1, false},
+		{"nobody", pids("self"), nil, nil, 3, nil, 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tried := map[peerid.ID]bool{}
+			for _, p := range c.tried {
+				tried[p] = true
+			}
+			got, known := pickSources(1, "self", 5, c.candidates, c.versions, tried, c.k)
+			if len(got) != c.n || known != c.known || (c.want != nil && !slices.Equal(got, c.want)) {
+				t.Fatalf("got %v known=%v, want %d peers %v known=%v", got, known, c.n, c.want, c.known)
+			}
+			for _, p := range got {
+				if tried[p] && len(c.tried) < len(c.candidates) {
+					t.Fatalf("asked %s again: %v", p, got)
+				}
+			}
+		})
+	}
+	// 200 askers of one version held by 20 peers spread over them.
+	versions := map[peerid.ID]uint64{}
+	for _, p := range many[:20] {
+		versions[p] = 5
+	}
+	load := map[peerid.ID]int{}
+	for _, self := range many[56:] {
+		ask, _ := pickSources(1, self, 5, many, versions, nil, 4)
+		for _, p := range ask {
+			load[p]++
+		}
+	}
+	if len(load) != 20 {
+		t.Fatalf("askers used %d of the 20 holders: %v", len(load), load)
+	}
+	for p, n := range load {
+		if n > 80 { // 800 asks over 20 holders: 40 each on average
+			t.Fatalf("%s asked %d times of 800: %v", p, n, load)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 
 	"github.com/starling-ml/starling/data"
 	"github.com/starling-ml/starling/sim"
@@ -47,6 +48,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	dataDir := fs.String("data", "", "folder with the MNIST IDX files (default: the module cache)")
 	jsonOut := fs.String("json", "", "write rounds_to_target, final_accuracy and the curve to this file")
 	groupSize := fs.Int("group-size", train.DefaultFedConfig().GroupSize, "average in groups of at most this many of a round's sampled clients, re-drawn each round (0: one group)")
+	events := fs.Bool("events", false, "print the peers' events other than completed rounds (joins, catch-ups, failed rounds and why) to stderr")
 	consensus := fs.Bool("consensus", false, "measure every round's spread of the models before and after averaging, and evaluate every client's final model")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -69,6 +71,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg := sim.FedConfig{Clients: *clients, Partition: *partition, Fed: fed, Worker: wc, Target: *target, Seed: *seed, Consensus: *consensus}
+	if *events {
+		var mu sync.Mutex
+		cfg.Events = func(e train.Event) {
+			if e.Kind == "round" {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(stderr, "%7.2fs %s %s: %s\n", e.At.Seconds(), e.Peer, e.Kind, e.Detail)
+		}
+	}
 	fmt.Fprintf(stderr, "%s: %d clients (%s), C=%g, E=%d, B=%d, lr %g, model %s, target %.2f%%\n",
 		fed.Strategy, *clients, *partition, *fraction, *epochs, *batch, *lr, *model, 100**target)
 	res, err := sim.Federation(ctx, cfg, trainSet, testSet, func(p sim.RoundPoint) {
