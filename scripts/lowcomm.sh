@@ -24,7 +24,8 @@
 # at --lr $DEMO_LR when set, else the model's), async-diloco and
 # async-diloco-fp4 (DiLoCo with the outer step one outer step late, its
 # all-reduce overlapping all H inner steps of the next one; ASYNC adds
-# strategy parameters, e.g. ASYNC=momentum=0.5).
+# strategy parameters, e.g. ASYNC=momentum=0.5; SD_EXTRA likewise for the
+# streaming-diloco rows, e.g. SD_EXTRA=lr=1).
 # solo: each peer trains alone (--mode federated, DiLoCo in a group of one:
 # --min-peers 1 and no peers to connect to), evaluating after each of the
 # STEPS/H rounds as the DiLoCo rows do: the compute-only wall time that
@@ -103,7 +104,7 @@ EOF
 echo "# $N peers, $MODEL, $STEPS inner steps a peer, H=$H, F=$F${NETBED:+, netbed $NETBED}; $(date -u +%FT%TZ) $(git rev-parse --short HEAD)"
 printf "row\tval_bits_per_char\tbytes_per_peer\twall_s\tallreduce_s\texposed_s\terrors\n"
 R=$((STEPS / H)); TAU=${TAU:-$((H / F / 2))}
-SD="streaming-diloco:h=$H,fragments=$F"
+SD="streaming-diloco:h=$H,fragments=$F${SD_EXTRA:+,$SD_EXTRA}"
 run solo --mode federated --strategy "diloco:h=$H" --rounds $R
 run sync --mode sync --steps "$STEPS" --eval-every "$STEPS"
 run sdlc-fp4 --mode federated --strategy "$SD" --rounds $R --compress fp4
