@@ -13,6 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	coreconnmgr "github.com/libp2p/go-libp2p/core/connmgr"
+	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
@@ -320,9 +323,13 @@ func newNetwork(ctx context.Context, cfg *Config, log *slog.Logger, form formati
 		if err != nil {
 			return nil, err
 		}
-		h, err := sw.mn.AddPeer(sk, addr)
+		mh, err := sw.mn.AddPeer(sk, addr)
 		if err != nil {
 			return nil, fmt.Errorf("sim: mocknet peer %d: %w", i, err)
+		}
+		h, err := withConnManager(mh, sc.Node)
+		if err != nil {
+			return nil, fmt.Errorf("sim: peer %d: %w", i, err)
 		}
 		p := &Peer{Index: i, ID: peerid.ID(h.ID().String()), Host: h, Config: cfg,
 			delayRng: rand.New(rand.NewPCG(cfg.Seed, uint64(i)+0xde1a7))}
@@ -440,6 +447,34 @@ func (sw *network) kill(i int) {
 	p.Swarm.Close()
 	p.Swarm.Node.Close()
 	p.Host.Close()
+}
+
+// cmHost is a mocknet host with the connection manager a real peer has
+// (node.New's, with its watermarks and grace period), which mocknet's
+// hosts lack: without it a simulated peer keeps every connection that any
+// round opened, and a federation of 256 clients gained 500 connections
+// and 4,500 goroutines a round.
+type cmHost struct {
+	host.Host
+	cm *connmgr.BasicConnMgr
+}
+
+func withConnManager(h host.Host, cfg node.Config) (host.Host, error) {
+	cm, err := connmgr.NewConnManager(cfg.ConnLow, cfg.ConnHigh, connmgr.WithGracePeriod(cfg.ConnGrace))
+	if err != nil {
+		return nil, err
+	}
+	h.Network().Notify(cm.Notifee())
+	return cmHost{h, cm}, nil
+}
+
+// ConnManager implements host.Host.
+func (h cmHost) ConnManager() coreconnmgr.ConnManager { return h.cm }
+
+// Close implements host.Host.
+func (h cmHost) Close() error {
+	h.cm.Close()
+	return h.Host.Close()
 }
 
 func (sw *network) close() {
