@@ -8,6 +8,7 @@ import (
 
 	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/device/devicetest"
+	"github.com/starling-ml/starling/internal/rusage"
 )
 
 // gemmShape is one GEMM of a model step: C (m×n) = op(A) (m×k) · op(B) (k×n).
@@ -71,7 +72,7 @@ func benchGemm(b *testing.B, be device.Backend, s gemmShape) {
 		ldb = s.k
 	}
 	b.ReportAllocs()
-	cpu0 := processCPU()
+	cpu0 := rusage.CPU()
 	for b.Loop() {
 		be.Gemm(s.tA, s.tB, s.m, s.n, s.k, 1, a, lda, bb, ldb, 0, c, s.n)
 	}
@@ -80,7 +81,7 @@ func benchGemm(b *testing.B, be device.Backend, s gemmShape) {
 	// Per CPU-second of this process: on a shared machine, where the wall
 	// clock includes time spent waiting for a core, this is the steadier
 	// measure of kernel speed (divide by the cores used for per-core speed).
-	if cpu := processCPU() - cpu0; cpu > 0 {
+	if cpu := rusage.CPU() - cpu0; cpu > 0 {
 		b.ReportMetric(flops/cpu.Seconds()/1e9, "GFLOP/cpu-s")
 	}
 }
@@ -120,13 +121,13 @@ func BenchmarkGemmMixed(b *testing.B) {
 					bm = device.BF16(h, ldb)
 				}
 				b.ReportAllocs()
-				cpu0 := processCPU()
+				cpu0 := rusage.CPU()
 				for b.Loop() {
 					device.GemmMixed(be, s.tA, s.tB, s.m, s.n, s.k, 1, am, bm, 0, c, s.n)
 				}
 				flops := 2 * float64(s.m) * float64(s.n) * float64(s.k) * float64(b.N)
 				b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-				if cpu := processCPU() - cpu0; cpu > 0 {
+				if cpu := rusage.CPU() - cpu0; cpu > 0 {
 					b.ReportMetric(flops/cpu.Seconds()/1e9, "GFLOP/cpu-s")
 				}
 			})

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+
+	"github.com/starling-ml/starling/internal/rusage"
 )
 
 // precisions runs a benchmark once per precision, as sub-benchmarks
@@ -74,13 +76,13 @@ func runSteps(b *testing.B, m *Model, x []float32, y []int32, opt Optimizer, lr 
 	live := float64(ms.HeapAlloc) / 1e6
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := processCPU()
+	cpu0 := rusage.CPU()
 	for i := 0; i < b.N; i++ {
 		m.ForwardBackward(x, y)
 		opt.Step(m.Params, m.Grads, lr)
 	}
 	b.StopTimer()
-	cpu := processCPU() - cpu0
+	cpu := rusage.CPU() - cpu0
 	if l, _ := m.ForwardBackward(x, y); math.IsNaN(l) || math.IsInf(l, 0) {
 		b.Fatalf("loss %v after %d steps", l, b.N)
 	}

@@ -1,20 +1,6 @@
-// Package rusage reads the process's own resource use: its CPU time and
-// peak resident memory (getrusage; 0 where that cannot be read).
 package rusage
 
-import (
-	"syscall"
-	"time"
-)
-
-// CPU returns the process's CPU time so far, user and system.
-func CPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+import "syscall"
 
 // PeakRSS returns the process's peak resident set in bytes (Linux
 // reports KiB).

@@ -1,14 +1,14 @@
 //go:build unix
 
-package device_test
+package rusage
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the user+system CPU time of this process so far.
-func processCPU() time.Duration {
+// CPU returns the process's CPU time so far, user and system.
+func CPU() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
