@@ -354,13 +354,6 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			return err
 		}
 		if outer, p, ok := syncAt(t, h, f); ok {
-			// Never the same fragment twice in flight (only a bad τ
-			// could ask it): its buffers are the all-reduce's.
-			if slices.ContainsFunc(pending, func(s *fragSync) bool { return s.frag == p }) {
-				if err := waitUntil(all); err != nil {
-					return err
-				}
-			}
 			fr := frags[p]
 			gather(fr.send, params, fr.spans)
 			if delayed {
