@@ -20,6 +20,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
+	"github.com/starling-ml/starling/internal/ctxtime"
 	"github.com/starling-ml/starling/node"
 )
 
@@ -299,7 +300,7 @@ func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst
 	// (watchGone).
 	if _, err := st.Write(req.encode()); err != nil {
 		st.Reset()
-		return h, err
+		return h, ctxOr(ctx, err)
 	}
 	sr := &stallReader{st: st, stall: s.stall}
 	defer sr.stop()
@@ -307,10 +308,7 @@ func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst
 	head := make([]byte, replyHead)
 	if _, err := io.ReadFull(r, head); err != nil {
 		st.Reset()
-		if ctx.Err() != nil {
-			return h, ctx.Err()
-		}
-		return h, fmt.Errorf("%w: %v", ErrBadState, err)
+		return h, ctxOr(ctx, fmt.Errorf("%w: %v", ErrBadState, err))
 	}
 	switch head[0] {
 	case stOK:
@@ -348,7 +346,7 @@ func (s *stateService) request(ctx context.Context, p peer.ID, req stateReq, dst
 			k := min(len(buf)/4, len(out)-i)
 			if _, err := io.ReadFull(r, buf[:4*k]); err != nil {
 				st.Reset()
-				return h, fmt.Errorf("%w: stripe from %s: %v", ErrBadState, p, err)
+				return h, ctxOr(ctx, fmt.Errorf("%w: stripe from %s: %v", ErrBadState, p, err))
 			}
 			crc.Write(buf[:4*k])
 			for j := 0; j < k; j++ {
@@ -435,8 +433,10 @@ func (s *stateService) fetch(ctx context.Context, peers []peer.ID, minVersion ui
 	}
 	cancel()
 	if len(got) == 0 {
-		if ctx.Err() != nil {
-			return 0, fmt.Errorf("%w: %w", ErrNoState, ctx.Err())
+		// The streams' deadline is ctx's, and can fire a moment before
+		// ctx.Err() is set: that is ctx's end, not the peers' fault.
+		if e := ctxtime.Ended(ctx); e != nil {
+			return 0, fmt.Errorf("%w: %w", ErrNoState, e)
 		}
 		return 0, fmt.Errorf("%w: %v", ErrNoState, errors.Join(errs...))
 	}

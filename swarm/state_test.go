@@ -3,6 +3,7 @@ package swarm
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"runtime"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	mocknet "github.com/libp2p/go-libp2p/p2p/net/mock"
 
+	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/node/nodetest"
 	"github.com/starling-ml/starling/peerid"
 )
@@ -91,6 +93,59 @@ func TestFetchGoesOnWithoutStuckHolders(t *testing.T) {
 			t.Errorf("%s: took %v", name, took)
 		}
 		t.Logf("%s: fetched in %v", name, took)
+	}
+}
+
+// deadlineOnly is a context whose deadline is d but whose timer never
+// fires: Err stays nil, as it does for a moment after a real deadline.
+type deadlineOnly struct {
+	context.Context
+	d time.Time
+}
+
+func (c deadlineOnly) Deadline() (time.Time, bool) { return c.d, true }
+
+// TestFetchAtRunDeadlineEndsWithTheDeadline: a fetch's streams take the
+// run's deadline, and one that fails by it, before ctx.Err() is set, ends
+// the fetch with the deadline, not with a "bad state" charged to the
+// holder (which callers take for a faulty peer, and a run for a failure).
+func TestFetchAtRunDeadlineEndsWithTheDeadline(t *testing.T) {
+	// Real hosts on loopback: mocknet's streams ignore deadlines.
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	var nodes [2]*node.Node
+	for i := range nodes {
+		nd, err := node.New(ctx, node.TestConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nd.Close() })
+		nodes[i] = nd
+	}
+	asker, err := Attach(nodes[0].Host(), testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { asker.Close() })
+	never := make(chan struct{})
+	t.Cleanup(func() { close(never) })
+	nodes[1].Host().SetStreamHandler(StateProtocol, func(s network.Stream) { <-never; s.Reset() })
+	if err := nodes[0].Connect(ctx, nodes[1].AddrInfo()); err != nil {
+		t.Fatal(err)
+	}
+	run := deadlineOnly{ctx, time.Now().Add(500 * time.Millisecond)}
+	done := make(chan error, 1)
+	go func() {
+		_, err := asker.Fetch(run, []peerid.ID{peerid.ID(nodes[1].ID().String())}, 1, make([]float32, 10))
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("fetch still running 10 s after its deadline")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrBadState) {
+		t.Errorf("fetch past the run's deadline: %v; want the deadline, not a bad state", err)
 	}
 }
 
