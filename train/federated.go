@@ -790,7 +790,7 @@ func (f *fedPeer) fetchFrom(ctx context.Context, candidates []peerid.ID, want ui
 			wait = max(blindFetch, f.cfg.RoundTimeout/4)
 		}
 		v, err := fetchState(ctx, f.net, ask, want, state, wait)
-		if err == nil || ctx.Err() != nil {
+		if err == nil || ctxtime.Ended(ctx) != nil {
 			return v, err
 		}
 		for _, p := range ask {

@@ -478,8 +478,8 @@ func streamJoin(ctx context.Context, net Net, cfg FedConfig, version uint64, sta
 	event("join", fmt.Sprintf("outer step %d (others at %d): fetching their state from %v", j, j-joinLead, from))
 	v, err := fetchState(ctx, net, from, j-1, state, cfg.RoundTimeout)
 	if err != nil {
-		if ctx.Err() != nil {
-			return 0, ctx.Err()
+		if e := ctxtime.Ended(ctx); e != nil {
+			return 0, e
 		}
 		return 0, fmt.Errorf("%w: streaming: the state of outer step %d from %v within %v: %v", ErrNoState, j-1, from, cfg.RoundTimeout, err)
 	}
