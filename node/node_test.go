@@ -476,7 +476,12 @@ func TestLinkPipelined(t *testing.T) {
 	for i := range want {
 		got, err := b.Recv(ctxT(t, 30*time.Second), a.ID(), Tag(100+i), buf)
 		if err != nil {
-			t.Fatal(err)
+			select {
+			case serr := <-errc:
+				t.Fatalf("%v (Send: %v)", err, serr)
+			default:
+				t.Fatal(err)
+			}
 		}
 		if !bytes.Equal(got.Payload, want[i].Payload) {
 			t.Fatalf("chunk %d differs", i)
