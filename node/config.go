@@ -46,6 +46,13 @@ type Config struct {
 	// it could not be enforced. A swarm key still works with it.
 	Insecure bool
 
+	// Muxer is the stream muxer offered first: MuxerYamux (libp2p's yamux,
+	// the default) or MuxerStarling (node/mux: frames written from the
+	// caller's buffer and read straight into a waiting Read's, for less
+	// CPU per byte). With MuxerStarling, yamux stays offered second, so
+	// such a node still talks to one without it.
+	Muxer string
+
 	// Allowlist, if not empty, is the set of peers this node will connect to
 	// or accept (enforced by a connection gater after the handshake proves
 	// the remote key). Empty means everyone (who passes the PSK, if set).
@@ -147,6 +154,12 @@ type Config struct {
 	MetricsAddr string
 }
 
+// Stream muxers a Config may offer first (Config.Muxer).
+const (
+	MuxerYamux    = "yamux"
+	MuxerStarling = "starling"
+)
+
 // DefaultConfig returns the configuration for a LAN or few-site swarm moving
 // 1–500 MB tensors.
 func DefaultConfig() Config {
@@ -166,6 +179,7 @@ func DefaultConfig() Config {
 		Stripes:            4,
 		MinStripeBytes:     4 << 20,
 		StreamWindow:       16 << 20,
+		Muxer:              MuxerYamux,
 		MemoryLimit:        2 << 30,
 		MaxParkedBytes:     1 << 30,
 		MaxParkedPerPeer:   64 << 20,
@@ -246,6 +260,8 @@ func (c *Config) Validate() error {
 		return bad("Stripes %d not in 1..%d", c.Stripes, maxStripes)
 	case c.MinStripeBytes < 1:
 		return bad("MinStripeBytes must be > 0")
+	case c.Muxer != MuxerYamux && c.Muxer != MuxerStarling:
+		return bad("Muxer %q: want %q or %q", c.Muxer, MuxerYamux, MuxerStarling)
 	case c.StreamWindow < 256<<10:
 		return bad("StreamWindow %d below yamux's 256 KiB minimum", c.StreamWindow)
 	case c.MemoryLimit < int64(4*c.Stripes*c.StreamWindow):

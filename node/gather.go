@@ -11,6 +11,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/sec"
 	tptu "github.com/libp2p/go-libp2p/p2p/net/upgrader"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+
+	"github.com/starling-ml/starling/node/mux"
 )
 
 // gatheredTLS is libp2p's TLS 1.3 transport with each write to a secured
@@ -70,6 +72,25 @@ func (c *gatheredConn) Write(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// WriteVectored encrypts hdr and payload and writes all of their records
+// at once (mux.VectorWriter: a frame header and its payload cost one
+// write system call).
+func (c *gatheredConn) WriteVectored(hdr, payload []byte) (int, error) {
+	c.raw.gather()
+	n, err := c.SecureConn.Write(hdr)
+	if err == nil {
+		var k int
+		k, err = c.SecureConn.Write(payload)
+		n += k
+	}
+	if ferr := c.raw.flush(); err == nil && ferr != nil {
+		return 0, ferr
+	}
+	return n, err
+}
+
+var _ mux.VectorWriter = (*gatheredConn)(nil)
 
 // gatherMax bounds the bytes a gathering connection holds: past it, they
 // are written out (a Write larger than one yamux frame, which yamux does

@@ -157,6 +157,7 @@ func TestConfigValidate(t *testing.T) {
 		{"swarm name with slash", func(c *Config) { c.SwarmName = "a/b" }, ErrInvalidConfig},
 		{"no stripes", func(c *Config) { c.Stripes = 0 }, ErrInvalidConfig},
 		{"tiny window", func(c *Config) { c.StreamWindow = 1000 }, ErrInvalidConfig},
+		{"unknown muxer", func(c *Config) { c.Muxer = "mplex" }, ErrInvalidConfig},
 		{"memory below windows", func(c *Config) { c.MemoryLimit = 1 << 20 }, ErrInvalidConfig},
 		{"conn watermarks", func(c *Config) { c.ConnLow, c.ConnHigh = 10, 5 }, ErrInvalidConfig},
 		{"zero timeout", func(c *Config) { c.IOTimeout = 0 }, ErrInvalidConfig},

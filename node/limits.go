@@ -6,6 +6,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+
+	"github.com/starling-ml/starling/node/mux"
 )
 
 // perPeerMemory is the resource manager's memory for one peer: every
@@ -52,4 +54,18 @@ func yamuxTransport(c *Config) network.Multiplexer {
 	t.InitialStreamWindowSize = uint32(min(c.StreamWindow, initialWindow))
 	t.MaxMessageSize = maxFrame
 	return &t
+}
+
+// muxers returns the libp2p options of the stream muxers c offers, the
+// preferred first.
+func muxers(c *Config) []libp2p.Option {
+	y := libp2p.Muxer(yamux.ID, yamuxTransport(c))
+	if c.Muxer != MuxerStarling {
+		return []libp2p.Option{y}
+	}
+	t := mux.DefaultTransport()
+	t.Window = c.StreamWindow
+	t.MaxFrame = maxFrame
+	t.ControlTimeout = c.IOTimeout
+	return []libp2p.Option{libp2p.Muxer(mux.ID, t), y}
 }

@@ -24,7 +24,6 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
 	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
-	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
 	lswarm "github.com/libp2p/go-libp2p/p2p/net/swarm"
 	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
@@ -160,7 +159,6 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	lopts := []libp2p.Option{
 		libp2p.Identity(sk),
 		libp2p.ListenAddrStrings(cfg.listenAddrs()...),
-		libp2p.Muxer(yamux.ID, yamuxTransport(&cfg)),
 		libp2p.Transport(tcp.NewTCPTransport),
 		libp2p.ResourceManager(rm),
 		libp2p.ConnectionManager(cm),
@@ -168,6 +166,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		libp2p.BandwidthReporter(m.bw),
 		libp2p.UserAgent("starling"),
 	}
+	lopts = append(lopts, muxers(&cfg)...)
 	if cfg.Insecure {
 		lopts = append(lopts, libp2p.NoSecurity)
 	} else {

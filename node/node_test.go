@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,13 +22,22 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/node/mux"
 )
+
+// testMuxer, if set, is the Muxer of every test node on loopback TCP: `go
+// test ./node -node.muxer starling` runs the node tests over node/mux.
+var testMuxer = flag.String("node.muxer", "", "Config.Muxer of the loopback test nodes (default: DefaultConfig's)")
 
 // newTestNode starts a real libp2p host on loopback TCP.
 func newTestNode(t testing.TB, mut func(*Config), opts ...Option) *Node {
 	t.Helper()
 	cfg := TestConfig()
+	if *testMuxer != "" {
+		cfg.Muxer = *testMuxer
+	}
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -466,7 +476,12 @@ func TestLinkPipelined(t *testing.T) {
 	for i := range want {
 		got, err := b.Recv(ctxT(t, 30*time.Second), a.ID(), Tag(100+i), buf)
 		if err != nil {
-			t.Fatal(err)
+			select {
+			case serr := <-errc:
+				t.Fatalf("%v (Send: %v)", err, serr)
+			default:
+				t.Fatal(err)
+			}
 		}
 		if !bytes.Equal(got.Payload, want[i].Payload) {
 			t.Fatalf("chunk %d differs", i)
@@ -681,4 +696,40 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestStarlingMuxer: nodes that offer node/mux first use it between them,
+// in plaintext and with TLS, and fall back to yamux with a node that does
+// not offer it; tensors (striped over several streams) arrive intact.
+func TestStarlingMuxer(t *testing.T) {
+	starling := func(insecure bool) func(*Config) {
+		return func(c *Config) { c.Muxer, c.Insecure, c.MinStripeBytes = MuxerStarling, insecure, 256<<10 }
+	}
+	for _, tc := range []struct {
+		name string
+		a, b func(*Config)
+		want string
+	}{
+		{"plaintext", starling(true), starling(true), mux.ID},
+		{"tls", starling(false), starling(false), mux.ID},
+		{"fallback", starling(false), func(c *Config) { c.Muxer = MuxerYamux }, "/yamux/1.0.0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newTestNode(t, tc.a), newTestNode(t, tc.b)
+			connect(t, a, b)
+			want := rawTensor(5, 1<<20, 9)
+			go a.Send(ctxT(t, 10*time.Second), b.ID(), want)
+			got, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 5, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got.Payload, want.Payload) {
+				t.Fatal("tensor differs")
+			}
+			c := b.host.Network().ConnsToPeer(a.ID())
+			if len(c) == 0 || string(c[0].ConnState().StreamMultiplexer) != tc.want {
+				t.Fatalf("muxer %v, want %s", c, tc.want)
+			}
+		})
+	}
 }

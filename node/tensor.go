@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/node/mux"
 )
 
 // ProtocolID is the libp2p protocol of tensor streams.
@@ -122,8 +124,13 @@ type assembly struct {
 	drain bool
 	// dstMu is read-held while a stripe reader copies into buf; gone
 	// (under dstMu) means buf is its Recv's caller's again.
-	dstMu   sync.RWMutex
-	gone    bool
+	dstMu sync.RWMutex
+	gone  bool
+	// cut is set before gone, while readers may still hold dstMu: a
+	// reader reading straight into buf stops (see readStripe). cutMu is
+	// held while cut is set and those readers' deadlines with it.
+	cut     atomic.Bool
+	cutMu   sync.Mutex
 	start   time.Time
 	created time.Time
 }
@@ -421,22 +428,50 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 }
 
 // readStripe reads a stripe's payload and trailer and checks the
-// checksum (if sum: see flagNoChecksum). The payload goes through a small
-// staging buffer and is copied into dst (if not nil) for as long as a's
-// buffer is not given back to its caller (gone): a Recv that gives up must
-// neither wait for a stalled sender nor have its buffer written after it
-// returned, and the stream must stay in step (a reset would lose the
-// frames queued behind this one). Reading straight into dst would save the copy but leave a blocked
-// Read holding dst; cutting that Read short with a deadline makes yamux
-// drop a window update now and then, which stalls the stream for good.
+// checksum (if sum: see flagNoChecksum). Payload goes into dst (if not nil)
+// for as long as a's buffer is not given back to its caller (gone): a Recv
+// that gives up must neither wait for a stalled sender nor have its buffer
+// written after it returned, and the stream must stay in step (a reset
+// would lose the frames queued behind this one), so the rest of the stripe
+// is then read and dropped. On node/mux streams the payload is read
+// straight into dst: abandonLocked cuts such a Read short with a deadline,
+// which node/mux survives with the stream in step. Over yamux it goes
+// through a small staging buffer and is copied: a Read cut short by a
+// deadline makes yamux drop a window update now and then, which stalls
+// the stream for good.
 func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum bool) error {
 	sp := scratchPool.Get().(*[]byte)
 	defer scratchPool.Put(sp)
 	scratch := *sp
 	var crc uint32
+	direct := dst != nil && s.Conn().ConnState().StreamMultiplexer == mux.ID
 	for off := 0; off < n; {
 		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
 			return err
+		}
+		if direct {
+			a.dstMu.RLock()
+			if a.gone || a.cut.Load() { // given back: drain the rest
+				a.dstMu.RUnlock()
+				a.cutMu.Lock() // once abandonLocked's deadline is set, set ours
+				a.cutMu.Unlock()
+				direct, dst = false, nil
+				continue
+			}
+			part := dst[off:min(off+ioChunk, n)]
+			k, err := io.ReadFull(s, part)
+			if sum {
+				crc = crc32.Update(crc, castagnoli, part[:k])
+			}
+			a.dstMu.RUnlock()
+			off += k
+			if ts.hooks.recvProgress != nil && k > 0 {
+				ts.hooks.recvProgress(from, k)
+			}
+			if err != nil && !(a.cut.Load() && os.IsTimeout(err)) {
+				return truncated(err)
+			}
+			continue
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
 		if sum {
@@ -489,6 +524,16 @@ var scratchPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return
 func (ts *tensors) abandonLocked(a *assembly) {
 	a.recv = nil
 	a.drain = true
+	// Cut Reads into dst short (see readStripe): a reader that saw cut
+	// unset set its deadline before, so this one wins.
+	a.cutMu.Lock()
+	a.cut.Store(true)
+	for s := range a.active {
+		if s.Conn().ConnState().StreamMultiplexer == mux.ID {
+			s.SetReadDeadline(time.Unix(1, 0))
+		}
+	}
+	a.cutMu.Unlock()
 	a.dstMu.Lock()
 	a.gone = true
 	a.dstMu.Unlock()

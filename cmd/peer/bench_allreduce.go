@@ -15,6 +15,7 @@ import (
 	"github.com/starling-ml/starling/aggregate"
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/internal/cli"
+	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
 	"github.com/starling-ml/starling/swarm"
 )
@@ -51,6 +52,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	key := fs.String("key", "", "identity key file, created if missing (default: a fresh identity; --peers needs stable ones: peer keygen --key F prints the ID)")
 	psk := fs.String("psk", "", "swarm key file (all processes)")
 	insecure := fs.Bool("insecure", false, insecureUsage)
+	muxer := fs.String("muxer", node.DefaultConfig().Muxer, muxerUsage)
 	sizeMB := fs.Float64("size-mb", 64, "vector size in MB (10^6 bytes, as gloo_allreduce.py)")
 	iters := fs.Int("iters", 5, "timed all-reduces")
 	warmup := fs.Int("warmup", 1, "untimed all-reduces first")
@@ -107,6 +109,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	n.ListenAddrs = []string{*listen}
 	n.KeyFile, n.PSKFile = *key, *psk
 	n.Insecure = warnInsecure(*insecure, stderr)
+	n.Muxer = *muxer
 	n.MDNS, n.NATPortMap, n.HolePunching, n.NATService = false, false, false, false
 	n.Bootstrap = bootstrap
 	n.DHT = len(bootstrap) > 0 || (len(connect) == 0 && len(b.peers) == 0)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/train"
 )
 
@@ -54,6 +55,13 @@ func TestBenchAllReduceFlags(t *testing.T) {
 	}
 	if !b.cfg.Node.Insecure || !strings.Contains(stderr.String(), "neither encrypted nor authenticated") {
 		t.Fatalf("--insecure: Insecure %v, stderr %q", b.cfg.Node.Insecure, stderr.String())
+	}
+	if b.cfg.Node.Muxer != node.MuxerYamux {
+		t.Fatalf("default muxer %q", b.cfg.Node.Muxer)
+	}
+	b, err = parseAllReduceBench([]string{"--world", "2", "--muxer", "starling"}, &stderr)
+	if err != nil || b.cfg.Node.Muxer != node.MuxerStarling {
+		t.Fatalf("--muxer starling: %v, Muxer %q", err, b.cfg.Node.Muxer)
 	}
 }
 

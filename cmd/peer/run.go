@@ -19,6 +19,7 @@ import (
 	"github.com/starling-ml/starling/internal/cli"
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/nn"
+	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/staleness"
 	"github.com/starling-ml/starling/swarm"
 	"github.com/starling-ml/starling/train"
@@ -50,6 +51,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 	dht := fs.Bool("dht", false, "run the private DHT rendezvous (on by itself with --bootstrap)")
 	psk := fs.String("psk", "", "swarm key file (from peer keygen --psk): a private swarm over TCP")
 	insecure := fs.Bool("insecure", false, insecureUsage)
+	muxer := fs.String("muxer", node.DefaultConfig().Muxer, muxerUsage)
 	key := fs.String("key", "", "identity key file, created if missing (default: a new identity each run)")
 	metrics := fs.String("metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9090")
 	minPeers := fs.Int("min-peers", 2, "wait for this many live peers, this one included, before training")
@@ -123,6 +125,7 @@ func runFlags(fs *flag.FlagSet, stderr io.Writer) func() (peerrun.Options, error
 		n := &o.Swarm.Node
 		n.SwarmName, n.KeyFile, n.PSKFile, n.MetricsAddr, n.MDNS = *swarmName, *key, *psk, *metrics, *mdns
 		n.Insecure = warnInsecure(*insecure, stderr)
+		n.Muxer = *muxer
 		if len(listen) > 0 {
 			n.ListenAddrs = listen
 		}
