@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/starling-ml/starling/compression"
@@ -292,6 +293,13 @@ func (t *NodeTransport) Bind(h average.Handler, dim int) {
 		return
 	}
 	t.bound.Store(&binding{h: h, dim: dim})
+}
+
+// Connected reports whether this peer has a connection with p now (a
+// fetch from it dials none).
+func (t *NodeTransport) Connected(p peerid.ID) bool {
+	id, err := libp2pID(p)
+	return err == nil && t.n.Host().Network().Connectedness(id) == network.Connected
 }
 
 // Self returns the node's peer ID.

@@ -406,3 +406,21 @@ func (b barrierExchanger) Push(ctx context.Context, to peerid.ID, s average.Shar
 	b.shared.Wait()
 	return b.Exchanger.Push(ctx, to, s)
 }
+
+// TestNodeConnected: Connected reports a live connection, and false for
+// a peer whose connections are closed or an ID that is not libp2p's.
+func TestNodeConnected(t *testing.T) {
+	nodes, trs := nodeTransports(t, 2, time.Millisecond, 0, nil)
+	if !trs[0].Connected(trs[1].Self()) {
+		t.Fatal("connected peers reported unconnected")
+	}
+	if trs[0].Connected("not-a-peer-id") {
+		t.Fatal("a malformed ID reported connected")
+	}
+	if err := nodes[0].Host().Network().ClosePeer(nodes[1].ID()); err != nil {
+		t.Fatal(err)
+	}
+	if trs[0].Connected(trs[1].Self()) {
+		t.Fatal("a closed connection reported connected")
+	}
+}

@@ -30,6 +30,7 @@ var (
 	_ train.AsyncNet       = (*StreamNet)(nil)
 	_ train.GossipNet      = (*StreamNet)(nil)
 	_ train.GossipProgress = (*StreamNet)(nil)
+	_ train.AsyncLinks     = (*StreamNet)(nil)
 )
 
 // NewStreamTransport starts the stream side of those strategies on n, for
@@ -66,6 +67,9 @@ func (n *StreamNet) Next(ctx context.Context) (*wire.Announcement, error) { retu
 func (n *StreamNet) Fetch(ctx context.Context, a *wire.Announcement, dst []byte) ([]byte, error) {
 	return n.T.Fetch(ctx, a, dst)
 }
+
+// Connected implements train.AsyncLinks.
+func (n *StreamNet) Connected(p peerid.ID) bool { return n.T.Connected(p) }
 
 // SetStatus implements train.AsyncNet.
 func (n *StreamNet) SetStatus(version uint64, samplesPerSec float32) {

@@ -93,6 +93,14 @@ type AsyncConfig struct {
 	// that one flooding its models gets no more pulls than the others.
 	// 0 turns both off. 1.
 	ClipFactor float64
+	// FarSources, in FedAsync over an AsyncNet that knows its connections
+	// (AsyncLinks), is how many peers this one pulls models from without
+	// having had a connection with them (farSources): announcements of
+	// other unconnected peers are dropped (DropFar), so that a swarm of n
+	// peers does not open n² connections. Connected peers are always
+	// pulled from. 4 leaves small swarms, whose peers are all connected or
+	// nearly, as they were; < 0: no bound.
+	FarSources int
 	// BufferRule is how FedBuff combines the buffered contributions: a
 	// coordinate-wise rule (rule.Median, the default, or rule.Trimmed),
 	// robust to a minority of liars, or rule.Mean (or nil), FedBuff as
@@ -119,7 +127,7 @@ func DefaultAsyncConfig() AsyncConfig {
 		Mode: ModeFedAsync, Model: "default", LocalSteps: 10, Alpha: 0.5, Policy: staleness.Polynomial(staleness.DefaultPolyA),
 		BufferK: 8, ServerLR: 1, Codec: compression.MustSpec("fp32"), FetchTimeout: 10 * time.Second, Fetchers: 4,
 		Inbox: 64, MaxAhead: 1024, PeerTTL: 10 * time.Second, SnapshotEvery: 250 * time.Millisecond,
-		ClipFactor: 1, BufferRule: rule.Median{},
+		ClipFactor: 1, BufferRule: rule.Median{}, FarSources: 4,
 	}
 }
 
@@ -191,11 +199,12 @@ const (
 	DropOverflow                     // the inbox or the pull queue was full
 	DropSuperseded                   // FedAsync: a newer model from the same peer came before it was pulled
 	DropRepeat                       // FedAsync: another model from a peer already merged in this own round
+	DropFar                          // FedAsync: from an unconnected peer beyond FarSources
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
-	"model", "kind", "shape", "replay", "future", "stale", "nonfinite", "fetch", "decode", "overflow", "superseded", "repeat",
+	"model", "kind", "shape", "replay", "future", "stale", "nonfinite", "fetch", "decode", "overflow", "superseded", "repeat", "far",
 }
 
 func (r DropReason) String() string {
@@ -677,6 +686,11 @@ func (p *asyncPeer) gate(ctx context.Context, inbox <-chan *contribution) (time.
 // slow holders.
 func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contribution, wg *sync.WaitGroup) {
 	q := newSharedPullQueue(p.cfg.Mode == ModeFedAsync, 4*p.cfg.Inbox)
+	var far *farSources
+	links, ok := net.(AsyncLinks)
+	if ok && p.cfg.Mode == ModeFedAsync && p.cfg.FarSources >= 0 {
+		far = newFarSources(p.cfg.FarSources, p.cfg.PeerTTL)
+	}
 	for range p.cfg.Fetchers {
 		wg.Go(func() { p.puller(ctx, net, q, inbox, wg) })
 	}
@@ -688,6 +702,9 @@ func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contr
 		s := p.screen(a)
 		if s.observe {
 			p.observe(a.Peer, a.Base)
+		}
+		if s.pull && far != nil && !far.admit(a.Source(), time.Now(), links.Connected) {
+			s.pull, s.drop = false, DropFar
 		}
 		if !s.pull {
 			p.drop(s.drop, a.Peer, s.tau)

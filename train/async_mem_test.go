@@ -35,6 +35,13 @@ const testStep = time.Millisecond
 // adversary, if set, runs alongside until the honest peers finish.
 func runAsyncPeers(t *testing.T, k, steps int, cfg train.AsyncConfig, slow map[int]float64, adversary func(ctx context.Context, bus *traintest.MemBus, started chan<- struct{})) ([]*train.Worker, []*train.AsyncSummary) {
 	t.Helper()
+	return runAsyncPeersOn(t, k, steps, cfg, slow, adversary, nil)
+}
+
+// runAsyncPeersOn is runAsyncPeers with each peer's net passed through
+// wrap (if set); peer i is "p<i>".
+func runAsyncPeersOn(t *testing.T, k, steps int, cfg train.AsyncConfig, slow map[int]float64, adversary func(ctx context.Context, bus *traintest.MemBus, started chan<- struct{}), wrap func(train.AsyncNet) train.AsyncNet) ([]*train.Worker, []*train.AsyncSummary) {
+	t.Helper()
 	sh := train.Shards(t, 6000, k)
 	workers := make([]*train.Worker, k)
 	for i := range k {
@@ -58,6 +65,9 @@ func runAsyncPeers(t *testing.T, k, steps int, cfg train.AsyncConfig, slow map[i
 		nets := make([]train.AsyncNet, k)
 		for i := range k {
 			nets[i] = bus.Join(peerid.ID(fmt.Sprint("p", i)), cfg.Model, 1024)
+			if wrap != nil {
+				nets[i] = wrap(nets[i])
+			}
 		}
 		actx, acancel := context.WithCancel(ctx)
 		var awg sync.WaitGroup
@@ -137,6 +147,63 @@ func TestAsyncLearns(t *testing.T) {
 				t.Error("FedBuff never flushed")
 			}
 
+		})
+	}
+}
+
+// TestFedAsyncPullsFromLinks: 8 FedAsync peers on a ring of connections
+// (each connected to its two neighbours). With FarSources 0 a peer pulls
+// from its neighbours only and opens no connection; with 1, at most one
+// more each. Before the bound every peer pulled every announced model and
+// connected to all 7 others: n² connections at scale. Every peer still
+// merges and learns.
+func TestFedAsyncPullsFromLinks(t *testing.T) {
+	_, te := train.MNIST(t)
+	test := te.Head(2000)
+	const k = 8
+	id := func(i int) peerid.ID { return peerid.ID(fmt.Sprint("p", (i+k)%k)) }
+	for _, far := range []int{0, 1} {
+		t.Run(fmt.Sprint("far", far), func(t *testing.T) {
+			var ring [][2]peerid.ID
+			for i := range k {
+				ring = append(ring, [2]peerid.ID{id(i), id(i + 1)})
+			}
+			links := traintest.NewLinks(ring...)
+			cfg := train.DefaultAsyncConfig()
+			cfg.LocalSteps, cfg.FarSources = 5, far
+			ws, sums := runAsyncPeersOn(t, k, 100, cfg, nil, nil, links.Wrap)
+			var farDrops uint64
+			if got, max := links.Pairs(), k+k*far; got > max {
+				t.Errorf("%d connected pairs after training, want ≤ %d (ring %d + %d far each)", got, max, k, far)
+			}
+			for i, w := range ws {
+				src := links.Sources(id(i))
+				others := 0
+				for s := range src {
+					if s != id(i-1) && s != id(i+1) {
+						others++
+					}
+				}
+				_, acc := w.Evaluate(test)
+				t.Logf("peer %d: acc %.3f, pulled from %v, merged %d, drops %v", i, acc, src, sums[i].Merged, sums[i].Drops)
+				// A peer another one dialed is connected to it: far
+				// sources of the others count for both.
+				if far == 0 && others > 0 {
+					t.Errorf("peer %d pulled from %d peers beyond its neighbours: %v", i, others, src)
+				}
+				// With a slot, a peer that others dialed may end up
+				// connected to all and drop nothing.
+				if sums[i].Merged == 0 || far == 0 && sums[i].Drops["far"] == 0 {
+					t.Errorf("peer %d merged %d and dropped %d far models", i, sums[i].Merged, sums[i].Drops["far"])
+				}
+				farDrops += sums[i].Drops["far"]
+				if acc < 0.8 {
+					t.Errorf("peer %d accuracy %.3f", i, acc)
+				}
+			}
+			if farDrops == 0 {
+				t.Error("no far model dropped")
+			}
 		})
 	}
 }

@@ -30,6 +30,15 @@ type AsyncNet interface {
 	SetStatus(version uint64, samplesPerSec float32)
 }
 
+// AsyncLinks is implemented by AsyncNets that know which peers this one
+// has a connection with (swarm.StreamNet). FedAsync pulls from those
+// freely and from at most AsyncConfig.FarSources others; over an AsyncNet
+// without it, every peer counts as connected.
+type AsyncLinks interface {
+	// Connected reports whether this peer has a connection with p now.
+	Connected(p peerid.ID) bool
+}
+
 // GossipNet is what the gossip-averaging strategies (AD-PSGD, SGP) need:
 // an Exchanger that delivers incoming exchanges to a handler, and a view
 // of which peers are alive. swarm.StreamNet implements it over node/

@@ -310,3 +310,54 @@ func (q *pullQueue) pop() (*wire.Announcement, bool) {
 
 // len returns the number of announcements waiting.
 func (q *pullQueue) len() int { return len(q.items) }
+
+// farSources bounds the peers a FedAsync peer pulls models from that it
+// had no connection with: a pull from such a peer dials it, and with
+// every peer pulling every announced model, n peers opened about n²
+// connections (each with identify and a GossipSub handshake; 4 GiB at
+// 256 simulated peers). Peers it is connected to (GossipSub keeps a few
+// dozen at most) are pulled from freely; other peers take one of max
+// slots, kept while the peer announces or stays connected. Announcements
+// of every peer still reach screen and the version clock, so the
+// staleness of what is pulled is measured as before. Not safe for
+// concurrent use (the receiver goroutine owns it).
+type farSources struct {
+	max  int                     // slots; < 0: no bound
+	ttl  time.Duration           // a slot whose peer is silent and unconnected this long is freed
+	last map[peerid.ID]time.Time // slot holders and when each last announced
+}
+
+func newFarSources(max int, ttl time.Duration) *farSources {
+	return &farSources{max: max, ttl: ttl, last: map[peerid.ID]time.Time{}}
+}
+
+// admit reports whether to pull src's announcement, seen at now;
+// connected says which peers this host has a connection with now. A
+// slot holder or a connected peer is pulled; another peer takes a free
+// slot, or the slot of a holder that is neither connected nor heard from
+// within ttl (dead, or its connection trimmed while it was silent), or
+// is not pulled.
+func (f *farSources) admit(src peerid.ID, now time.Time, connected func(peerid.ID) bool) bool {
+	if f.max < 0 {
+		return true
+	}
+	if _, ok := f.last[src]; ok {
+		f.last[src] = now
+		return true
+	}
+	if connected(src) {
+		return true
+	}
+	if len(f.last) >= f.max {
+		for p, t := range f.last {
+			if now.Sub(t) >= f.ttl && !connected(p) {
+				delete(f.last, p)
+			}
+		}
+	}
+	if len(f.last) >= f.max {
+		return false
+	}
+	f.last[src] = now
+	return true
+}

@@ -390,3 +390,60 @@ func TestSharedPullQueueWaits(t *testing.T) {
 		}
 	})
 }
+
+// TestFarSources: connected peers are always pulled from; unconnected ones
+// take one of max slots, kept while they announce or stay connected, and
+// freed once their holder is silent and unconnected for the TTL.
+func TestFarSources(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	conn := map[peerid.ID]bool{"c1": true, "c2": true}
+	connected := func(p peerid.ID) bool { return conn[p] }
+	f := newFarSources(2, 10*time.Second)
+	steps := []struct {
+		src  peerid.ID
+		at   time.Duration
+		want bool
+	}{
+		{"c1", 0, true}, {"c2", 0, true}, // connected: no slot
+		{"f1", 0, true}, {"f2", time.Second, true}, // two slots taken
+		{"f3", 2 * time.Second, false}, {"f4", 2 * time.Second, false}, // full
+		{"c1", 2 * time.Second, true}, {"f1", 3 * time.Second, true}, // connected, holder
+	}
+	for i, s := range steps {
+		if got := f.admit(s.src, t0.Add(s.at), connected); got != s.want {
+			t.Fatalf("step %d: admit(%s at %v) = %v, want %v", i, s.src, s.at, got, s.want)
+		}
+	}
+	if len(f.last) != 2 {
+		t.Fatalf("%d slots held, want 2: %v", len(f.last), f.last)
+	}
+	// f1 announced at 3 s, f2 last at 1 s: at 11.5 s only f2 is silent
+	// for the TTL. While f2 is connected (the pull dialed it), it keeps
+	// its slot; once its connection is gone, f3 takes it.
+	conn["f2"] = true
+	if f.admit("f3", t0.Add(11500*time.Millisecond), connected) {
+		t.Fatal("a silent but connected holder lost its slot")
+	}
+	conn["f2"] = false
+	if !f.admit("f3", t0.Add(11500*time.Millisecond), connected) {
+		t.Fatal("a silent, unconnected holder kept its slot")
+	}
+	if _, ok := f.last["f2"]; ok {
+		t.Fatal("f2 still holds a slot")
+	}
+	if f.admit("f4", t0.Add(12*time.Second), connected) {
+		t.Fatal("f4 took a slot from holders heard within the TTL")
+	}
+
+	// No slots: connected peers only. No bound: everyone.
+	none := newFarSources(0, time.Second)
+	if !none.admit("c1", t0, connected) || none.admit("f1", t0, connected) {
+		t.Fatal("FarSources 0 must pull from connected peers only")
+	}
+	all := newFarSources(-1, time.Second)
+	for _, p := range []peerid.ID{"f1", "f2", "f3", "f4", "f5"} {
+		if !all.admit(p, t0, connected) {
+			t.Fatalf("FarSources < 0 refused %s", p)
+		}
+	}
+}

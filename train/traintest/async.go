@@ -212,3 +212,73 @@ func (n *MemGossipNet) Bind(h average.Handler, _ int) average.Exchanger {
 	}
 	return ex
 }
+
+// Links is a table of connections between the members of a MemBus, for
+// tests of what a peer pulls from: Wrap gives a member's net Connected
+// (train.AsyncLinks), and a fetch from a peer it had no connection with
+// opens one, both ways, as a libp2p dial does. Safe for concurrent use.
+type Links struct {
+	mu    sync.Mutex
+	conn  map[[2]peerid.ID]bool
+	pulls map[[2]peerid.ID]int // (puller, source) → fetches
+}
+
+// NewLinks returns a table with a connection between each pair given.
+func NewLinks(pairs ...[2]peerid.ID) *Links {
+	l := &Links{conn: map[[2]peerid.ID]bool{}, pulls: map[[2]peerid.ID]int{}}
+	for _, p := range pairs {
+		l.connect(p[0], p[1])
+	}
+	return l
+}
+
+func (l *Links) connect(a, b peerid.ID) {
+	l.conn[[2]peerid.ID{a, b}], l.conn[[2]peerid.ID{b, a}] = true, true
+}
+
+// Connected reports whether a and b have a connection.
+func (l *Links) Connected(a, b peerid.ID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn[[2]peerid.ID{a, b}]
+}
+
+// Pairs returns the number of connected pairs.
+func (l *Links) Pairs() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conn) / 2
+}
+
+// Sources returns how many fetches puller made from each source.
+func (l *Links) Sources(puller peerid.ID) map[peerid.ID]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := map[peerid.ID]int{}
+	for k, n := range l.pulls {
+		if k[0] == puller {
+			m[k[1]] = n
+		}
+	}
+	return m
+}
+
+// Wrap returns n with Connected from the table; its fetches connect.
+func (l *Links) Wrap(n train.AsyncNet) train.AsyncNet { return &linkedNet{AsyncNet: n, l: l} }
+
+type linkedNet struct {
+	train.AsyncNet
+	l *Links
+}
+
+var _ train.AsyncLinks = (*linkedNet)(nil)
+
+func (n *linkedNet) Connected(p peerid.ID) bool { return n.l.Connected(n.Self(), p) }
+
+func (n *linkedNet) Fetch(ctx context.Context, a *wire.Announcement, dst []byte) ([]byte, error) {
+	n.l.mu.Lock()
+	n.l.connect(n.Self(), a.Source())
+	n.l.pulls[[2]peerid.ID{n.Self(), a.Source()}]++
+	n.l.mu.Unlock()
+	return n.AsyncNet.Fetch(ctx, a, dst)
+}
