@@ -477,7 +477,12 @@ func (h cmHost) Close() error {
 	return h.Host.Close()
 }
 
+// close closes every live peer, all at once: a peer's close waits for its
+// GossipSub loop, which on a CPU-starved process of hundreds of peers can
+// be working through a backlog of heartbeats, and one close after another
+// kept a 256-peer run from returning its summary for over an hour.
 func (sw *network) close() {
+	var wg sync.WaitGroup
 	for i, p := range sw.peers {
 		sw.mu.Lock()
 		dead := sw.killed[i]
@@ -486,9 +491,12 @@ func (sw *network) close() {
 		if dead {
 			continue
 		}
-		p.Swarm.Close()
-		p.Swarm.Node.Close()
+		wg.Go(func() {
+			p.Swarm.Close()
+			p.Swarm.Node.Close()
+		})
 	}
+	wg.Wait()
 	sw.mn.Close()
 }
 
