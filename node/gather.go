@@ -64,24 +64,23 @@ type gatheredConn struct {
 }
 
 // Write encrypts b and writes all of its records at once.
-func (c *gatheredConn) Write(b []byte) (int, error) {
-	c.raw.gather()
-	n, err := c.SecureConn.Write(b)
-	if ferr := c.raw.flush(); err == nil && ferr != nil {
-		return 0, ferr
-	}
-	return n, err
-}
+func (c *gatheredConn) Write(b []byte) (int, error) { return c.write(b, nil) }
 
 // WriteVectored encrypts hdr and payload and writes all of their records
 // at once (mux.VectorWriter: a frame header and its payload cost one
 // write system call).
 func (c *gatheredConn) WriteVectored(hdr, payload []byte) (int, error) {
+	return c.write(hdr, payload)
+}
+
+// write encrypts a, then b (if not empty), and writes all of their
+// records at once.
+func (c *gatheredConn) write(a, b []byte) (int, error) {
 	c.raw.gather()
-	n, err := c.SecureConn.Write(hdr)
-	if err == nil {
+	n, err := c.SecureConn.Write(a)
+	if err == nil && len(b) > 0 {
 		var k int
-		k, err = c.SecureConn.Write(payload)
+		k, err = c.SecureConn.Write(b)
 		n += k
 	}
 	if ferr := c.raw.flush(); err == nil && ferr != nil {

@@ -427,6 +427,10 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	return nil
 }
 
+// overMux reports whether s runs over node/mux, whose Reads may be cut
+// short by a deadline and read straight into the caller's buffer.
+func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiplexer == mux.ID }
+
 // readStripe reads a stripe's payload and trailer and checks the
 // checksum (if sum: see flagNoChecksum). Payload goes into dst (if not nil)
 // for as long as a's buffer is not given back to its caller (gone): a Recv
@@ -444,7 +448,7 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 	defer scratchPool.Put(sp)
 	scratch := *sp
 	var crc uint32
-	direct := dst != nil && s.Conn().ConnState().StreamMultiplexer == mux.ID
+	direct := dst != nil && overMux(s)
 	for off := 0; off < n; {
 		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
 			return err
@@ -529,7 +533,7 @@ func (ts *tensors) abandonLocked(a *assembly) {
 	a.cutMu.Lock()
 	a.cut.Store(true)
 	for s := range a.active {
-		if s.Conn().ConnState().StreamMultiplexer == mux.ID {
+		if overMux(s) {
 			s.SetReadDeadline(time.Unix(1, 0))
 		}
 	}
