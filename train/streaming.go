@@ -128,6 +128,20 @@ func retryFragment(err error) bool {
 	return errors.Is(err, aggregate.ErrTooFewPeers) || errors.Is(err, aggregate.ErrRoundFailed) || errors.Is(err, aggregate.ErrExcluded)
 }
 
+// errLeftBehind says the others completed a fragment's outer step
+// without this peer: an all-reduce of it would find nobody.
+var errLeftBehind = errors.New("the others have completed this outer step")
+
+// leftBehind returns the peers of group, self aside, whose statuses say
+// they completed outer step outer (0-based) of a run of rounds outer
+// steps, and so every fragment of it: they completed the next one too (a
+// fragment's result is merged within the next outer step), or outer was
+// the last one. Statuses lag and never lead, so they did so without this
+// peer if it has not yet completed the fragment (overtaken).
+func leftBehind(self peerid.ID, outer, rounds uint64, group []peerid.ID, statuses map[peerid.ID]Status) []peerid.ID {
+	return overtaken(self, min(outer+2, rounds), group, liveVersions(statuses))
+}
+
 // fragSync is one fragment's synchronisation in flight.
 type fragSync struct {
 	outer, frag int
@@ -158,12 +172,15 @@ type streamingFragment struct {
 // declared it joins (Status.JoinAt, one-based as federated rounds are):
 // a peer that starts while the others run fetches their state for that
 // outer step (streamJoin), and until then no group takes it in. A
-// synchronisation that fails (too few peers, a timeout), also when tried
-// again with fresh member lists (fragmentRetries), leaves the fragment as
-// it was and the next outer step synchronises it again. After each outer
-// step's last fragment is merged the peer publishes its state, [θ_global |
-// each fragment's outer momentum], which RoundInfo.State carries and
-// cfg.Resume takes back. onRound, if not nil, is called after every outer
+// synchronisation that fails here (too few peers, a timeout, left out as
+// too late), also when tried again with fresh member lists
+// (fragmentRetries), leaves the fragment as it was; after the outer
+// step's last fragment the peer takes the others' state of that step, or
+// of a later one they have reached (catchUp), since they may have
+// completed the fragment without it (RoundInfo.Synced says so). After
+// each outer step's last fragment is merged the peer publishes its state,
+// [θ_global | each fragment's outer momentum], which RoundInfo.State
+// carries and cfg.Resume takes back. onRound, if not nil, is called after every outer
 // step with the global model in the worker's model (which it may
 // evaluate; training resumes from the local model afterwards); returning
 // true stops the peer.
@@ -247,23 +264,90 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	// being in flight twice.
 	var pending []*fragSync
 	var lastUsed []peerid.ID
-	// merge applies a finished synchronisation: the outer step on the
-	// fragment's global parameters, then the mix into the local ones.
-	merge := func(s *fragSync, r fragResult) error {
-		fr := frags[s.frag]
-		if s.frag == f-1 {
-			// The outer step's last fragment: its state, for peers that
-			// join and for checkpoints.
-			defer func() {
-				pack()
-				net.Publish(uint64(s.outer+1), state)
-			}()
+	// missed lists, by outer step, the fragments whose synchronisation
+	// failed here; synced says the state of the outer step reported next
+	// was taken from the others.
+	missed := map[int][]int{}
+	synced := false
+	// ahead is, when not 0, the version of a state fetched into state
+	// that is outer steps past this peer's: it jumps to it (jumpAhead).
+	var ahead uint64
+	// catchUp runs after outer step o's last fragment if a fragment of o
+	// failed here: the others may have completed it without this peer
+	// (it came too late, it was excluded), and its global model would then
+	// differ from theirs in every later outer step. It takes their state
+	// of o, waiting up to cfg.FragmentRetry (or a quarter of the round
+	// timeout) for one; a state of a later outer step is left in state for
+	// the loop to jump to. The failed fragments' local values are merged
+	// with the others' global ones as a synchronisation would have, the
+	// others shift with their global values; fragments in flight take the
+	// new global values as their base.
+	catchUp := func(o int) error {
+		wait := cfg.FragmentRetry
+		if wait <= 0 {
+			wait = cfg.RoundTimeout / 4
 		}
+		from := othersOf(self, net.Members())
+		got := make([]float32, len(state))
+		v, err := fetchState(ctx, net, from, uint64(o+1), got, wait)
+		if err != nil {
+			if e := ctxtime.Ended(ctx); e != nil {
+				return e
+			}
+			event("catch-up-failed", fmt.Sprintf("outer step %d: the others' state: %v", o+1, err))
+			return nil
+		}
+		copy(state, got)
+		synced, lastUsed = true, nil
+		if v > uint64(o+1) {
+			event("catch-up", fmt.Sprintf("outer step %d: the others are at %d; jumping there", o+1, v))
+			ahead = v
+			return nil
+		}
+		event("catch-up", fmt.Sprintf("outer step %d: took the others' state", v))
+		for q, fr := range frags {
+			failed, k := slices.Contains(missed[o], q), 0
+			for _, sp := range fr.spans {
+				l, g, gn := params[sp[0]:sp[1]], global[sp[0]:sp[1]], got[sp[0]:sp[1]]
+				switch {
+				case !failed:
+					for i := range l {
+						l[i] += gn[i] - g[i]
+					}
+				case delayed:
+					// anchor is still the fragment's launch value: the
+					// next launch, which overwrites it, comes after.
+					a := fr.anchor[k : k+len(l)]
+					for i := range l {
+						l[i] = gn[i] + (l[i] - a[i])
+					}
+				default:
+					a := cfg.Alpha
+					for i := range l {
+						l[i] = a*l[i] + (1-a)*gn[i]
+					}
+				}
+				k += len(l)
+			}
+		}
+		copy(global, got[:n])
+		off := n
+		for _, fr := range frags {
+			off += copy(fr.server.State(), got[off:])
+			gather(fr.global, global, fr.spans)
+		}
+		return nil
+	}
+	// mergeOne applies a finished synchronisation: the outer step on the
+	// fragment's global parameters, then the mix into the local ones.
+	mergeOne := func(s *fragSync, r fragResult) error {
+		fr := frags[s.frag]
 		if r.err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			fr.bad++
+			missed[s.outer] = append(missed[s.outer], s.frag)
 			event("sync-failed", fmt.Sprintf("outer step %d fragment %d: %v", s.outer, s.frag, r.err))
 			return nil
 		}
@@ -291,6 +375,28 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		return nil
 	}
+	// merge applies a finished synchronisation (mergeOne). After an outer step's last fragment the peer catches up with the
+	// others if it missed a fragment of the step, and publishes its state
+	// (for peers that join and for checkpoints).
+	merge := func(s *fragSync, r fragResult) error {
+		if err := mergeOne(s, r); err != nil {
+			return err
+		}
+		if s.frag != f-1 {
+			return nil
+		}
+		if len(missed[s.outer]) > 0 {
+			if err := catchUp(s.outer); err != nil {
+				return err
+			}
+		}
+		delete(missed, s.outer)
+		if ahead == 0 {
+			pack()
+			net.Publish(uint64(s.outer+1), state)
+		}
+		return nil
+	}
 	// wait merges the oldest pending fragment, blocking until its
 	// all-reduce ends (a "wait" span: the communication that overlap did
 	// not hide).
@@ -303,9 +409,9 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		return merge(s, r)
 	}
 	// waitUntil merges the pending fragments while ok says so of the
-	// oldest.
+	// oldest, and no catch-up found the others outer steps ahead.
 	waitUntil := func(ok func(*fragSync) bool) error {
-		for len(pending) > 0 && ok(pending[0]) {
+		for len(pending) > 0 && ok(pending[0]) && ahead == 0 {
 			if err := wait(); err != nil {
 				return err
 			}
@@ -317,6 +423,9 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	// order: the runner takes one round at a time, and every peer must
 	// take the fragments in the same order (a runner in a later round
 	// refuses an earlier round's chunks).
+	// The all-reduces run under commCtx, which a jump ahead cancels.
+	commCtx, commCancel := context.WithCancel(ctx)
+	defer func() { commCancel() }()
 	comm := make(chan func(), f)
 	commDone := make(chan struct{})
 	go func() {
@@ -338,6 +447,34 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	weight := float64(w.ShardSize())
 	var lossSum float64
 	samples := 0
+	// jumpAhead takes the state of outer step ahead that catchUp left
+	// in state: the fragments in flight are abandoned, and the peer goes
+	// on from the global model after that step. It returns the inner step
+	// the step was at, and whether the run is over.
+	jumpAhead := func() (at int, over bool) {
+		commCancel()
+		for _, s := range pending {
+			<-s.done
+		}
+		pending = nil
+		commCtx, commCancel = context.WithCancel(ctx)
+		v := ahead
+		ahead = 0
+		clear(missed)
+		unpack()
+		outerDone = int(v)
+		net.SetStatus(ctx, Status{Version: v})
+		net.Publish(v, state)
+		lossSum, samples = 0, 0
+		if v < uint64(cfg.Rounds) {
+			return int(v) * h, false
+		}
+		completed, synced = true, false
+		if onRound != nil {
+			onRound(RoundInfo{Round: v, Global: global, State: state, Synced: true, Elapsed: time.Since(start)})
+		}
+		return 0, true
+	}
 	local := make([]float32, len(params))
 	total := cfg.Rounds * h
 	for t := int(version)*h + 1; t <= total; t++ {
@@ -352,6 +489,14 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		samples += k
 		if err := waitUntil(func(s *fragSync) bool { return t >= s.due }); err != nil {
 			return err
+		}
+		if ahead > 0 {
+			at, over := jumpAhead()
+			if over {
+				return nil
+			}
+			t = at
+			continue
 		}
 		if outer, p, ok := syncAt(t, h, f); ok {
 			fr := frags[p]
@@ -368,20 +513,48 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			for _, m := range group {
 				seen[m] = true
 			}
-			seenN := len(seen)
+			seenN, cctx := len(seen), commCtx
 			run := func() {
 				end := trace.StartArgs(ctx, trace.Net, "allreduce", int64(t), trace.Args{"outer": outer, "fragment": p, "floats": len(fr.send)})
 				begin := time.Now()
-				used, err := net.AllReduce(ctx, round, group, fr.avg, fr.send, weight)
-				for try := 1; try <= fragmentRetries && cfg.FragmentRetry > 0 && retryFragment(err) && ctx.Err() == nil; try++ {
-					if ctxtime.Sleep(ctx, time.Until(begin.Add(time.Duration(try)*cfg.FragmentRetry))) != nil {
+				behind := func(g []peerid.ID) []peerid.ID {
+					return leftBehind(self, uint64(outer), uint64(cfg.Rounds), g, net.Statuses())
+				}
+				// allReduce gives the all-reduce up once peers of g have
+				// been seen past the outer step for overtakeGrace: they
+				// answer its probes but will never send this round's data.
+				allReduce := func(g []peerid.ID) ([]peerid.ID, error) {
+					if len(behind(g)) > 0 {
+						return nil, errLeftBehind
+					}
+					var watch overtakeWatch
+					wctx, stop := watchCtx(cctx, alignPoll, func(now time.Time) error {
+						if watch.look(now, behind(g), overtakeGrace) {
+							return errLeftBehind
+						}
+						return nil
+					})
+					used, err := net.AllReduce(wctx, round, g, fr.avg, fr.send, weight)
+					if err != nil && errors.Is(context.Cause(wctx), errLeftBehind) {
+						err = fmt.Errorf("%w (%w)", errLeftBehind, err)
+					}
+					stop()
+					return used, err
+				}
+				used, err := allReduce(group)
+				for try := 1; try <= fragmentRetries && cfg.FragmentRetry > 0 && retryFragment(err) && cctx.Err() == nil; try++ {
+					if len(behind(group)) > 0 {
+						err = fmt.Errorf("%w (%w)", errLeftBehind, err)
+						break
+					}
+					if ctxtime.Sleep(cctx, time.Until(begin.Add(time.Duration(try)*cfg.FragmentRetry))) != nil {
 						break
 					}
 					g := admitted(self, joinAt, uint64(outer)+1, net.Members(), net.Statuses())
 					if 2*len(g) <= seenN {
 						break
 					}
-					used, err = net.AllReduce(ctx, round, g, fr.avg, fr.send, weight)
+					used, err = allReduce(g)
 				}
 				end()
 				s.done <- fragResult{used, err}
@@ -396,6 +569,14 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 				if err := merge(s, <-s.done); err != nil {
 					return err
 				}
+				if ahead > 0 {
+					at, over := jumpAhead()
+					if over {
+						return nil
+					}
+					t = at
+					continue
+				}
 			} else {
 				pending = append(pending, s)
 				comm <- run
@@ -409,11 +590,16 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			if err := waitUntil(all); err != nil {
 				return err
 			}
+			if ahead > 0 {
+				jumpAhead() // to the others' final state
+				return nil
+			}
 		}
 		outerDone = t / h
 		net.SetStatus(ctx, Status{Version: uint64(outerDone)})
 		info := RoundInfo{Round: uint64(outerDone), Participants: lastUsed, Loss: lossSum / float64(max(samples, 1)),
-			Global: global, State: state, Elapsed: time.Since(start)}
+			Global: global, State: state, Synced: synced, Elapsed: time.Since(start)}
+		synced = false
 		pack()
 		if rec != nil {
 			rec.Snapshot(string(self), info.Elapsed, outerDone, global)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/starling-ml/starling/nn"
+	"github.com/starling-ml/starling/peerid"
 )
 
 // Fragments are strided over the tensors and cover every value once.
@@ -111,5 +112,31 @@ func TestParseAsyncDiLoCo(t *testing.T) {
 	c.Overlap = 3
 	if err := c.Validate(); err == nil {
 		t.Fatal("async-diloco with overlap 3 passed Validate")
+	}
+}
+
+// A peer is left behind in an outer step once another member has
+// completed the step after it, or the run's last step; a member at the
+// step itself may still be merging it, and one stopped or unknown says
+// nothing.
+func TestLeftBehind(t *testing.T) {
+	group := []peerid.ID{"a", "b", "c"}
+	for _, tc := range []struct {
+		name          string
+		outer, rounds uint64
+		st            map[peerid.ID]Status
+		want          []peerid.ID
+	}{
+		{"all at the step", 1, 5, map[peerid.ID]Status{"b": {Version: 1}, "c": {Version: 1}}, nil},
+		{"one completed it", 1, 5, map[peerid.ID]Status{"b": {Version: 2}, "c": {Version: 1}}, nil},
+		{"one completed the next", 1, 5, map[peerid.ID]Status{"b": {Version: 3}, "c": {Version: 1}}, []peerid.ID{"b"}},
+		{"one completed the last", 4, 5, map[peerid.ID]Status{"b": {Version: 5}}, []peerid.ID{"b"}},
+		{"self ahead says nothing", 1, 5, map[peerid.ID]Status{"a": {Version: 3}}, nil},
+		{"not in the group", 1, 5, map[peerid.ID]Status{"d": {Version: 3}}, nil},
+		{"stopped", 1, 5, map[peerid.ID]Status{"b": {Version: 3, Done: true}}, nil},
+	} {
+		if got := leftBehind("a", tc.outer, tc.rounds, group, tc.st); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: leftBehind = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -27,6 +27,7 @@ type streamRun struct {
 	finals  map[peerid.ID][]float32
 	parts   map[peerid.ID][][]peerid.ID
 	rounds  map[peerid.ID][]uint64      // the outer steps each reported
+	synced  map[peerid.ID][]bool        // whether each was taken from others
 	elapsed map[peerid.ID]time.Duration // at its last outer step (virtual)
 	states  map[peerid.ID][]float32     // RoundInfo.State of its last outer step
 	params  map[peerid.ID][]float32     // the worker's parameters at the end
@@ -44,7 +45,7 @@ func runStreaming(t *testing.T, n int, cfg train.FedConfig, acfg aggregate.Confi
 	small := tr.Head(1200)
 	shards, _ := data.IID(small.Len(), n, 2)
 	out := streamRun{errs: map[peerid.ID]error{}, finals: map[peerid.ID][]float32{}, parts: map[peerid.ID][][]peerid.ID{},
-		rounds: map[peerid.ID][]uint64{}, elapsed: map[peerid.ID]time.Duration{}, states: map[peerid.ID][]float32{},
+		rounds: map[peerid.ID][]uint64{}, synced: map[peerid.ID][]bool{}, elapsed: map[peerid.ID]time.Duration{}, states: map[peerid.ID][]float32{},
 		params: map[peerid.ID][]float32{}}
 	synctest.Test(t, func(t *testing.T) {
 		netw := aggtest.NewNetwork(ncfg)
@@ -82,6 +83,7 @@ func runStreaming(t *testing.T, n int, cfg train.FedConfig, acfg aggregate.Confi
 					out.parts[id] = append(out.parts[id], slices.Clone(ri.Participants))
 					out.finals[id] = slices.Clone(ri.Global)
 					out.rounds[id] = append(out.rounds[id], ri.Round)
+					out.synced[id] = append(out.synced[id], ri.Synced)
 					out.elapsed[id] = ri.Elapsed
 					out.states[id] = slices.Clone(ri.State)
 					return false
@@ -483,5 +485,107 @@ func TestStreamingMembersDifferAfterLeave(t *testing.T) {
 		if len(ps) != 2 || len(ps[1]) != 3 || slices.Contains(ps[1], gone) {
 			t.Fatalf("%s: outer steps %v", id, ps)
 		}
+	}
+}
+
+// gateNet holds a peer before round at until gate is closed; the opener
+// closes it as it enters that round.
+type gateNet struct {
+	train.Net
+	at     uint64
+	gate   chan struct{}
+	opener bool
+	once   *sync.Once
+}
+
+func (g gateNet) AllReduce(ctx context.Context, round uint64, group []peerid.ID, dst, src []float32, weight float64) ([]peerid.ID, error) {
+	if round == g.at {
+		if g.opener {
+			g.once.Do(func() { close(g.gate) })
+		} else {
+			select {
+			case <-g.gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	return g.Net.AllReduce(ctx, round, group, dst, src, weight)
+}
+
+// A peer that comes to a fragment's all-reduce after the others completed
+// it without it (later than the stall timeout; retrying does not help, as
+// they have gone on) takes their state of that outer step instead of
+// keeping a global model of its own, which would differ from theirs from
+// then on. With the others still at that step (they wait in the next
+// one), it merges their state into its own and takes part in the next
+// outer steps; with the others outer steps ahead, or at the run's last
+// fragment, it jumps to their newest state. All four end with the same
+// model.
+func TestStreamingLatePeerTakesTheOthersState(t *testing.T) {
+	for _, tc := range []struct {
+		name, strategy string
+		at             uint64 // the round the late peer comes 7 s late to
+		rounds         int
+		// hold has the others wait for the late peer before round at+1;
+		// without it they finish the run before it catches up, and it
+		// jumps to their final state.
+		hold bool
+	}{
+		{"last-fragment", "streaming-diloco:h=4,fragments=2", 4, 2, false},
+		{"mid-run", "streaming-diloco:h=4,fragments=2", 2, 3, true},
+		{"mid-run-others-ahead", "streaming-diloco:h=4,fragments=2", 2, 3, false},
+		{"overlap", "streaming-diloco:h=4,fragments=2,overlap=1", 1, 3, true},
+		{"overlap-others-ahead", "streaming-diloco:h=4,fragments=2,overlap=1", 3, 3, false},
+		{"async-diloco", "async-diloco:h=4", 2, 4, true},
+		{"async-diloco-others-ahead", "async-diloco:h=4", 2, 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			acfg := aggregate.DefaultConfig()
+			acfg.StallTimeout = 2 * time.Second
+			late := peerid.ID("peer02")
+			var gate chan struct{} // made in the bubble, which waits on it
+			once := new(sync.Once)
+			run := runStreaming(t, 4, streamingConfig(t, tc.strategy, tc.rounds), acfg, aggtest.Config{Latency: 10 * time.Millisecond},
+				func(id peerid.ID, net train.Net, _ *aggtest.Network, _ *traintest.Board, _ context.CancelFunc) train.Net {
+					if id == late {
+						net = lateNet{Net: net, round: tc.at, delay: 7 * time.Second}
+					}
+					if gate == nil {
+						gate = make(chan struct{})
+					}
+					if tc.hold {
+						net = gateNet{Net: net, at: tc.at + 1, gate: gate, opener: id == late, once: once}
+					}
+					return net
+				})
+			agreed(t, run, "")
+			for id, rs := range run.rounds {
+				if len(rs) == 0 || rs[len(rs)-1] != uint64(tc.rounds) {
+					t.Fatalf("%s reported outer steps %v", id, rs)
+				}
+				var synced []uint64
+				for k, ok := range run.synced[id] {
+					if ok {
+						synced = append(synced, rs[k])
+					}
+				}
+				if id != late {
+					if len(synced) > 0 {
+						t.Fatalf("%s took the others' state at outer steps %v", id, synced)
+					}
+					continue
+				}
+				if len(synced) != 1 {
+					t.Fatalf("the late peer took the others' state at outer steps %v", synced)
+				}
+				if final := synced[0] == uint64(tc.rounds); final != (!tc.hold) {
+					t.Fatalf("the late peer took the others' state at outer step %d of %d", synced[0], tc.rounds)
+				}
+				if ps := run.parts[id]; synced[0] < uint64(tc.rounds) && len(ps[len(ps)-1]) != 4 {
+					t.Fatalf("the late peer did not take part again: its outer steps %v", ps)
+				}
+			}
+		})
 	}
 }
