@@ -39,8 +39,9 @@ func (c cutMidway) AllReduce(ctx context.Context, round uint64, group []peerid.I
 // TestStreamingPeerLeavesMidFragmentOverMocknet: four Streaming DiLoCo
 // peers on libp2p's mocknet with 50 ms links; one vanishes as the last
 // fragment's all-reduce begins. The other three do not hang: within
-// a stall timeout or two they complete that fragment among themselves and
-// end with the same global model.
+// a stall timeout or two they complete that fragment among themselves (or
+// two of them do, and the third takes their state) and end with the same
+// global model.
 func TestStreamingPeerLeavesMidFragmentOverMocknet(t *testing.T) {
 	const n = 4
 	ps, workers, ctx, mn := fedSwarmNet(t, n, 2000, mocknet.LinkOptions{Latency: 50 * time.Millisecond})
@@ -57,14 +58,22 @@ func TestStreamingPeerLeavesMidFragmentOverMocknet(t *testing.T) {
 	last := make([]train.RoundInfo, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	rec := &train.MemRecorder{}
 	start := time.Now()
+	defer func() {
+		if t.Failed() {
+			for _, e := range rec.Events() {
+				t.Logf("%v %.8s %s %s", e.At.Round(time.Millisecond), e.Peer, e.Kind, e.Detail)
+			}
+		}
+	}()
 	for i, p := range ps {
 		net, pctx := p.Net(1), ctx
 		if i == victim {
 			net, pctx = cutMidway{Net: net, at: 4, cut: func() { cutOff(t, mn, ps, p); vcancel() }}, vctx
 		}
 		wg.Go(func() {
-			errs[i] = train.Federated(pctx, workers[i], net, cfg, nil, func(ri train.RoundInfo) bool {
+			errs[i] = train.Federated(pctx, workers[i], net, cfg, rec, func(ri train.RoundInfo) bool {
 				mu.Lock()
 				defer mu.Unlock()
 				ri.Global = slices.Clone(ri.Global)
@@ -83,8 +92,10 @@ func TestStreamingPeerLeavesMidFragmentOverMocknet(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatalf("peer %d: %v", i, errs[i])
 		}
-		if last[i].Round != 2 || len(last[i].Participants) != n-1 || slices.Contains(last[i].Participants, ps[victim].ID()) {
-			t.Fatalf("peer %d ended at outer step %d with %v", i, last[i].Round, last[i].Participants)
+		// A survivor late by more than a stall timeout (a loaded
+		// machine) is left out by the others and takes their state.
+		if parts := last[i].Participants; last[i].Round != 2 || slices.Contains(parts, ps[victim].ID()) || len(parts) < 2 && !last[i].Synced {
+			t.Fatalf("peer %d ended at outer step %d with %v (synced: %v)", i, last[i].Round, parts, last[i].Synced)
 		}
 		if ref == nil {
 			ref = last[i].Global
