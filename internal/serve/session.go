@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -248,7 +247,7 @@ func (s *session) doShm(r Request) Response {
 	if fi.Size() < r.Bytes {
 		return fail(CodeUsage, "shm: %s holds %d bytes, not %d", r.Path, fi.Size(), r.Bytes)
 	}
-	b, err := syscall.Mmap(int(f.Fd()), 0, int(r.Bytes), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	b, err := mapShared(f, int(r.Bytes))
 	if err != nil {
 		return fail(CodeUsage, "shm: mmap %s: %v", r.Path, err)
 	}
@@ -260,7 +259,7 @@ func (s *session) doShm(r Request) Response {
 
 func (s *session) unmap() {
 	if s.shm != nil {
-		syscall.Munmap(s.shm)
+		unmapShared(s.shm)
 		s.shm, s.vals = nil, nil
 	}
 }
