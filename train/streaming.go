@@ -180,10 +180,10 @@ type streamingFragment struct {
 // completed the fragment without it (RoundInfo.Synced says so). After
 // each outer step's last fragment is merged the peer publishes its state,
 // [θ_global | each fragment's outer momentum], which RoundInfo.State
-// carries and cfg.Resume takes back. onRound, if not nil, is called after every outer
-// step with the global model in the worker's model (which it may
-// evaluate; training resumes from the local model afterwards); returning
-// true stops the peer.
+// carries and cfg.Resume takes back. onRound, if not nil, is called after
+// every outer step with the global model in the worker's model (which it
+// may evaluate; training resumes from the local model afterwards);
+// returning true stops the peer.
 func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recorder, onRound func(RoundInfo) bool) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -375,9 +375,10 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		return nil
 	}
-	// merge applies a finished synchronisation (mergeOne). After an outer step's last fragment the peer catches up with the
-	// others if it missed a fragment of the step, and publishes its state
-	// (for peers that join and for checkpoints).
+	// merge applies a finished synchronisation (mergeOne). After an outer
+	// step's last fragment the peer catches up with the others if it
+	// missed a fragment of the step, and publishes its state (for peers
+	// that join and for checkpoints).
 	merge := func(s *fragSync, r fragResult) error {
 		if err := mergeOne(s, r); err != nil {
 			return err
@@ -422,8 +423,8 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	// comm runs the overlapped all-reduces one at a time, in launch
 	// order: the runner takes one round at a time, and every peer must
 	// take the fragments in the same order (a runner in a later round
-	// refuses an earlier round's chunks).
-	// The all-reduces run under commCtx, which a jump ahead cancels.
+	// refuses an earlier round's chunks). They run under commCtx, which a
+	// jump ahead cancels.
 	commCtx, commCancel := context.WithCancel(ctx)
 	defer func() { commCancel() }()
 	comm := make(chan func(), f)

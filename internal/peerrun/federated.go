@@ -77,9 +77,9 @@ type loggedEvents struct {
 
 func (l loggedEvents) Event(e train.Event) {
 	switch e.Kind {
-	case "minority":
+	case "minority", "catch-up-failed":
 		l.log.Warn("federated: " + e.Detail)
-	case "majority", "join", "caught-up", "overtaken":
+	case "majority", "join", "caught-up", "overtaken", "catch-up":
 		l.log.Info("federated: " + e.Detail)
 	}
 	l.Recorder.Event(e)
