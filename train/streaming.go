@@ -491,15 +491,7 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		if err := waitUntil(func(s *fragSync) bool { return t >= s.due }); err != nil {
 			return err
 		}
-		if ahead > 0 {
-			at, over := jumpAhead()
-			if over {
-				return nil
-			}
-			t = at
-			continue
-		}
-		if outer, p, ok := syncAt(t, h, f); ok {
+		if outer, p, ok := syncAt(t, h, f); ok && ahead == 0 {
 			fr := frags[p]
 			gather(fr.send, params, fr.spans)
 			if delayed {
@@ -570,18 +562,19 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 				if err := merge(s, <-s.done); err != nil {
 					return err
 				}
-				if ahead > 0 {
-					at, over := jumpAhead()
-					if over {
-						return nil
-					}
-					t = at
-					continue
-				}
 			} else {
 				pending = append(pending, s)
 				comm <- run
 			}
+		}
+		if ahead > 0 {
+			// A catch-up found the others outer steps ahead.
+			at, over := jumpAhead()
+			if over {
+				return nil
+			}
+			t = at
+			continue
 		}
 		if t%h != 0 {
 			continue
