@@ -218,13 +218,18 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			off += copy(state[off:], fr.server.State())
 		}
 	}
-	unpack := func() {
+	// unpackGlobal takes θ_global and the momenta from state; unpack also
+	// restarts the local model from θ_global.
+	unpackGlobal := func() {
 		copy(global, state[:n])
-		copy(params, global)
 		off := n
 		for _, fr := range frags {
 			off += copy(fr.server.State(), state[off:])
 		}
+	}
+	unpack := func() {
+		unpackGlobal()
+		copy(params, global)
 	}
 	var version uint64
 	if r := cfg.Resume; r != nil {
@@ -272,6 +277,26 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 	// ahead is, when not 0, the version of a state fetched into state
 	// that is outer steps past this peer's: it jumps to it (jumpAhead).
 	var ahead uint64
+	// mix merges fragment fr's global values into the local ones:
+	// θ_local ← α·θ_local + (1−α)·θ_global, or for async-diloco
+	// θ_local ← θ_global + (θ_local − θ_local at the launch).
+	mix := func(fr *streamingFragment) {
+		j := 0
+		for _, sp := range fr.spans {
+			l, g := params[sp[0]:sp[1]], global[sp[0]:sp[1]]
+			if delayed {
+				for i := range l {
+					l[i] = g[i] + (l[i] - fr.anchor[j+i])
+				}
+			} else {
+				a := cfg.Alpha
+				for i := range l {
+					l[i] = a*l[i] + (1-a)*g[i]
+				}
+			}
+			j += len(l)
+		}
+	}
 	// catchUp runs after outer step o's last fragment if a fragment of o
 	// failed here: the others may have completed it without this peer
 	// (it came too late, it was excluded), and its global model would then
@@ -287,9 +312,8 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		if wait <= 0 {
 			wait = cfg.RoundTimeout / 4
 		}
-		from := othersOf(self, net.Members())
-		got := make([]float32, len(state))
-		v, err := fetchState(ctx, net, from, uint64(o+1), got, wait)
+		// fetchState leaves state as it was unless it succeeds.
+		v, err := fetchState(ctx, net, othersOf(self, net.Members()), uint64(o+1), state, wait)
 		if err != nil {
 			if e := ctxtime.Ended(ctx); e != nil {
 				return e
@@ -297,7 +321,6 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 			event("catch-up-failed", fmt.Sprintf("outer step %d: the others' state: %v", o+1, err))
 			return nil
 		}
-		copy(state, got)
 		synced, lastUsed = true, nil
 		if v > uint64(o+1) {
 			event("catch-up", fmt.Sprintf("outer step %d: the others are at %d; jumping there", o+1, v))
@@ -306,34 +329,23 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		}
 		event("catch-up", fmt.Sprintf("outer step %d: took the others' state", v))
 		for q, fr := range frags {
-			failed, k := slices.Contains(missed[o], q), 0
+			if slices.Contains(missed[o], q) {
+				continue
+			}
 			for _, sp := range fr.spans {
-				l, g, gn := params[sp[0]:sp[1]], global[sp[0]:sp[1]], got[sp[0]:sp[1]]
-				switch {
-				case !failed:
-					for i := range l {
-						l[i] += gn[i] - g[i]
-					}
-				case delayed:
-					// anchor is still the fragment's launch value: the
-					// next launch, which overwrites it, comes after.
-					a := fr.anchor[k : k+len(l)]
-					for i := range l {
-						l[i] = gn[i] + (l[i] - a[i])
-					}
-				default:
-					a := cfg.Alpha
-					for i := range l {
-						l[i] = a*l[i] + (1-a)*gn[i]
-					}
+				l, g, gn := params[sp[0]:sp[1]], global[sp[0]:sp[1]], state[sp[0]:sp[1]]
+				for i := range l {
+					l[i] += gn[i] - g[i]
 				}
-				k += len(l)
 			}
 		}
-		copy(global, got[:n])
-		off := n
-		for _, fr := range frags {
-			off += copy(fr.server.State(), got[off:])
+		unpackGlobal()
+		for q, fr := range frags {
+			if slices.Contains(missed[o], q) {
+				// anchor (async-diloco) is still the fragment's launch
+				// value: the next launch, which overwrites it, comes after.
+				mix(fr)
+			}
 			gather(fr.global, global, fr.spans)
 		}
 		return nil
@@ -355,24 +367,7 @@ func Streaming(ctx context.Context, w *Worker, net Net, cfg FedConfig, rec Recor
 		lastUsed = r.used
 		fr.server.Apply(fr.global, fr.avg)
 		scatter(global, fr.global, fr.spans)
-		if delayed {
-			j := 0
-			for _, sp := range fr.spans {
-				l, g := params[sp[0]:sp[1]], global[sp[0]:sp[1]]
-				for i := range l {
-					l[i] = g[i] + (l[i] - fr.anchor[j])
-					j++
-				}
-			}
-			return nil
-		}
-		a := cfg.Alpha
-		for _, sp := range fr.spans {
-			l, g := params[sp[0]:sp[1]], global[sp[0]:sp[1]]
-			for i := range l {
-				l[i] = a*l[i] + (1-a)*g[i]
-			}
-		}
+		mix(fr)
 		return nil
 	}
 	// merge applies a finished synchronisation (mergeOne). After an outer
