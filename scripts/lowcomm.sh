@@ -31,6 +31,9 @@
 # STEPS/H rounds as the DiLoCo rows do: the compute-only wall time that
 # the others' is compared with (communication time = wall − solo's).
 #
+# PEER_TIMEOUT=S stops a peer process after S seconds (default 1800); long
+# runs need more.
+#
 # NETBED=RATE (root, ../shared/bench/netbed.sh) runs peer k in network
 # namespace hk at 10.77.0.(k+1), its link limited to RATE (e.g. 1gbit,
 # 100mbit) both ways, instead of on loopback.
@@ -39,6 +42,7 @@ cd "$(dirname "$0")/.."
 N=${N:-4}; STEPS=${STEPS:-600}; H=${H:-100}; F=${F:-4}
 MODEL=${MODEL:-charlm:layers=2,width=64,heads=2,ctx=64}
 EXTRA=${EXTRA:-}
+PEER_TIMEOUT=${PEER_TIMEOUT:-1800}   # seconds a peer process may run
 d=$(mktemp -d); b=$d/peer
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$d"' EXIT; echo "# work dir $d"
 go build -o "$b" ./cmd/peer || exit 1
@@ -64,7 +68,7 @@ run() {
     local con=()
     for j in $(seq 0 $((N-1))); do [ "$j" != "$k" ] && con+=(--connect "/ip4/$(addr "$j")/tcp/$((port+j))/p2p/${ids[$j]}"); done
     [ "$name" = solo ] && con=()
-    onhost "$k" timeout 1800 "$b" run --mdns=false --swarm "lowcomm-$name" --key "$d/k$k" --listen "/ip4/$(addr "$k")/tcp/$((port+k))" "${con[@]}" \
+    onhost "$k" timeout "$PEER_TIMEOUT" "$b" run --mdns=false --swarm "lowcomm-$name" --key "$d/k$k" --listen "/ip4/$(addr "$k")/tcp/$((port+k))" "${con[@]}" \
       --shard "$k/$N" --min-peers "$MINP" --model "$MODEL" --stall-timeout 20s --wait 60s --linger 2s \
       --out "$d/$name/o$k" --trace "$d/$name/trace$k.json" $EXTRA "$@" > "$d/$name.log$k" 2>&1 &
   done
