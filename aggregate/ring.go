@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/device"
 )
 
 // ringItem is one chunk of the ring's send or receive sequence: the
@@ -147,12 +148,17 @@ func (a *attempt) ring() {
 		}
 	}
 	item := func(k int) []float32 { return a.dst[recv[k].lo:recv[k].hi] }
+	// A partial sum is checked where ringSend adds our contribution to it
+	// (device.AxpyFinite: one pass for both checks and the sum); a
+	// completed one on receipt.
+	checkA := func(k int) bool { return !recv[k].reduce }
+	checkB := func(k int) bool { return !recv[mA+k].reduce }
 	wg.Go(func() { // lane A
 		if !hdrFrom(left) {
 			return
 		}
 		close(leftOK)
-		if a.recvLane(left, StepRing, 0, mA, item, 1, kindStall, true, func(int) { arrivedA <- struct{}{} }) {
+		if a.recvLane(left, StepRing, 0, mA, item, 1, kindStall, checkA, func(int) { arrivedA <- struct{}{} }) {
 			a.laneDone()
 		}
 	})
@@ -161,7 +167,7 @@ func (a *attempt) ring() {
 			return
 		}
 		rest := func(k int) []float32 { return item(mA + k) }
-		if a.recvLane(left, StepRing, uint32(mA), len(recv)-mA, rest, 2, kindTimeout, true, func(int) { arrivedB <- struct{}{} }) {
+		if a.recvLane(left, StepRing, uint32(mA), len(recv)-mA, rest, 2, kindTimeout, checkB, func(int) { arrivedB <- struct{}{} }) {
 			a.laneDone()
 		}
 	})
@@ -218,7 +224,11 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, m0, mA int, own []f
 		}
 		out := a.dst[it.lo:it.hi]
 		if recv[k].reduce {
-			be.Axpy(coef, a.src[it.lo:it.hi], out)
+			in, ok := device.AxpyFinite(be, coef, a.src[it.lo:it.hi], out)
+			if !in {
+				a.accuse((a.rank+a.n-1)%a.n, kindBadValue) // the left's partial sum
+				return
+			}
 			if recv[k].final && mean {
 				if !total() {
 					return
@@ -226,8 +236,9 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, m0, mA int, own []f
 				for i, v := range out {
 					out[i] = float32(float64(v) / a.total)
 				}
+				ok = rule.FirstNonFinite(out) < 0
 			}
-			if rule.FirstNonFinite(out) >= 0 {
+			if !ok {
 				a.setFault(faultOverflow)
 				return
 			}

@@ -574,11 +574,13 @@ func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind)
 const recvWindow = 8
 
 // recvLane receives count chunks of step s from rank j, chunk k under tag
-// chunk first+k into buf(k), keeping up to recvWindow Recvs posted. With
-// check, it blames j for non-finite values. It calls done(k) for each chunk
+// chunk first+k into buf(k), keeping up to recvWindow Recvs posted. It
+// blames j for non-finite values in each chunk k for which check(k) (nil:
+// none); a chunk it does not check is the caller's to check. It calls
+// done(k) for each chunk
 // in order (under a lock: done must not block) and returns whether all
 // arrived.
-func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k int) []float32, mult int, k kind, check bool, done func(k int)) bool {
+func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k int) []float32, mult int, k kind, check func(k int) bool, done func(k int)) bool {
 	if count == 0 {
 		return true
 	}
@@ -596,7 +598,7 @@ func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k in
 		wg.Go(func() {
 			for c := i; c < count; c += w {
 				dst := buf(c)
-				if failed.Load() || !a.recvOne(ctx, j, s, first+uint32(c), dst, mult, k) || (check && !a.checkFinite(j, dst)) {
+				if failed.Load() || !a.recvOne(ctx, j, s, first+uint32(c), dst, mult, k) || (check != nil && check(c) && !a.checkFinite(j, dst)) {
 					failed.Store(true)
 					return
 				}
@@ -701,6 +703,9 @@ func (a *attempt) recvHeader(j int, s Step, p *pass, mult int, k kind) (header, 
 	}
 	return h, true
 }
+
+// every is the check of recvLane that checks every chunk.
+func every(int) bool { return true }
 
 // checkFinite blames rank j for a non-finite value in x.
 func (a *attempt) checkFinite(j int, x []float32) bool {

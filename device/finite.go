@@ -41,3 +41,23 @@ func allFiniteGo(x []float32) bool {
 	}
 	return acc&carry == 0
 }
+
+// AxpyFinite sets y = alpha·x + y on be and reports whether every value of
+// y was finite before (in) and is after (out). On the fast AVX-512 backend
+// it is one pass over y; on other backends be.Axpy between two AllFinite
+// checks. It is the reduction step of an all-reduce, where y is a
+// received partial sum whose bad values are the sender's fault and a
+// non-finite result is an overflow.
+func AxpyFinite(be Backend, alpha float32, x, y []float32) (in, out bool) {
+	y = y[:len(x)]
+	if f, ok := be.(*Fast); ok && f.vec {
+		if len(x) == 0 {
+			return true, true
+		}
+		bad := axpyFiniteAVX512(alpha, &x[0], &y[0], len(x))
+		return bad&1 == 0, bad&2 == 0
+	}
+	in = AllFinite(y)
+	be.Axpy(alpha, x, y)
+	return in, AllFinite(y)
+}

@@ -53,6 +53,12 @@ func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, 
 //go:noescape
 func nonFiniteAVX512(x *float32, n int) bool
 
+// axpyFiniteAVX512 sets y += alpha·x for n values; bit 0 of bad is set
+// when some y was NaN or ±Inf before, bit 1 when some y is after.
+//
+//go:noescape
+func axpyFiniteAVX512(alpha float32, x, y *float32, n int) (bad uint8)
+
 // geluAVX512 sets y = GELU(x) and, unless d is nil, d = GELU'(x), for n
 // values.
 //

@@ -1144,3 +1144,106 @@ lb_dx:
 	JNZ          lb_row
 	VZEROUPPER
 	RET
+
+// func axpyFiniteAVX512(alpha float32, x, y *float32, n int) (bad uint8)
+// sets y[i] += alpha·x[i]; bit 0 of bad: some y[i] was NaN or ±Inf before,
+// bit 1: some y[i] is after. One pass over y.
+TEXT ·axpyFiniteAVX512(SB), NOSPLIT, $0-33
+	VBROADCASTSS alpha+0(FP), Z31
+	MOVL         $0x7f800000, AX
+	VPBROADCASTD AX, Z30
+	MOVQ         x+8(FP), SI
+	MOVQ         y+16(FP), DI
+	MOVQ         n+24(FP), CX
+	KXORW        K2, K2, K2 // inputs
+	KXORW        K7, K7, K7 // outputs
+	CMPQ         CX, $64
+	JL           af_16
+
+af_64:
+	VMOVUPS     (DI), Z0
+	VMOVUPS     64(DI), Z1
+	VMOVUPS     128(DI), Z2
+	VMOVUPS     192(DI), Z3
+	VPANDD      Z0, Z30, Z4
+	VPANDD      Z1, Z30, Z5
+	VPANDD      Z2, Z30, Z6
+	VPANDD      Z3, Z30, Z7
+	VPCMPEQD    Z30, Z4, K3
+	VPCMPEQD    Z30, Z5, K4
+	VPCMPEQD    Z30, Z6, K5
+	VPCMPEQD    Z30, Z7, K6
+	KORW        K3, K4, K3
+	KORW        K5, K6, K5
+	KORW        K3, K5, K3
+	KORW        K2, K3, K2
+	VFMADD231PS (SI), Z31, Z0
+	VFMADD231PS 64(SI), Z31, Z1
+	VFMADD231PS 128(SI), Z31, Z2
+	VFMADD231PS 192(SI), Z31, Z3
+	VMOVUPS     Z0, (DI)
+	VMOVUPS     Z1, 64(DI)
+	VMOVUPS     Z2, 128(DI)
+	VMOVUPS     Z3, 192(DI)
+	VPANDD      Z0, Z30, Z4
+	VPANDD      Z1, Z30, Z5
+	VPANDD      Z2, Z30, Z6
+	VPANDD      Z3, Z30, Z7
+	VPCMPEQD    Z30, Z4, K3
+	VPCMPEQD    Z30, Z5, K4
+	VPCMPEQD    Z30, Z6, K5
+	VPCMPEQD    Z30, Z7, K6
+	KORW        K3, K4, K3
+	KORW        K5, K6, K5
+	KORW        K3, K5, K3
+	KORW        K7, K3, K7
+	ADDQ        $256, SI
+	ADDQ        $256, DI
+	SUBQ        $64, CX
+	CMPQ        CX, $64
+	JGE         af_64
+
+af_16:
+	CMPQ        CX, $16
+	JL          af_tail
+	VMOVUPS     (DI), Z0
+	VPANDD      Z0, Z30, Z4
+	VPCMPEQD    Z30, Z4, K3
+	KORW        K2, K3, K2
+	VFMADD231PS (SI), Z31, Z0
+	VMOVUPS     Z0, (DI)
+	VPANDD      Z0, Z30, Z4
+	VPCMPEQD    Z30, Z4, K3
+	KORW        K7, K3, K7
+	ADDQ        $64, SI
+	ADDQ        $64, DI
+	SUBQ        $16, CX
+	JMP         af_16
+
+af_tail:
+	TESTQ       CX, CX
+	JE          af_done
+	TAIL
+	VMOVUPS.Z   (DI), K1, Z0
+	VMOVUPS.Z   (SI), K1, Z1
+	VPANDD      Z0, Z30, Z4
+	VPCMPEQD    Z30, Z4, K1, K3
+	KORW        K2, K3, K2
+	VFMADD231PS Z1, Z31, Z0
+	VMOVUPS     Z0, K1, (DI)
+	VPANDD      Z0, Z30, Z4
+	VPCMPEQD    Z30, Z4, K1, K3
+	KORW        K7, K3, K7
+
+af_done:
+	XORL     AX, AX
+	KORTESTW K2, K2
+	SETNE    AL
+	XORL     BX, BX
+	KORTESTW K7, K7
+	SETNE    BL
+	SHLL     $1, BX
+	ORL      BX, AX
+	MOVB     AL, bad+32(FP)
+	VZEROUPPER
+	RET
