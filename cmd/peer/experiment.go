@@ -21,7 +21,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "experiment", summary: "simulate N peers in one process and compare strategies (CSV, plots, JSON)", run: runExperiment})
+	register(&command{name: "experiment", summary: "simulate N peers in one process and compare strategies (CSV, plots, JSON); lowcomm: compare low-communication strategies on charlm with real peer processes", run: runExperiment})
 }
 
 // specList is a repeatable flag whose values may also hold several specs
@@ -64,6 +64,9 @@ func parseBandwidth(s string) (float64, error) {
 var nonWord = regexp.MustCompile(`[^A-Za-z0-9.]+`)
 
 func runExperiment(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "lowcomm" {
+		return runLowComm(ctx, args[1:], stdout, stderr)
+	}
 	def := sim.DefaultConfig()
 	fs := newFlagSet("experiment", stderr)
 	peers := fs.Int("peers", def.Peers, "number of simulated peers")
