@@ -25,6 +25,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/starling-ml/starling/internal/peerrun"
+	"github.com/starling-ml/starling/internal/spawn"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/trace"
 )
@@ -424,7 +425,7 @@ func runLowCommRow(ctx context.Context, c lowCommConfig, row lowCommRow, self, d
 			name, args = "ip", append([]string{"netns", "exec", fmt.Sprintf("h%d", k), self}, args...)
 		}
 		cmd := exec.CommandContext(pctx, name, args...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		cmd.SysProcAttr = spawn.DieWithParent()
 		// Past the deadline a peer is asked to stop (and writes its
 		// summary), then killed 10 s later.
 		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }

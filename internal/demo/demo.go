@@ -27,6 +27,7 @@ import (
 	"github.com/starling-ml/starling/internal/peerrun"
 	"github.com/starling-ml/starling/internal/plot"
 	"github.com/starling-ml/starling/internal/progress"
+	"github.com/starling-ml/starling/internal/spawn"
 	"github.com/starling-ml/starling/internal/ui"
 	"github.com/starling-ml/starling/node"
 )
@@ -147,7 +148,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, err
 		cmd := exec.CommandContext(ctx, o.Exe, args...)
 		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 		cmd.WaitDelay = 5 * time.Second
-		cmd.SysProcAttr = dieWithParent()
+		cmd.SysProcAttr = spawn.DieWithParent()
 		logf, err := os.Create(filepath.Join(o.Out, fmt.Sprintf("peer%d.log", i)))
 		if err != nil {
 			return nil, err
