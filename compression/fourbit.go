@@ -200,12 +200,20 @@ func packFP4(q []byte, lo int, x []float32, inv float32) {
 	p := q[(lo+i)>>1:]
 	x = x[i:]
 	m := len(x) / 2
-	p, y := p[:m], x[:2*m]
-	for j := range p {
-		p[j] = fp4Encode(y[2*j], inv) | fp4Encode(y[2*j+1], inv)<<4
-	}
+	packFP4Pairs(p[:m], x[:2*m], inv)
 	if len(x)&1 == 1 {
 		q[(lo+i+2*m)>>1] = fp4Encode(x[2*m], inv)
+	}
+}
+
+// packFP4Pairs sets p[j] to the codes of y[2j] and y[2j+1] (len(y) =
+// 2·len(p)); an AVX2 kernel where the CPU has one.
+var packFP4Pairs = packFP4PairsGo
+
+func packFP4PairsGo(p []byte, y []float32, inv float32) {
+	y = y[:2*len(p)]
+	for j := range p {
+		p[j] = fp4Encode(y[2*j], inv) | fp4Encode(y[2*j+1], inv)<<4
 	}
 }
 

@@ -24,6 +24,9 @@ func quantiseAVX2(dst *byte, src *float32, n int, inv float32)
 //go:noescape
 func dequantiseAVX2(dst *float32, src *byte, n int, scale float32)
 
+//go:noescape
+func fp4PackAVX2(dst *byte, src *float32, n int, inv float32)
+
 // haveAVX2 reports whether the kernels run on this CPU.
 var haveAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasF16C
 
@@ -36,6 +39,17 @@ func init() {
 	absmaxBits = absmaxBitsAVX2
 	quantise = quantiseAVX2Go
 	dequantise = dequantiseAVX2Go
+	packFP4Pairs = packFP4PairsAVX2
+}
+
+// packFP4PairsAVX2 is packFP4PairsGo, 32 values a step.
+func packFP4PairsAVX2(p []byte, y []float32, inv float32) {
+	y = y[:2*len(p)]
+	n := len(y) &^ 31
+	if n > 0 {
+		fp4PackAVX2(&p[0], &y[0], n, inv)
+	}
+	packFP4PairsGo(p[n/2:], y[n:], inv)
 }
 
 func encodeF16AVX2(out []byte, src []float32) {

@@ -161,3 +161,75 @@ dq_loop:
 	JNZ  dq_loop
 	VZEROUPPER
 	RET
+
+// FP4CODE sets R to the E2M1 code of the 8 values at off(SI): the sign in
+// bit 3 and, for k = ⌊|v|·inv⌋ (Y15: inv), the number of thresholds
+// 0, 2, 4, 6, 9, 13, 19 (Y8–Y14) below k (fp4Code). Clobbers Y4, Y5.
+#define FP4CODE(off, R) \
+	VMOVUPS    off(SI), Y4 \
+	VPSRLD     $31, Y4, R \
+	VPSLLD     $3, R, R \
+	VANDPS     Y7, Y4, Y4 \
+	VMULPS     Y15, Y4, Y4 \
+	VCVTTPS2DQ Y4, Y4 \
+	VPCMPGTD   Y8, Y4, Y5 \
+	VPSUBD     Y5, R, R \
+	VPCMPGTD   Y9, Y4, Y5 \
+	VPSUBD     Y5, R, R \
+	VPCMPGTD   Y10, Y4, Y5 \
+	VPSUBD     Y5, R, R \
+	VPCMPGTD   Y11, Y4, Y5 \
+	VPSUBD     Y5, R, R \
+	VPCMPGTD   Y12, Y4, Y5 \
+	VPSUBD     Y5, R, R \
+	VPCMPGTD   Y13, Y4, Y5 \
+	VPSUBD     Y5, R, R \
+	VPCMPGTD   Y14, Y4, Y5 \
+	VPSUBD     Y5, R, R
+
+#define BCAST(v, R) \
+	MOVL         $v, AX \
+	VMOVD        AX, X4 \
+	VPBROADCASTD X4, R
+
+// func fp4PackAVX2(dst *byte, src *float32, n int, inv float32)
+// dst[j] = code(src[2j]) | code(src[2j+1])<<4 (fp4Encode), n a multiple
+// of 32, |src·inv| < 32.
+TEXT ·fp4PackAVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS inv+24(FP), Y15
+	BCAST(0x7fffffff, Y7)
+	BCAST(0, Y8)
+	BCAST(2, Y9)
+	BCAST(4, Y10)
+	BCAST(6, Y11)
+	BCAST(9, Y12)
+	BCAST(13, Y13)
+	BCAST(19, Y14)
+	VMOVDQU      packPerm<>(SB), Y6
+
+fp4_loop:
+	FP4CODE(0, Y0)
+	FP4CODE(32, Y1)
+	FP4CODE(64, Y2)
+	FP4CODE(96, Y3)
+	VPACKSSDW Y1, Y0, Y0
+	VPACKSSDW Y3, Y2, Y2
+	VPACKSSWB Y2, Y0, Y0
+	VPERMD    Y0, Y6, Y0 // the 32 codes, in order, a byte each
+	VPSRLW    $4, Y0, Y1
+	VPOR      Y1, Y0, Y0 // low byte of word j: code 2j | code 2j+1 << 4
+	VPCMPEQW  Y1, Y1, Y1
+	VPSRLW    $8, Y1, Y1
+	VPAND     Y1, Y0, Y0
+	VPACKUSWB Y0, Y0, Y0
+	VPERMQ    $0x08, Y0, Y0
+	VMOVDQU   X0, (DI)
+	ADDQ      $128, SI
+	ADDQ      $16, DI
+	SUBQ      $32, CX
+	JNZ       fp4_loop
+	VZEROUPPER
+	RET

@@ -67,6 +67,48 @@ func TestKernelsMatchPureGo(t *testing.T) {
 			if rep%2 == 1 {
 				inv = 127 / 127.25
 			}
+			// FP4 pairs: finite values scaled as the encoder scales a
+			// block (inv maps its absmax to 24), with zeros, negative
+			// zeros, subnormals and the absmax itself among them.
+			if n >= 2 {
+				z := randomBits(n&^1, r)
+				var mx float32
+				for i := range z {
+					switch r.IntN(8) {
+					case 0:
+						z[i] = float32(math.Copysign(0, float64(1-2*r.IntN(2))))
+					case 1:
+						z[i] = math.Float32frombits(r.Uint32() & 0x807fffff)
+					}
+					if a := math.Float32frombits(math.Float32bits(z[i]) & 0x7fffffff); a >= 0x1p100 || a != a {
+						z[i] = float32(r.NormFloat64())
+					}
+					mx = max(mx, float32(math.Abs(float64(z[i]))))
+				}
+				// (A float32 inv that overflows sends the encoder to float64.)
+				if finv := float32(4 * fp4Max / float64(mx)); mx > 0 && !math.IsInf(float64(finv), 0) {
+					pa, pb := make([]byte, len(z)/2), make([]byte, len(z)/2)
+					packFP4Pairs(pa, z, finv)
+					packFP4PairsGo(pb, z, finv)
+					if !slices.Equal(pa, pb) {
+						t.Fatalf("fp4 pairs differ (n=%d)", n)
+					}
+				}
+				// Every multiple of ¼ up to 24, at and around the
+				// thresholds of fp4Code.
+				for i := range z {
+					z[i] = float32(r.IntN(193)-96) / 4
+				}
+				for _, finv := range []float32{1, 0.999, 1.001, 1.3} { // |v·inv| < 32, as in the encoder
+					pa, pb := make([]byte, len(z)/2), make([]byte, len(z)/2)
+					packFP4Pairs(pa, z, finv)
+					packFP4PairsGo(pb, z, finv)
+					if !slices.Equal(pa, pb) {
+						t.Fatalf("fp4 pairs of quarters differ (n=%d, inv %v)", n, finv)
+					}
+				}
+			}
+
 			quantise(qa, y, inv)
 			quantiseGo(qb, y, inv)
 			if !slices.Equal(qa, qb) {
