@@ -577,9 +577,8 @@ const recvWindow = 8
 // chunk first+k into buf(k), keeping up to recvWindow Recvs posted. It
 // blames j for non-finite values in each chunk k for which check(k) (nil:
 // none); a chunk it does not check is the caller's to check. It calls
-// done(k) for each chunk
-// in order (under a lock: done must not block) and returns whether all
-// arrived.
+// done(k) for each chunk in order (under a lock: done must not block) and
+// returns whether all arrived.
 func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k int) []float32, mult int, k kind, check func(k int) bool, done func(k int)) bool {
 	if count == 0 {
 		return true

@@ -381,6 +381,10 @@ func lowCommPorts(n int, netns bool) ([]int, error) {
 // could start); a row's failures are its result's Errors.
 func runLowCommRow(ctx context.Context, c lowCommConfig, row lowCommRow, self, dir string, ids []peer.ID, stderr io.Writer) (lowCommResult, error) {
 	rd := filepath.Join(dir, row.Name)
+	// A reused --work folder must not lend a failed peer an old summary.
+	if err := os.RemoveAll(rd); err != nil {
+		return lowCommResult{}, err
+	}
 	if err := os.MkdirAll(rd, 0o755); err != nil {
 		return lowCommResult{}, err
 	}
