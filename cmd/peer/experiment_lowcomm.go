@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -358,21 +357,7 @@ func lowCommPorts(n int, netns bool) ([]int, error) {
 		}
 		return ports, nil
 	}
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for k := range ports {
-		l, err := net.Listen("tcp4", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports[k] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports, nil
+	return spawn.FreePorts(n)
 }
 
 // runLowCommRow runs a row's peers to their end (or c.PeerTimeout) and

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,25 +65,6 @@ type Result struct {
 	PeerSummaries   []string           `json:"peer_summaries"`
 }
 
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports, nil
-}
-
 // Run runs the demo.
 func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, error) {
 	if o.Peers < 2 {
@@ -98,7 +78,7 @@ func Run(ctx context.Context, o Options, stdout, stderr io.Writer) (*Result, err
 	// Identities and ports are fixed up front, so that every peer can be
 	// told where the others are (mDNS needs multicast on loopback, which
 	// most machines do not enable).
-	ports, err := freePorts(o.Peers)
+	ports, err := spawn.FreePorts(o.Peers)
 	if err != nil {
 		return nil, err
 	}
