@@ -114,12 +114,9 @@ func selectRows(rows []lowCommRow, names []string) ([]lowCommRow, error) {
 	if len(names) == 0 {
 		return rows, nil
 	}
+	all := rowNames(rows)
 	for _, n := range names {
-		if !slices.ContainsFunc(rows, func(r lowCommRow) bool { return r.Name == n }) {
-			all := make([]string, len(rows))
-			for i, r := range rows {
-				all[i] = r.Name
-			}
+		if !slices.Contains(all, n) {
 			return nil, fmt.Errorf("experiment lowcomm: unknown row %q (have %s)", n, strings.Join(all, ", "))
 		}
 	}
@@ -187,6 +184,8 @@ func summarizeRow(dir string, n int, name string, wall time.Duration) lowCommRes
 	return res
 }
 
+// readTrace reads a trace file (trace.Read: a killed peer's cut-short
+// file included).
 func readTrace(path string) ([]trace.Event, error) {
 	f, err := os.Open(path)
 	if err != nil {

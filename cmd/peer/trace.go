@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 
 	"github.com/starling-ml/starling/internal/atomicfile"
@@ -37,12 +36,7 @@ func runTrace(_ context.Context, args []string, stdout, stderr io.Writer) error 
 	var traces [][]trace.Event
 	var names []string
 	for _, name := range fs.Args() {
-		f, err := os.Open(name)
-		if err != nil {
-			return fmt.Errorf("trace merge: %w", err)
-		}
-		evs, err := trace.Read(f)
-		f.Close()
+		evs, err := readTrace(name)
 		if err != nil {
 			return fmt.Errorf("trace merge: %s: %w", name, err)
 		}
