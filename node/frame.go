@@ -4,10 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"math"
 	"math/bits"
+
+	"github.com/starling-ml/starling/internal/crc32c"
 
 	"github.com/starling-ml/starling/compression"
 )
@@ -115,8 +116,6 @@ const (
 	maxStripes = 64
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // header is the decoded fixed part of a frame.
 type header struct {
 	flags   uint32
@@ -170,7 +169,7 @@ func appendHeader(dst []byte, h *header) []byte {
 	for i := 0; i < int(h.ndim); i++ {
 		dst = binary.LittleEndian.AppendUint64(dst, h.shape[i])
 	}
-	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+	return binary.LittleEndian.AppendUint32(dst, crc32c.Checksum(dst[start:]))
 }
 
 // errUnchecked refuses a frame without a payload checksum on a connection
@@ -209,7 +208,7 @@ func readHeader(r io.Reader, buf *[maxHeaderLen]byte, maxBytes uint64, h *header
 	if _, err := io.ReadFull(r, buf[fixedHeaderLen:n+4]); err != nil {
 		return truncated(err)
 	}
-	if got, want := crc32.Checksum(buf[:n], castagnoli), binary.LittleEndian.Uint32(buf[n:]); got != want {
+	if got, want := crc32c.Checksum(buf[:n]), binary.LittleEndian.Uint32(buf[n:]); got != want {
 		return fmt.Errorf("%w: header checksum", ErrBadHeader)
 	}
 	*h = header{
@@ -296,7 +295,7 @@ func readStripe(r io.Reader, dst []byte, chunk int, before func() error, progres
 		}
 		end := min(off+chunk, len(dst))
 		n, err := io.ReadFull(r, dst[off:end])
-		crc = crc32.Update(crc, castagnoli, dst[off:off+n])
+		crc = crc32c.Update(crc, dst[off:off+n])
 		off += n
 		if progress != nil && n > 0 {
 			progress(n)
@@ -355,5 +354,5 @@ func decodeFrame(r io.Reader, maxBytes uint64, alloc func(n int) []byte) (header
 func appendFrame(dst []byte, h *header, payload []byte) []byte {
 	dst = appendHeader(dst, h)
 	dst = append(dst, payload...)
-	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(payload, castagnoli))
+	return binary.LittleEndian.AppendUint32(dst, crc32c.Checksum(payload))
 }

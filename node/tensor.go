@@ -5,13 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/starling-ml/starling/internal/crc32c"
 
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -465,7 +466,7 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 			part := dst[off:min(off+ioChunk, n)]
 			k, err := io.ReadFull(s, part)
 			if sum {
-				crc = crc32.Update(crc, castagnoli, part[:k])
+				crc = crc32c.Update(crc, part[:k])
 			}
 			a.dstMu.RUnlock()
 			off += k
@@ -479,7 +480,7 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
 		if sum {
-			crc = crc32.Update(crc, castagnoli, scratch[:k])
+			crc = crc32c.Update(crc, scratch[:k])
 		}
 		if k > 0 && dst != nil {
 			a.dstMu.RLock()
@@ -886,7 +887,7 @@ func (ts *tensors) writeFrame(s network.Stream, h *header, data []byte) (wrote b
 	for off := 0; off < len(data); off += ioChunk {
 		chunk := data[off:min(off+ioChunk, len(data))]
 		if sum {
-			crc = crc32.Update(crc, castagnoli, chunk)
+			crc = crc32c.Update(crc, chunk)
 		}
 		deadline()
 		if _, err := s.Write(chunk); err != nil {

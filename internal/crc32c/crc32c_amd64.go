@@ -1,0 +1,13 @@
+//go:build amd64 && !purego
+
+package crc32c
+
+import "golang.org/x/sys/cpu"
+
+var haveFold = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPCLMULQDQ && cpu.X86.HasPCLMULQDQ && cpu.X86.HasSSE42
+
+// foldAVX512 returns the CRC register after p[:n] starting from register
+// crc (not inverted on either side). n is a multiple of 64, at least 256.
+//
+//go:noescape
+func foldAVX512(crc uint32, p *byte, n int, k *[12]uint64) uint32
