@@ -12,7 +12,8 @@
 # which compares plaintext with plaintext: Gloo has no transport security).
 # BASE=REV compares with Starling built from git revision REV instead of
 # Gloo (an A/B of two commits in one run, for changes smaller than the
-# noise between runs).
+# noise between runs). BFLAGS, with BASE, replaces FLAGS for the base's
+# runs (BASE=HEAD BFLAGS=... compares two flag sets of one build).
 # CPU=LO measures CPU time per all-reduce as well: every rank runs under
 # /usr/bin/time, once with ITERS all-reduces and once with LO, and the
 # difference of the ranks' summed user and system seconds, divided by
@@ -67,7 +68,8 @@ cpusum() { # label iters files...: prints "cpu LABEL ITERS user U system S" summ
 }
 
 starling() { # [binary label iters]
-  local b=${1:-$bin} label=${2:-starling} iters=${3:-$iters} port=$((42000 + RANDOM % 1000)) peers=()
+  local b=${1:-$bin} label=${2:-starling} iters=${3:-$iters} port=$((42000 + RANDOM % 1000)) peers=() flags=${FLAGS:-}
+  [ "$label" = base ] && flags=${BFLAGS-${FLAGS:-}}
   for k in $(seq 0 $((n-1))); do
     peers+=("/ip4/$(addr "$k")/tcp/$((port+k))/p2p/${ids[$k]}")
   done
@@ -75,7 +77,7 @@ starling() { # [binary label iters]
   for k in $(seq 0 $((n-1))); do
     # shellcheck disable=SC2046
     onhost "$k" timeout 600 $(tm "$tmp/s$k") "$b" bench allreduce --key "$tmp/k$k" --listen "/ip4/$(addr "$k")/tcp/$((port+k))" \
-      --peers "$list" --size-mb "$mb" --iters "$iters" --algo "$ALGO" --label "$label" ${FLAGS:-} > "$tmp/s$k" 2>&1 &
+      --peers "$list" --size-mb "$mb" --iters "$iters" --algo "$ALGO" --label "$label" $flags > "$tmp/s$k" 2>&1 &
   done
   wait
   [ -n "${CPU:-}" ] && cpusum "$label" "$iters" "$tmp"/s*.time
