@@ -46,11 +46,11 @@ type Config struct {
 	// it could not be enforced. A swarm key still works with it.
 	Insecure bool
 
-	// Muxer is the stream muxer offered first: MuxerYamux (libp2p's yamux,
-	// the default) or MuxerStarling (node/mux: frames written from the
-	// caller's buffer and read straight into a waiting Read's, for less
-	// CPU per byte). With MuxerStarling, yamux stays offered second, so
-	// such a node still talks to one without it.
+	// Muxer is the stream muxer offered first: MuxerStarling (node/mux,
+	// the default: frames written from the caller's buffer and read
+	// straight into a waiting Read's, for less CPU per byte) or MuxerYamux
+	// (libp2p's yamux, alone). With MuxerStarling, yamux stays offered
+	// second, so such a node still talks to one without it.
 	Muxer string
 
 	// Allowlist, if not empty, is the set of peers this node will connect to
@@ -179,7 +179,7 @@ func DefaultConfig() Config {
 		Stripes:            4,
 		MinStripeBytes:     4 << 20,
 		StreamWindow:       16 << 20,
-		Muxer:              MuxerYamux,
+		Muxer:              MuxerStarling,
 		MemoryLimit:        2 << 30,
 		MaxParkedBytes:     1 << 30,
 		MaxParkedPerPeer:   64 << 20,

@@ -56,12 +56,12 @@ func TestBenchAllReduceFlags(t *testing.T) {
 	if !b.cfg.Node.Insecure || !strings.Contains(stderr.String(), "neither encrypted nor authenticated") {
 		t.Fatalf("--insecure: Insecure %v, stderr %q", b.cfg.Node.Insecure, stderr.String())
 	}
-	if b.cfg.Node.Muxer != node.MuxerYamux {
+	if b.cfg.Node.Muxer != node.MuxerStarling {
 		t.Fatalf("default muxer %q", b.cfg.Node.Muxer)
 	}
-	b, err = parseAllReduceBench([]string{"--world", "2", "--muxer", "starling"}, &stderr)
-	if err != nil || b.cfg.Node.Muxer != node.MuxerStarling {
-		t.Fatalf("--muxer starling: %v, Muxer %q", err, b.cfg.Node.Muxer)
+	b, err = parseAllReduceBench([]string{"--world", "2", "--muxer", "yamux"}, &stderr)
+	if err != nil || b.cfg.Node.Muxer != node.MuxerYamux {
+		t.Fatalf("--muxer yamux: %v, Muxer %q", err, b.cfg.Node.Muxer)
 	}
 }
 

@@ -339,7 +339,7 @@ func hostOf(a ma.Multiaddr) (string, error) {
 }
 
 // muxerUsage documents --muxer wherever a command has it.
-const muxerUsage = "stream muxer offered first: yamux, or starling (node/mux: less CPU per byte; yamux stays offered second)"
+const muxerUsage = "stream muxer offered first: starling (node/mux: less CPU per byte; yamux stays offered second), or yamux alone"
 
 // insecureUsage documents --insecure wherever a command has it.
 const insecureUsage = "no transport security (libp2p plaintext): saves the cipher's CPU on a trusted cluster network; traffic is neither encrypted nor authenticated, every process must set it, and --allow is refused"
