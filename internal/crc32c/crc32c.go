@@ -5,6 +5,7 @@
 package crc32c
 
 import (
+	"encoding/binary"
 	"hash/crc32"
 	"math/bits"
 )
@@ -28,6 +29,36 @@ func Update(crc uint32, p []byte) uint32 {
 		return crc32.Update(^reg, table, p[n:])
 	}
 	return crc32.Update(crc, table, p)
+}
+
+// UpdateFinite is Update, and also reports whether p, read as
+// little-endian float32 values, holds no NaN or ±Inf: one pass over p for
+// both. finite is false when len(p) is not a multiple of 4.
+func UpdateFinite(crc uint32, p []byte) (_ uint32, finite bool) {
+	if len(p)%4 != 0 {
+		return Update(crc, p), false
+	}
+	n := 0
+	bad := false
+	if haveFold && len(p) >= minFold {
+		n = len(p) &^ 63
+		var reg uint32
+		reg, bad = foldFiniteAVX512(^crc, &p[0], n, &foldKeys)
+		crc = ^reg
+	}
+	crc = crc32.Update(crc, table, p[n:])
+	return crc, !bad && finiteBytes(p[n:])
+}
+
+// finiteBytes reports whether p, read as little-endian float32 values
+// (len(p) a multiple of 4), holds no NaN or ±Inf.
+func finiteBytes(p []byte) bool {
+	for i := 0; i+4 <= len(p); i += 4 {
+		if binary.LittleEndian.Uint32(p[i:])&0x7f800000 == 0x7f800000 {
+			return false
+		}
+	}
+	return true
 }
 
 // Checksum returns the CRC-32C of p.

@@ -11,3 +11,9 @@ var haveFold = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPC
 //
 //go:noescape
 func foldAVX512(crc uint32, p *byte, n int, k *[12]uint64) uint32
+
+// foldFiniteAVX512 is foldAVX512, and reports whether p[:n], read as
+// little-endian float32 values, holds a NaN or ±Inf.
+//
+//go:noescape
+func foldFiniteAVX512(crc uint32, p *byte, n int, k *[12]uint64) (reg uint32, nonFinite bool)
