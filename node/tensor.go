@@ -55,6 +55,10 @@ type Tensor struct {
 	// Payload holds the encoded bytes. Send does not retain or modify it.
 	// On Recv it aliases the caller's buffer.
 	Payload []byte
+	// Finite is set by Recv when node checked, in the pass that verified
+	// the payload's checksum (plaintext connections only), that a raw
+	// float32 payload holds no NaN or ±Inf. False says nothing.
+	Finite bool
 	// From is the sender (set by Recv; ignored by Send).
 	From peer.ID
 }
@@ -115,6 +119,7 @@ type assembly struct {
 	recv     *recvOp
 	seen     uint64 // bitmap of stripes started
 	done     int    // stripes verified
+	finite   int    // stripes verified free of NaN and ±Inf (see Tensor.Finite)
 	active   map[network.Stream]struct{}
 	err      error
 	// drain means nobody wants the tensor any more (its Recv gave up or
@@ -392,8 +397,15 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	}
 	ts.mu.Unlock()
 
+	// A raw float32 stripe that starts on a value is checked for NaN and
+	// ±Inf in its checksum's pass.
+	var finite bool
+	fin := &finite
+	if h.codec != compression.IDFP32 || h.dtype != Float32 || off%4 != 0 || n%4 != 0 {
+		fin = nil
+	}
 	ts.protect(from)
-	err := ts.readStripe(s, from, a, dst, int(n), sum)
+	err := ts.readStripe(s, from, a, dst, int(n), sum, fin)
 	ts.unprotect(from)
 
 	ts.mu.Lock()
@@ -422,6 +434,9 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 		return err
 	}
 	a.done++
+	if finite {
+		a.finite++
+	}
 	if a.done == int(a.h.stripes) {
 		ts.completeLocked(a)
 	}
@@ -433,7 +448,9 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiplexer == mux.ID }
 
 // readStripe reads a stripe's payload and trailer and checks the
-// checksum (if sum: see flagNoChecksum). Payload goes into dst (if not nil)
+// checksum (if sum: see flagNoChecksum). If sum and finite is not nil, it
+// sets *finite to whether the payload, read as float32 values, holds no
+// NaN or ±Inf, checked in the checksum's pass. Payload goes into dst (if not nil)
 // for as long as a's buffer is not given back to its caller (gone): a Recv
 // that gives up must neither wait for a stalled sender nor have its buffer
 // written after it returned, and the stream must stay in step (a reset
@@ -444,11 +461,19 @@ func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiple
 // through a small staging buffer and is copied: a Read cut short by a
 // deadline makes yamux drop a window update now and then, which stalls
 // the stream for good.
-func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum bool) error {
+func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum bool, finite *bool) error {
 	sp := scratchPool.Get().(*[]byte)
 	defer scratchPool.Put(sp)
 	scratch := *sp
 	var crc uint32
+	fin := sum && finite != nil // no NaN or ±Inf so far
+	update := func(p []byte) {
+		if fin {
+			crc, fin = crc32c.UpdateFinite(crc, p)
+			return
+		}
+		crc = crc32c.Update(crc, p)
+	}
 	direct := dst != nil && overMux(s)
 	for off := 0; off < n; {
 		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
@@ -466,7 +491,7 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 			part := dst[off:min(off+ioChunk, n)]
 			k, err := io.ReadFull(s, part)
 			if sum {
-				crc = crc32c.Update(crc, part[:k])
+				update(part[:k])
 			}
 			a.dstMu.RUnlock()
 			off += k
@@ -480,7 +505,7 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
 		if sum {
-			crc = crc32c.Update(crc, scratch[:k])
+			update(scratch[:k])
 		}
 		if k > 0 && dst != nil {
 			a.dstMu.RLock()
@@ -504,6 +529,9 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 	}
 	if binary.LittleEndian.Uint32(tr[:]) != crc {
 		return ErrChecksum
+	}
+	if finite != nil {
+		*finite = fin
 	}
 	return nil
 }
@@ -558,7 +586,7 @@ func (ts *tensors) dropLocked(a *assembly) {
 
 // drainStripe reads a refused stripe (payload and trailer) to its end.
 func (ts *tensors) drainStripe(s network.Stream, from peer.ID, n int, sum bool) error {
-	return ts.readStripe(s, from, nil, nil, n, sum)
+	return ts.readStripe(s, from, nil, nil, n, sum, nil)
 }
 
 func (ts *tensors) newAssemblyLocked(key mkey, h *header, buf []byte, parked bool) *assembly {
@@ -647,6 +675,7 @@ func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 	}
 	r.t.fill(&a.h, a.key.p)
 	r.t.Payload = payload
+	r.t.Finite = a.finite == int(a.h.stripes)
 	close(r.done)
 }
 
