@@ -526,25 +526,37 @@ func (a *attempt) probe(ctx context.Context, p Prober, j int, unresponsive func(
 // of mult stall timeouts; k is the blame if the watchdog fires. It returns
 // false when the data phase is over for any reason.
 func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []float32, mult int, k kind) bool {
-	err := a.r.t.Recv(ctx, a.g.members[j], a.tag(s, c), dst)
+	ok, _ := a.recvChecked(ctx, j, s, c, dst, mult, k)
+	return ok
+}
+
+// recvChecked is recvOne; finite reports that the transport checked dst
+// for NaN and ±Inf already (FiniteReceiver).
+func (a *attempt) recvChecked(ctx context.Context, j int, s Step, c uint32, dst []float32, mult int, k kind) (ok, finite bool) {
+	var err error
+	if fr, is := a.r.t.(FiniteReceiver); is {
+		finite, err = fr.RecvFinite(ctx, a.g.members[j], a.tag(s, c), dst)
+	} else {
+		err = a.r.t.Recv(ctx, a.g.members[j], a.tag(s, c), dst)
+	}
 	switch {
 	case err == nil:
 		a.heard(j)
-		return true
+		return true, finite
 	case a.dataCtx.Err() != nil:
 		if a.overdue(j, mult) {
 			a.accuse(j, k) // what the watchdog would have said, had it fired on time
 		}
-		return false
+		return false, false
 	case context.Cause(ctx) == errSilent:
 		a.accuse(j, k)
-		return false
+		return false, false
 	case context.Cause(ctx) == errUnresponsive:
 		a.accuse(j, kindStall)
-		return false
+		return false, false
 	}
 	a.recvFailed(j, err)
-	return false
+	return false, false
 }
 
 // due is when a wait of mult stall timeouts on rank j runs out: mult stall
@@ -597,7 +609,10 @@ func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k in
 		wg.Go(func() {
 			for c := i; c < count; c += w {
 				dst := buf(c)
-				if failed.Load() || !a.recvOne(ctx, j, s, first+uint32(c), dst, mult, k) || (check != nil && check(c) && !a.checkFinite(j, dst)) {
+				if failed.Load() {
+					return
+				}
+				if ok, finite := a.recvChecked(ctx, j, s, first+uint32(c), dst, mult, k); !ok || (check != nil && check(c) && !finite && !a.checkFinite(j, dst)) {
 					failed.Store(true)
 					return
 				}

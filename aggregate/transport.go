@@ -103,6 +103,15 @@ type Transport interface {
 	Recv(ctx context.Context, from peerid.ID, tag Tag, dst []float32) error
 }
 
+// FiniteReceiver is implemented by transports that can tell, in a pass
+// they make anyway, that a chunk holds no NaN or ±Inf (node/'s checks it
+// with a plaintext frame's checksum); the driver then skips its own check.
+type FiniteReceiver interface {
+	// RecvFinite is Transport.Recv; finite reports that every value
+	// copied into dst was checked finite. False says nothing.
+	RecvFinite(ctx context.Context, from peerid.ID, tag Tag, dst []float32) (finite bool, err error)
+}
+
 // Prober is implemented by transports that can ask whether a peer still
 // answers at all, apart from the data it owes (node/'s p2p transport sends
 // a libp2p ping). A wait that depends on other members too (the ring's

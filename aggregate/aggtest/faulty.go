@@ -26,7 +26,10 @@ type Faulty struct {
 	stalled chan struct{}
 }
 
-var _ aggregate.Transport = (*Faulty)(nil)
+var (
+	_ aggregate.Transport      = (*Faulty)(nil)
+	_ aggregate.FiniteReceiver = (*Faulty)(nil)
+)
 
 // NewFaulty wraps t, the transport of peer self.
 func NewFaulty(t aggregate.Transport, self peerid.ID, hook Hook, kill func()) *Faulty {
@@ -62,13 +65,24 @@ func (f *Faulty) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data
 
 // Recv implements aggregate.Transport.
 func (f *Faulty) Recv(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32) error {
+	_, err := f.RecvFinite(ctx, from, tag, dst)
+	return err
+}
+
+// RecvFinite implements aggregate.FiniteReceiver: the wrapped transport's
+// RecvFinite where it has one (so that tests over node/ streams take the
+// driver's path that trusts it), else its Recv.
+func (f *Faulty) RecvFinite(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32) (bool, error) {
 	f.mu.Lock()
 	dead := f.dead
 	f.mu.Unlock()
 	if dead {
-		return aggregate.ErrClosed
+		return false, aggregate.ErrClosed
 	}
-	return f.t.Recv(ctx, from, tag, dst)
+	if fr, ok := f.t.(aggregate.FiniteReceiver); ok {
+		return fr.RecvFinite(ctx, from, tag, dst)
+	}
+	return false, f.t.Recv(ctx, from, tag, dst)
 }
 
 // Kill runs the kill function once and fails every later call.

@@ -203,6 +203,12 @@ func TestFailuresOnMocknet(t *testing.T) {
 			hook: func(v peerid.ID) aggtest.Hook {
 				return aggtest.Corrupt(v, aggregate.StepRing, 2, func(x []float32) { x[9] = float32(math.Inf(1)) })
 			}, want: aggregate.ErrBadValue},
+		// A final value is checked by node/ in the checksum's pass
+		// (aggregate.FiniteReceiver), a partial sum by the ring's axpy.
+		{name: "ring/bad/NaN-final", algo: aggregate.Ring, victim: 2,
+			hook: func(v peerid.ID) aggtest.Hook {
+				return aggtest.Corrupt(v, aggregate.StepRing, 5, func(x []float32) { x[100] = float32(math.NaN()) })
+			}, want: aggregate.ErrBadValue},
 		{name: "butterfly/bad/length", algo: aggregate.Butterfly, victim: 2,
 			bad: func(srcs [][]float32, v int) { srcs[v] = srcs[v][:len(srcs[v])-1] }, want: aggregate.ErrBadLength},
 	}

@@ -296,9 +296,16 @@ func (t *Transport) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, d
 
 // Recv implements aggregate.Transport.
 func (t *Transport) Recv(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32) error {
+	_, err := t.RecvFinite(ctx, from, tag, dst)
+	return err
+}
+
+// RecvFinite implements aggregate.FiniteReceiver: Recv, and whether node
+// checked the chunk free of NaN and ±Inf (node.Tensor.Finite).
+func (t *Transport) RecvFinite(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32) (bool, error) {
 	pid, err := t.peerID(from)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if life := t.lifeOf(pid); life != nil {
 		rctx, cancel := context.WithCancelCause(ctx)
@@ -310,26 +317,26 @@ func (t *Transport) Recv(ctx context.Context, from peerid.ID, tag aggregate.Tag,
 	tn, err := t.n.Recv(ctx, pid, nodeTag(tag), buf)
 	if err != nil && context.Cause(ctx) == errGone {
 		release()
-		return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v", aggregate.ErrDisconnected, tag)}
+		return false, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v", aggregate.ErrDisconnected, tag)}
 	}
 	if err == nil && !littleEndian {
 		fromLE(dst, tn.Payload)
 	}
 	release()
 	if err != nil {
-		return recvErr(from, tag, err)
+		return false, recvErr(from, tag, err)
 	}
 	switch {
 	case tn.Codec != compression.IDFP32 || tn.DType != node.Float32:
-		return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has codec %d dtype %v, want raw float32", aggregate.ErrBadValue, tag, tn.Codec, tn.DType)}
+		return false, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has codec %d dtype %v, want raw float32", aggregate.ErrBadValue, tag, tn.Codec, tn.DType)}
 	case len(tn.Payload) != 4*len(dst):
-		return &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has %d bytes, want %d", aggregate.ErrBadLength, tag, len(tn.Payload), 4*len(dst))}
+		return false, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has %d bytes, want %d", aggregate.ErrBadLength, tag, len(tn.Payload), 4*len(dst))}
 	case tn.Version != tag.Round:
-		return fmt.Errorf("%w: chunk %v from %s carries round %d", aggregate.ErrStale, tag, from, tn.Version)
+		return false, fmt.Errorf("%w: chunk %v from %s carries round %d", aggregate.ErrStale, tag, from, tn.Version)
 	case tn.Step != tag.Digest:
-		return &aggregate.MismatchError{Peer: from, Got: tn.Step, Want: tag.Digest}
+		return false, &aggregate.MismatchError{Peer: from, Got: tn.Step, Want: tag.Digest}
 	}
-	return nil
+	return tn.Finite, nil
 }
 
 // Probe implements aggregate.Prober with a libp2p ping, which the peer's
