@@ -10,7 +10,7 @@ var haveFold = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VPC
 // crc (not inverted on either side). n is a multiple of 64, at least 256.
 //
 //go:noescape
-func foldAVX512(crc uint32, p *byte, n int, k *[12]uint64) uint32
+func foldAVX512(crc uint32, p *byte, n int, k *[12]uint64) (reg uint32)
 
 // foldFiniteAVX512 is foldAVX512, and reports whether p[:n], read as
 // little-endian float32 values, holds a NaN or ±Inf.

@@ -2,6 +2,57 @@
 
 #include "textflag.h"
 
+// CLMUL4 multiplies the accumulators Z0–Z3 by the 256-byte fold's
+// constants (Z8): low halves into Z4–Z7, high halves in place; the step
+// ends by XORing the two and the next 256 bytes.
+#define CLMUL4 \
+	VPCLMULQDQ $0x00, Z8, Z0, Z4 \
+	VPCLMULQDQ $0x11, Z8, Z0, Z0 \
+	VPCLMULQDQ $0x00, Z8, Z1, Z5 \
+	VPCLMULQDQ $0x11, Z8, Z1, Z1 \
+	VPCLMULQDQ $0x00, Z8, Z2, Z6 \
+	VPCLMULQDQ $0x11, Z8, Z2, Z2 \
+	VPCLMULQDQ $0x00, Z8, Z3, Z7 \
+	VPCLMULQDQ $0x11, Z8, Z3, Z3
+
+// FOLD4 folds the accumulators Z1, Z2 and Z3 onto Z0, 64 bytes apart,
+// and loads the 64-byte fold's constants into Z9.
+#define FOLD4 \
+	VBROADCASTI32X4 16(DX), Z9 \
+	VPCLMULQDQ $0x00, Z9, Z0, Z4 \
+	VPCLMULQDQ $0x11, Z9, Z0, Z0 \
+	VPTERNLOGQ $0x96, Z1, Z4, Z0 \
+	VPCLMULQDQ $0x00, Z9, Z0, Z4 \
+	VPCLMULQDQ $0x11, Z9, Z0, Z0 \
+	VPTERNLOGQ $0x96, Z2, Z4, Z0 \
+	VPCLMULQDQ $0x00, Z9, Z0, Z4 \
+	VPCLMULQDQ $0x11, Z9, Z0, Z0 \
+	VPTERNLOGQ $0x96, Z3, Z4, Z0
+
+// LANES folds Z0's four 16-byte lanes onto the last, reduces those 16
+// bytes from a zero register with the CRC instruction, and returns that
+// register as reg.
+#define LANES \
+	VMOVDQU64  32(DX), Z10 \
+	VPCLMULQDQ $0x00, Z10, Z0, Z4 \
+	VPCLMULQDQ $0x11, Z10, Z0, Z5 \
+	VEXTRACTI32X4 $3, Z0, X6 \
+	VPXORQ     Z5, Z4, Z4 \
+	VEXTRACTI64X4 $1, Z4, Y5 \
+	VPXORQ     Y5, Y4, Y4 \
+	VEXTRACTI128 $1, Y4, X5 \
+	VPXOR      X5, X4, X4 \
+	VPXOR      X6, X4, X4 \
+	XORL       AX, AX \
+	VMOVQ      X4, BX \
+	CRC32Q     BX, AX \
+	VPEXTRQ    $1, X4, BX \
+	CRC32Q     BX, AX \
+	MOVL       AX, reg+32(FP) \
+	VZEROUPPER \
+	RET
+
+
 // func foldAVX512(crc uint32, p *byte, n int, k *[12]uint64) uint32
 //
 // Four 64-byte accumulators fold 256 bytes a step (each 128-bit lane moved
@@ -28,14 +79,7 @@ TEXT ·foldAVX512(SB), NOSPLIT, $0-36
 loop256:
 	CMPQ CX, $256
 	JB   fold4
-	VPCLMULQDQ $0x00, Z8, Z0, Z4
-	VPCLMULQDQ $0x11, Z8, Z0, Z0
-	VPCLMULQDQ $0x00, Z8, Z1, Z5
-	VPCLMULQDQ $0x11, Z8, Z1, Z1
-	VPCLMULQDQ $0x00, Z8, Z2, Z6
-	VPCLMULQDQ $0x11, Z8, Z2, Z2
-	VPCLMULQDQ $0x00, Z8, Z3, Z7
-	VPCLMULQDQ $0x11, Z8, Z3, Z3
+	CLMUL4
 	VPTERNLOGQ $0x96, 0(SI), Z4, Z0
 	VPTERNLOGQ $0x96, 64(SI), Z5, Z1
 	VPTERNLOGQ $0x96, 128(SI), Z6, Z2
@@ -45,16 +89,7 @@ loop256:
 	JMP  loop256
 
 fold4:
-	VBROADCASTI32X4 16(DX), Z9
-	VPCLMULQDQ $0x00, Z9, Z0, Z4
-	VPCLMULQDQ $0x11, Z9, Z0, Z0
-	VPTERNLOGQ $0x96, Z1, Z4, Z0
-	VPCLMULQDQ $0x00, Z9, Z0, Z4
-	VPCLMULQDQ $0x11, Z9, Z0, Z0
-	VPTERNLOGQ $0x96, Z2, Z4, Z0
-	VPCLMULQDQ $0x00, Z9, Z0, Z4
-	VPCLMULQDQ $0x11, Z9, Z0, Z0
-	VPTERNLOGQ $0x96, Z3, Z4, Z0
+	FOLD4
 
 loop64:
 	CMPQ CX, $64
@@ -67,24 +102,7 @@ loop64:
 	JMP  loop64
 
 lanes:
-	VMOVDQU64  32(DX), Z10
-	VPCLMULQDQ $0x00, Z10, Z0, Z4
-	VPCLMULQDQ $0x11, Z10, Z0, Z5
-	VEXTRACTI32X4 $3, Z0, X6
-	VPXORQ     Z5, Z4, Z4
-	VEXTRACTI64X4 $1, Z4, Y5
-	VPXORQ     Y5, Y4, Y4
-	VEXTRACTI128 $1, Y4, X5
-	VPXOR      X5, X4, X4
-	VPXOR      X6, X4, X4
-	XORL       AX, AX
-	VMOVQ      X4, BX
-	CRC32Q     BX, AX
-	VPEXTRQ    $1, X4, BX
-	CRC32Q     BX, AX
-	MOVL       AX, ret+32(FP)
-	VZEROUPPER
-	RET
+	LANES
 
 // func foldFiniteAVX512(crc uint32, p *byte, n int, k *[12]uint64) (uint32, bool)
 //
@@ -120,14 +138,7 @@ floop256:
 	VMOVDQU64  64(SI), Z13
 	VMOVDQU64  128(SI), Z14
 	VMOVDQU64  192(SI), Z15
-	VPCLMULQDQ $0x00, Z8, Z0, Z4
-	VPCLMULQDQ $0x11, Z8, Z0, Z0
-	VPCLMULQDQ $0x00, Z8, Z1, Z5
-	VPCLMULQDQ $0x11, Z8, Z1, Z1
-	VPCLMULQDQ $0x00, Z8, Z2, Z6
-	VPCLMULQDQ $0x11, Z8, Z2, Z2
-	VPCLMULQDQ $0x00, Z8, Z3, Z7
-	VPCLMULQDQ $0x11, Z8, Z3, Z3
+	CLMUL4
 	VPTERNLOGQ $0x96, Z12, Z4, Z0
 	VPTERNLOGQ $0x96, Z13, Z5, Z1
 	VPTERNLOGQ $0x96, Z14, Z6, Z2
@@ -145,16 +156,7 @@ floop256:
 	JMP  floop256
 
 ffold4:
-	VBROADCASTI32X4 16(DX), Z9
-	VPCLMULQDQ $0x00, Z9, Z0, Z4
-	VPCLMULQDQ $0x11, Z9, Z0, Z0
-	VPTERNLOGQ $0x96, Z1, Z4, Z0
-	VPCLMULQDQ $0x00, Z9, Z0, Z4
-	VPCLMULQDQ $0x11, Z9, Z0, Z0
-	VPTERNLOGQ $0x96, Z2, Z4, Z0
-	VPCLMULQDQ $0x00, Z9, Z0, Z4
-	VPCLMULQDQ $0x11, Z9, Z0, Z0
-	VPTERNLOGQ $0x96, Z3, Z4, Z0
+	FOLD4
 	VPMAXUD    Z18, Z17, Z17
 	VPMAXUD    Z20, Z19, Z19
 	VPMAXUD    Z19, Z17, Z17
@@ -176,21 +178,4 @@ flanes:
 	VPCMPEQD   Z16, Z17, K1
 	KORTESTW   K1, K1
 	SETNE      nonFinite+36(FP)
-	VMOVDQU64  32(DX), Z10
-	VPCLMULQDQ $0x00, Z10, Z0, Z4
-	VPCLMULQDQ $0x11, Z10, Z0, Z5
-	VEXTRACTI32X4 $3, Z0, X6
-	VPXORQ     Z5, Z4, Z4
-	VEXTRACTI64X4 $1, Z4, Y5
-	VPXORQ     Y5, Y4, Y4
-	VEXTRACTI128 $1, Y4, X5
-	VPXOR      X5, X4, X4
-	VPXOR      X6, X4, X4
-	XORL       AX, AX
-	VMOVQ      X4, BX
-	CRC32Q     BX, AX
-	VPEXTRQ    $1, X4, BX
-	CRC32Q     BX, AX
-	MOVL       AX, reg+32(FP)
-	VZEROUPPER
-	RET
+	LANES
