@@ -8,9 +8,8 @@ import (
 	"math"
 	"math/bits"
 
-	"github.com/starling-ml/starling/internal/crc32c"
-
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/internal/crc32c"
 )
 
 // Tag identifies a tensor between a sender and a receiver: Recv(peer, tag)

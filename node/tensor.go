@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/starling-ml/starling/internal/crc32c"
-
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -22,6 +20,7 @@ import (
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/internal/crc32c"
 	"github.com/starling-ml/starling/node/mux"
 )
 
@@ -447,10 +446,10 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 // short by a deadline and read straight into the caller's buffer.
 func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiplexer == mux.ID }
 
-// readStripe reads a stripe's payload and trailer and checks the
-// checksum (if sum: see flagNoChecksum). If sum and finite is not nil, it
-// sets *finite to whether the payload, read as float32 values, holds no
-// NaN or ±Inf, checked in the checksum's pass. Payload goes into dst (if not nil)
+// readStripe reads a stripe's payload and trailer and checks the checksum
+// (if sum: see flagNoChecksum). If sum and finite is not nil, it sets
+// *finite to whether the payload, read as float32 values, holds no NaN or
+// ±Inf, checked in the checksum's pass. Payload goes into dst (if not nil)
 // for as long as a's buffer is not given back to its caller (gone): a Recv
 // that gives up must neither wait for a stalled sender nor have its buffer
 // written after it returned, and the stream must stay in step (a reset
@@ -459,8 +458,8 @@ func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiple
 // straight into dst: abandonLocked cuts such a Read short with a deadline,
 // which node/mux survives with the stream in step. Over yamux it goes
 // through a small staging buffer and is copied: a Read cut short by a
-// deadline makes yamux drop a window update now and then, which stalls
-// the stream for good.
+// deadline makes yamux drop a window update now and then, which stalls the
+// stream for good.
 func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum bool, finite *bool) error {
 	sp := scratchPool.Get().(*[]byte)
 	defer scratchPool.Put(sp)
