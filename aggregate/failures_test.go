@@ -129,6 +129,12 @@ func failCases() []failCase {
 		{name: "ring/bad/Inf-gather", algo: R, n: 5, victim: 4, hook: corrupt(aggregate.StepRing, 25, float32(math.Inf(-1))), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
 		{name: "ring/bad/own-NaN", algo: R, n: 5, victim: 0, want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,
 			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v][500] = nan }},
+		// Outside its own segment a rank's input is checked where the ring
+		// adds it to a partial sum (attempt.ringChecksOwn).
+		{name: "ring/bad/own-NaN-reduced", algo: R, n: 5, victim: 2, want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,
+			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v][len(srcs[v])-1] = nan }},
+		{name: "ring/bad/own-Inf-reduced", algo: R, n: 5, victim: 3, want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,
+			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v][0] = float32(math.Inf(1)) }},
 		{name: "ring/bad/length", algo: R, n: 5, victim: 2, want: aggregate.ErrBadLength, victimErr: aggregate.ErrBadLength,
 			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v] = append(srcs[v], 1, 2) }},
 		{name: "ring/bad/algorithm", algo: R, n: 5, victim: 3, want: aggregate.ErrConfigMismatch, victimErr: aggregate.ErrConfigMismatch,

@@ -66,8 +66,9 @@ func ringPlan(d, n, me, c int) (send, recv []ringItem) {
 // sum with our contribution and sends every chunk on in order.
 //
 // Blame: a rank checks what it receives (non-finite values blame the left
-// neighbour) and what it creates (an overflow is a group fault), so a bad
-// value is pinned on the rank that sent it. A silent rank starves the
+// neighbour), what it creates (an overflow is a group fault) and its own
+// input where it reads it (blaming itself), so a bad value is pinned on
+// the rank that sent it. A silent rank starves the
 // whole ring, but in order: a rank sends only what it received, so its
 // right neighbour last heard of it after it last heard of its left one,
 // and the rank next to the silence times out first (a timeout, blaming a
@@ -96,6 +97,12 @@ func (a *attempt) ring() {
 	// is its value at coordinate ownOff+i.
 	ownOff, size := shardRange(d, n, me)
 	own := a.src[ownOff : ownOff+size]
+	// Our input is checked where it is read (attempt.ringChecksOwn): our
+	// own segment here, the rest where ringSend adds it to partial sums.
+	if rule.FirstNonFinite(own) >= 0 {
+		a.accuse(me, kindBadValue) // vote to be left out
+		return
+	}
 	if coef != 1 {
 		own = a.r.buf("ring0", size)
 		copy(own, a.src[ownOff:ownOff+size])
@@ -224,7 +231,12 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, m0, mA int, own []f
 		}
 		out := a.dst[it.lo:it.hi]
 		if recv[k].reduce {
-			in, ok := device.AxpyFinite(be, coef, a.src[it.lo:it.hi], out)
+			x := a.src[it.lo:it.hi]
+			in, ok := device.AxpyFinite(be, coef, x, out)
+			if (!in || !ok) && !device.AllFinite(x) {
+				a.accuse(a.rank, kindBadValue) // our own input: see ringChecksOwn
+				return
+			}
 			if !in {
 				a.accuse((a.rank+a.n-1)%a.n, kindBadValue) // the left's partial sum
 				return

@@ -748,14 +748,20 @@ func (o outcome) cause() error {
 }
 
 // run runs the data phase and the vote, and decides.
+// ringChecksOwn reports whether run goes to the ring, which checks this
+// rank's own input where it reads it.
+func (a *attempt) ringChecksOwn() bool { return a.r.comp == nil && a.algo == Ring && a.n > 1 }
+
 func (a *attempt) run(ctx context.Context) (outcome, error) {
 	a.dataCtx, a.stopData = context.WithCancel(ctx)
 	defer a.stopData()
 	voteCtx, stopVotes := context.WithCancel(ctx)
 	defer stopVotes()
 
-	if rule.FirstNonFinite(a.src) >= 0 {
-		a.accuse(a.rank, kindBadValue) // own input: vote to be left out
+	// Own input: vote to be left out. The ring checks it as it reads it
+	// (ring, ringSend), which saves a pass over src.
+	if !a.ringChecksOwn() && rule.FirstNonFinite(a.src) >= 0 {
+		a.accuse(a.rank, kindBadValue)
 	}
 
 	// Votes double as the abort signal: a FAIL vote stops the data phase.
