@@ -67,19 +67,19 @@ func ringPlan(d, n, me, c int) (send, recv []ringItem) {
 //
 // Blame: a rank checks what it receives (non-finite values blame the left
 // neighbour), what it creates (an overflow is a group fault) and its own
-// input where it reads it (blaming itself), so a bad value is pinned on
-// the rank that sent it. A silent rank starves the
-// whole ring, but in order: a rank sends only what it received, so its
-// right neighbour last heard of it after it last heard of its left one,
-// and the rank next to the silence times out first (a timeout, blaming a
-// member that then blames no one unless it is itself waiting; see decide);
-// its FAIL vote stops the others before their own waits run out. Should
-// its timer run late (a busy machine) and the next rank time out first and
-// blame it, its wait is overdue when that vote stops it, and it blames the
-// silent rank as if the timer had fired (see overdue), which clears it. And
-// a rank whose sender was waiting for input when the data phase stopped
-// says so in its vote (starvedBy), so that a timeout on it, however the
-// timers fell, does not exclude it.
+// input where it reads it (blaming itself), so a bad value is pinned on the
+// rank that sent it. A silent rank starves the whole ring, but in order: a
+// rank sends only what it received, so its right neighbour last heard of it
+// after it last heard of its left one, and the rank next to the silence
+// times out first (a timeout, blaming a member that then blames no one
+// unless it is itself waiting; see decide); its FAIL vote stops the others
+// before their own waits run out. Should its timer run late (a busy
+// machine) and the next rank time out first and blame it, its wait is
+// overdue when that vote stops it, and it blames the silent rank as if the
+// timer had fired (see overdue), which clears it. And a rank whose sender
+// was waiting for input when the data phase stopped says so in its vote
+// (starvedBy), so that a timeout on it, however the timers fell, does not
+// exclude it.
 func (a *attempt) ring() {
 	n, me, d := a.n, a.rank, len(a.src)
 	if n == 1 {

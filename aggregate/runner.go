@@ -747,11 +747,11 @@ func (o outcome) cause() error {
 	return errors.Join(errs...)
 }
 
-// run runs the data phase and the vote, and decides.
 // ringChecksOwn reports whether run goes to the ring, which checks this
 // rank's own input where it reads it.
 func (a *attempt) ringChecksOwn() bool { return a.r.comp == nil && a.algo == Ring && a.n > 1 }
 
+// run runs the data phase and the vote, and decides.
 func (a *attempt) run(ctx context.Context) (outcome, error) {
 	a.dataCtx, a.stopData = context.WithCancel(ctx)
 	defer a.stopData()
