@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 )
 
@@ -122,30 +123,19 @@ func clmul(a, b uint64) (hi, lo uint64) {
 func BenchmarkUpdate(b *testing.B) {
 	for _, n := range []int{256, 512, 4096, 256 << 10} {
 		p := make([]byte, n)
-		b.Run("crc32c/"+itoa(n), func(b *testing.B) {
+		b.Run("crc32c/"+strconv.Itoa(n), func(b *testing.B) {
 			b.SetBytes(int64(n))
 			for b.Loop() {
 				Update(0, p)
 			}
 		})
-		b.Run("stdlib/"+itoa(n), func(b *testing.B) {
+		b.Run("stdlib/"+strconv.Itoa(n), func(b *testing.B) {
 			b.SetBytes(int64(n))
 			for b.Loop() {
 				crc32.Update(0, table, p)
 			}
 		})
 	}
-}
-
-func itoa(n int) string {
-	if n >= 1<<10 {
-		return itoa(n>>10) + "K"
-	}
-	s := ""
-	for ; n > 0 || s == ""; n /= 10 {
-		s = string(rune('0'+n%10)) + s
-	}
-	return s
 }
 
 // TestUpdateFinite compares UpdateFinite with hash/crc32 and a value by
