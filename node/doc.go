@@ -132,7 +132,12 @@
 // tensor to arrive whole, so that a slow sender holds up no other. Send returns
 // when every byte is handed to the transport; confirmation of delivery is
 // the protocol's own (the reply of the all-reduce step). Send and Recv are
-// safe for concurrent use; one Recv at a time per (peer, tag).
+// safe for concurrent use; one Recv at a time per (peer, tag). Tensors with
+// one tag from one sender arrive one after another: one sent in a single
+// frame (below 2*MinStripeBytes, or with Stripes 1) while another is still
+// arriving waits for it. Striped tensors with one tag must not be in
+// flight at once (their stripes cannot be told apart): the second fails
+// both as ErrBadHeader.
 //
 // # Metrics
 //

@@ -210,6 +210,66 @@ func TestTensor256MB(t *testing.T) {
 	}
 }
 
+// TestSameTagInFlight sends two tensors with one tag to one peer at once,
+// on two streams (gossip's concurrent fetch requests): the one-frame
+// tensor that arrives while the other is still being received waits for
+// it, and each Recv gets a whole tensor. Both used to fail, the second as
+// a bad header.
+func TestSameTagInFlight(t *testing.T) {
+	started, queued := make(chan struct{}), make(chan struct{})
+	var startOnce, queueOnce sync.Once
+	hooks := &testHooks{
+		recvProgress: func(peer.ID, int) {
+			startOnce.Do(func() {
+				close(started)
+				select { // hold the first tensor until the second is behind it
+				case <-queued:
+				case <-time.After(10 * time.Second):
+				}
+			})
+		},
+		queued: func(Tag) { queueOnce.Do(func() { close(queued) }) },
+	}
+	a := newTestNode(t, func(c *Config) { c.Stripes = 1 })
+	b := newTestNode(t, nil, withTestHooks(hooks))
+	connect(t, a, b)
+	// 32 MiB, more than a stream's window: the first Send holds its
+	// stream until b reads on, so the second goes on another.
+	first, second := rawTensor(7, 8<<20, 1), rawTensor(7, 100, 2)
+	ctx := ctxT(t, time.Minute)
+	type result struct {
+		t   Tensor
+		err error
+	}
+	recvd := make(chan result, 1)
+	go func() {
+		got, err := b.Recv(ctx, a.ID(), 7, make([]byte, len(first.Payload)))
+		recvd <- result{got, err}
+	}()
+	waitPosted(t, b, mkey{a.ID(), 7})
+	sent := make(chan error, 2)
+	go func() { sent <- a.Send(ctx, b.ID(), first) }()
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the first tensor never arrived")
+	}
+	go func() { sent <- a.Send(ctx, b.ID(), second) }()
+	r := <-recvd
+	if r.err != nil || !bytes.Equal(r.t.Payload, first.Payload) {
+		t.Fatalf("first Recv: %v (payload equal: %v)", r.err, bytes.Equal(r.t.Payload, first.Payload))
+	}
+	got, err := b.Recv(ctx, a.ID(), 7, nil)
+	if err != nil || !bytes.Equal(got.Payload, second.Payload) {
+		t.Fatalf("second Recv: %v (payload equal: %v)", err, bytes.Equal(got.Payload, second.Payload))
+	}
+	for range 2 {
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestCancelMidTransfer cancels the sender's ctx once the receiver has some
 // of the tensor: both sides must end promptly with an error. Then the
 // receiver's: its Recv ends promptly, and the rest of the tensor is

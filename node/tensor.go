@@ -173,6 +173,9 @@ type testHooks struct {
 	recvProgress func(from peer.ID, n int)
 	// recvFlags is called with the flags of each stripe header received.
 	recvFlags func(flags uint32)
+	// queued is called (under the tensors' lock) when a tensor waits for
+	// another with its tag and sender to finish arriving.
+	queued func(tag Tag)
 }
 
 func newTensors(h host.Host, cfg *Config, m *nodeMetrics, ref *refusals, hooks *testHooks) *tensors {
@@ -334,16 +337,25 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 			return ErrClosed
 		}
 		ts.expireLocked(time.Now())
-		if a = ts.asm[key]; a != nil {
-			if !a.h.sameTensor(h) || a.seen&(1<<h.stripe) != 0 {
-				err := fmt.Errorf("%w: stripe %d disagrees with the tensor being received", ErrBadHeader, h.stripe)
-				ts.failLocked(a, err)
-				ts.mu.Unlock()
-				return err
-			}
+		cur := ts.asm[key]
+		if cur != nil && cur.h.sameTensor(h) && cur.seen&(1<<h.stripe) == 0 {
+			a = cur
 			break
 		}
-		if ts.ready[key] == nil { // an unclaimed tensor with this tag blocks the next
+		if cur != nil && h.stripes > 1 {
+			// Stripes of two tensors with one tag cannot be told apart.
+			err := fmt.Errorf("%w: stripe %d disagrees with the tensor being received", ErrBadHeader, h.stripe)
+			ts.failLocked(cur, err)
+			ts.mu.Unlock()
+			return err
+		}
+		if cur != nil && ts.hooks.queued != nil {
+			ts.hooks.queued(key.tag)
+		}
+		// A whole tensor in one frame waits for the one with its tag that
+		// is still arriving (concurrent Sends with one tag: gossip's
+		// requests), as it waits for an unclaimed one.
+		if cur == nil && ts.ready[key] == nil { // an unclaimed tensor with this tag blocks the next
 			// A Recv from any peer takes the first tensor to arrive
 			// whole: bound to this one, it would wait for a slow sender
 			// while the others' tensors are complete. It is bound only
@@ -376,7 +388,8 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 				break
 			}
 		}
-		// No Recv yet and no room to park: wait for one (back-pressure).
+		// No Recv yet and no room to park, or another tensor with the tag
+		// ahead: wait (back-pressure).
 		ch := ts.changed
 		ts.mu.Unlock()
 		t := time.NewTimer(time.Until(deadline))
@@ -384,6 +397,9 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 		case <-ch:
 			t.Stop()
 		case <-t.C:
+			if cur != nil {
+				return fmt.Errorf("%w: tag %d: the tensor ahead with this tag still arriving after %v", ErrTimeout, h.tag, ts.cfg.IOTimeout)
+			}
 			return fmt.Errorf("%w: no Recv for tag %d within %v and no room to park it", ErrTimeout, h.tag, ts.cfg.IOTimeout)
 		}
 		ts.mu.Lock()
