@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -281,6 +282,41 @@ func TestNodeFetch(t *testing.T) {
 	}
 	if got, err := trs[1].Fetch(ctx, ann("j", 1, wire.Digest([]byte{9})), nil); err != nil || got[0] != 9 {
 		t.Fatalf("latest key: %v %v", got, err)
+	}
+}
+
+// TestNodeFetchConcurrent pulls from one holder on several goroutines at
+// once, as FedBuff's fetchers do: every pull succeeds. Concurrent requests
+// share a tag; node/ used to reject the second of two that overlapped, and
+// its requester waited for a reply until its deadline.
+func TestNodeFetchConcurrent(t *testing.T) {
+	_, trs := nodeTransports(t, 2, 0, 0, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const keys = 8
+	for i := range keys {
+		if err := trs[0].Serve(fmt.Sprint(i), bytes.Repeat([]byte{byte(i)}, 1000+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8*keys)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range keys {
+				k := (i + g) % keys
+				want := bytes.Repeat([]byte{byte(k)}, 1000+k)
+				a := &wire.Announcement{Peer: trs[0].Self(), Key: fmt.Sprint(k), Size: uint64(len(want)), Digest: wire.Digest(want)}
+				if _, err := trs[1].Fetch(ctx, a, nil); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
 
