@@ -197,7 +197,7 @@ const (
 	DropFetch                        // the pull failed (timeout, dead holder, digest)
 	DropDecode                       // bytes that do not decode with their codec
 	DropOverflow                     // the inbox or the pull queue was full
-	DropSuperseded                   // FedAsync: a newer model from the same peer came before it was pulled
+	DropSuperseded                   // a newer model from the same peer came before it was pulled
 	DropRepeat                       // FedAsync: another model from a peer already merged in this own round
 	DropFar                          // FedAsync: from an unconnected peer beyond FarSources
 	numDropReasons
@@ -685,7 +685,7 @@ func (p *asyncPeer) gate(ctx context.Context, inbox <-chan *contribution) (time.
 // blocks on a pull, so the control plane's queue does not back up behind
 // slow holders.
 func (p *asyncPeer) receive(ctx context.Context, net AsyncNet, inbox chan *contribution, wg *sync.WaitGroup) {
-	q := newSharedPullQueue(p.cfg.Mode == ModeFedAsync, 4*p.cfg.Inbox)
+	q := newSharedPullQueue(p.plan.coalesce(), 4*p.cfg.Inbox)
 	var far *farSources
 	links, ok := net.(AsyncLinks)
 	if ok && p.cfg.Mode == ModeFedAsync && p.cfg.FarSources >= 0 {

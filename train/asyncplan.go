@@ -44,6 +44,11 @@ func planPayload(mode string, robust bool) payloadPlan {
 	return payloadPlan{kind: wire.KindDelta, delta: true, buffer: true}
 }
 
+// coalesce reports whether a newer announcement from a peer replaces its
+// older one waiting to be pulled: when they carry models (FedAsync, robust
+// FedBuff), which hold the older ones' work, not deltas, which do not.
+func (p payloadPlan) coalesce() bool { return p.kind == wire.KindModel }
+
 // nextRound returns how many local steps the next round trains after
 // steps done in all: LocalSteps, or what is left of maxSteps (0: no
 // limit); ok is false once maxSteps are done.
@@ -261,10 +266,9 @@ func decodeDrop(err error) DropReason {
 
 // pullQueue holds screened announcements waiting to be pulled, oldest
 // first, at most max of them (the oldest is dropped beyond it). With
-// coalesce (FedAsync), at most one announcement per peer waits: a newer
-// one takes the older one's place in the queue, since the newer model
-// already holds the older one's work. Not safe for concurrent use
-// (sharedPullQueue is).
+// coalesce (payloadPlan.coalesce), at most one announcement per peer
+// waits: a newer one takes the older one's place in the queue. Not safe
+// for concurrent use (sharedPullQueue is).
 type pullQueue struct {
 	items    []*wire.Announcement
 	byPeer   map[peerid.ID]*wire.Announcement

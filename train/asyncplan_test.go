@@ -25,8 +25,13 @@ func TestPlanPayload(t *testing.T) {
 		{ModeFedBuff, true, payloadPlan{kind: wire.KindModel, buffer: true}},
 		{ModeFedBuff, false, payloadPlan{kind: wire.KindDelta, delta: true, buffer: true}},
 	} {
-		if got := planPayload(c.mode, c.robust); got != c.want {
+		got := planPayload(c.mode, c.robust)
+		if got != c.want {
 			t.Errorf("%s robust=%v: %+v, want %+v", c.mode, c.robust, got, c.want)
+		}
+		// Models supersede each other in the pull queue; deltas do not.
+		if want := c.mode == ModeFedAsync || c.robust; got.coalesce() != want {
+			t.Errorf("%s robust=%v: coalesce %v, want %v", c.mode, c.robust, got.coalesce(), want)
 		}
 	}
 }
