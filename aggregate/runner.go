@@ -583,7 +583,7 @@ func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind)
 // recvWindow is how many Recvs a lane keeps posted: posted ahead, a chunk
 // can be read straight into its place (node/ does so) instead of being
 // parked and copied.
-const recvWindow = 8
+const recvWindow = 16
 
 // recvLane receives count chunks of step s from rank j, chunk k under tag
 // chunk first+k into buf(k), keeping up to recvWindow Recvs posted. It
