@@ -414,13 +414,9 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 
 	// A raw float32 stripe that starts on a value is checked for NaN and
 	// ±Inf in its checksum's pass.
-	var finite bool
-	fin := &finite
-	if h.codec != compression.IDFP32 || h.dtype != Float32 || off%4 != 0 || n%4 != 0 {
-		fin = nil
-	}
+	checkFinite := h.codec == compression.IDFP32 && h.dtype == Float32 && off%4 == 0 && n%4 == 0
 	ts.protect(from)
-	err := ts.readStripe(s, from, a, dst, int(n), sum, fin)
+	finite, err := ts.readStripe(s, from, a, dst, int(n), sum, checkFinite)
 	ts.unprotect(from)
 
 	ts.mu.Lock()
@@ -463,9 +459,9 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiplexer == mux.ID }
 
 // readStripe reads a stripe's payload and trailer and checks the checksum
-// (if sum: see flagNoChecksum). If sum and finite is not nil, it sets
-// *finite to whether the payload, read as float32 values, holds no NaN or
-// ±Inf, checked in the checksum's pass. Payload goes into dst (if not nil)
+// (if sum: see flagNoChecksum). With sum and checkFinite, finite reports
+// whether the payload, read as float32 values, holds no NaN or ±Inf,
+// checked in the checksum's pass. Payload goes into dst (if not nil)
 // for as long as a's buffer is not given back to its caller (gone): a Recv
 // that gives up must neither wait for a stalled sender nor have its buffer
 // written after it returned, and the stream must stay in step (a reset
@@ -476,12 +472,12 @@ func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiple
 // through a small staging buffer and is copied: a Read cut short by a
 // deadline makes yamux drop a window update now and then, which stalls the
 // stream for good.
-func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum bool, finite *bool) error {
+func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum, checkFinite bool) (finite bool, err error) {
 	sp := scratchPool.Get().(*[]byte)
 	defer scratchPool.Put(sp)
 	scratch := *sp
 	var crc uint32
-	fin := sum && finite != nil // no NaN or ±Inf so far
+	fin := sum && checkFinite // no NaN or ±Inf so far
 	update := func(p []byte) {
 		if fin {
 			crc, fin = crc32c.UpdateFinite(crc, p)
@@ -492,7 +488,7 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 	direct := dst != nil && overMux(s)
 	for off := 0; off < n; {
 		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
-			return err
+			return false, err
 		}
 		if direct {
 			a.dstMu.RLock()
@@ -514,7 +510,7 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 				ts.hooks.recvProgress(from, k)
 			}
 			if err != nil && !(a.cut.Load() && os.IsTimeout(err)) {
-				return truncated(err)
+				return false, truncated(err)
 			}
 			continue
 		}
@@ -534,21 +530,18 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 			ts.hooks.recvProgress(from, k)
 		}
 		if err != nil {
-			return truncated(err)
+			return false, truncated(err)
 		}
 	}
 	var tr [trailerLen]byte
 	s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout))
 	if _, err := io.ReadFull(s, tr[:]); err != nil {
-		return truncated(err)
+		return false, truncated(err)
 	}
 	if binary.LittleEndian.Uint32(tr[:]) != crc {
-		return ErrChecksum
+		return false, ErrChecksum
 	}
-	if finite != nil {
-		*finite = fin
-	}
-	return nil
+	return fin, nil
 }
 
 // authenticated reports whether c's transport authenticates every byte
@@ -601,7 +594,8 @@ func (ts *tensors) dropLocked(a *assembly) {
 
 // drainStripe reads a refused stripe (payload and trailer) to its end.
 func (ts *tensors) drainStripe(s network.Stream, from peer.ID, n int, sum bool) error {
-	return ts.readStripe(s, from, nil, nil, n, sum, nil)
+	_, err := ts.readStripe(s, from, nil, nil, n, sum, false)
+	return err
 }
 
 func (ts *tensors) newAssemblyLocked(key mkey, h *header, buf []byte, parked bool) *assembly {
