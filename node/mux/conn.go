@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -33,10 +34,17 @@ type Transport struct {
 	// ControlTimeout is the write deadline of control frames (window
 	// updates, resets, FINs) written by the connection itself.
 	ControlTimeout time.Duration
+	// ReadWait is how long the connection's reader offers a data frame
+	// of at least minOffer bytes that no Read waits for to the stream's
+	// next Read, which then reads the payload from the socket straight
+	// into its buffer, before it buffers the payload itself (0: buffer
+	// at once). Frames of other streams wait meanwhile; after an offer
+	// runs out, a stream's next skipAfterWait frames are buffered at once.
+	ReadWait time.Duration
 }
 
-// DefaultTransport returns a Transport with a 16 MiB window and 256 KiB
-// frames.
+// DefaultTransport returns a Transport with a 16 MiB window, 256 KiB
+// frames and a 10 ms ReadWait.
 func DefaultTransport() *Transport {
 	return &Transport{
 		Window:         16 << 20,
@@ -44,6 +52,7 @@ func DefaultTransport() *Transport {
 		AcceptBacklog:  256,
 		CloseTimeout:   time.Minute,
 		ControlTimeout: 30 * time.Second,
+		ReadWait:       10 * time.Millisecond,
 	}
 }
 
@@ -111,6 +120,11 @@ type Conn struct {
 	unacked  chan struct{} // a token per opened stream the peer has not accepted
 	closed   chan struct{}
 	wg       sync.WaitGroup
+	rtimer   *time.Timer // the reader's ReadWait timer
+	stats    struct {
+		buffered atomic.Int64 // payload bytes that went through a stream's buffer
+		expired  atomic.Int64 // offers no Read took within ReadWait
+	}
 }
 
 var _ network.MuxedConn = (*Conn)(nil)
@@ -230,7 +244,7 @@ func (c *Conn) AcceptStream() (network.MuxedStream, error) {
 // newStream returns a stream with id and its receive window reserved.
 func (c *Conn) newStream(id uint32) *stream {
 	s := &stream{c: c, id: id, window: initialWindow, credit: initialWindow,
-		rwake: make(chan struct{}, 1), wwake: make(chan struct{}, 1)}
+		rwake: make(chan struct{}, 1), rpost: make(chan struct{}, 1), wwake: make(chan struct{}, 1)}
 	if c.scope != nil {
 		if span, err := c.scope.BeginSpan(); err == nil {
 			s.span = span
@@ -376,6 +390,22 @@ func (c *Conn) writeLocked(hdr, payload []byte, dl time.Time) error {
 // readBufSize is the reader's buffer: small, so that a payload read with
 // it goes mostly straight to its destination.
 const readBufSize = 8 << 10
+
+// waitRead waits up to ReadWait for a wake-up on post or the connection's
+// end. Called by the connection's reader only.
+func (c *Conn) waitRead(post chan struct{}) {
+	if c.rtimer == nil {
+		c.rtimer = time.NewTimer(c.cfg.ReadWait)
+	} else {
+		c.rtimer.Reset(c.cfg.ReadWait)
+	}
+	select {
+	case <-post:
+	case <-c.rtimer.C:
+	case <-c.closed:
+	}
+	c.rtimer.Stop()
+}
 
 // readLoop reads frames until the connection fails.
 func (c *Conn) readLoop() {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -25,11 +26,14 @@ type rawPeer struct {
 
 // newRawPair returns a muxed connection (the dialer's side) and a raw peer
 // on a loopback TCP connection.
-func newRawPair(t *testing.T) (*Conn, *rawPeer) {
+func newRawPair(t *testing.T, config ...func(*Transport)) (*Conn, *rawPeer) {
 	t.Helper()
 	a, b := tcpPair(t)
 	tr := DefaultTransport()
 	tr.Window = 1 << 20
+	for _, f := range config {
+		f(tr)
+	}
 	mc, err := tr.NewConn(a, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -98,28 +102,65 @@ func (p *rawPeer) open(c *Conn, id uint32) network.MuxedStream {
 	return s
 }
 
+// waitOffer waits until the connection's reader offers a frame of s to
+// its next Read.
+func waitOffer(t *testing.T, s network.MuxedStream) {
+	t.Helper()
+	st := s.(*stream)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		st.mu.Lock()
+		open := st.ostate == offerOpen
+		st.mu.Unlock()
+		if open {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the frame was never offered to a Read")
+		}
+	}
+}
+
 // TestReadDeadlineMidFrame: a frame whose payload stalls half-way while
-// a Read waits for it. The Read ends by its deadline with what arrived,
-// and the rest of the frame, sent later, still reaches the stream in order.
+// a Read reads it, the Read posted before the frame arrived (the reader
+// fills it) or after (it takes the reader's offer). The Read ends by its
+// deadline with what arrived, and the rest of the frame, sent later,
+// still reaches the stream in order.
 func TestReadDeadlineMidFrame(t *testing.T) {
-	c, p := newRawPair(t)
+	for _, offered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("offered=%v", offered), func(t *testing.T) {
+			testReadDeadlineMidFrame(t, offered)
+		})
+	}
+}
+
+func testReadDeadlineMidFrame(t *testing.T, offered bool) {
+	c, p := newRawPair(t, func(tr *Transport) { tr.ReadWait = time.Minute })
 	s := p.open(c, 2)
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 1<<12) // 64 KiB
 	got := make([]byte, 0, len(payload))
 	readErr := make(chan error, 1)
 	buf := make([]byte, len(payload))
-	s.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	go func() {
-		n, err := s.Read(buf)
-		got = append(got, buf[:n]...)
-		readErr <- err
-	}()
+	read := func() {
+		s.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		go func() {
+			n, err := s.Read(buf)
+			got = append(got, buf[:n]...)
+			readErr <- err
+		}()
+	}
+	if !offered {
+		read()
+	}
 	// The header and the first half; the rest is held back.
 	var hb [headerLen]byte
 	header{typ: typeData, id: 2, length: uint32(len(payload))}.put(hb[:])
 	half := len(payload) / 2
 	if _, err := p.nc.Write(append(hb[:], payload[:half]...)); err != nil {
 		t.Fatal(err)
+	}
+	if offered {
+		waitOffer(t, s)
+		read()
 	}
 	select {
 	case err := <-readErr:
@@ -142,6 +183,82 @@ func TestReadDeadlineMidFrame(t *testing.T) {
 	}
 	if !bytes.Equal(got, payload) {
 		t.Fatal("payload out of step after a Read timed out mid-frame")
+	}
+}
+
+// TestOfferedFrame: a frame that arrives before its Read goes from the
+// socket straight into that Read's buffer, and the frame of another
+// stream behind it arrives after; at most that small one is buffered (it
+// is not offered).
+func TestOfferedFrame(t *testing.T) {
+	c, p := newRawPair(t, func(tr *Transport) { tr.ReadWait = time.Minute })
+	s2, s4 := p.open(c, 2), p.open(c, 4)
+	payload := bytes.Repeat([]byte("0123456789abcdef"), minOffer/16)
+	p.send(header{typ: typeData, id: 2, length: uint32(len(payload))}, payload)
+	p.send(header{typ: typeData, id: 4, length: 5}, []byte("hello"))
+	waitOffer(t, s2)
+	s2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	s4.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(s2, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("offered frame: %v (equal %v)", err, bytes.Equal(got, payload))
+	}
+	hello := make([]byte, 5)
+	if _, err := io.ReadFull(s4, hello); err != nil || string(hello) != "hello" {
+		t.Fatalf("the frame behind it: %q, %v", hello, err)
+	}
+	if n := c.stats.buffered.Load(); n > 5 {
+		t.Errorf("%d bytes buffered, want at most the small frame's 5", n)
+	}
+}
+
+// TestOfferExpires: frames of a stream that nobody reads are buffered
+// after one ReadWait, not one per frame, and do not hold up another
+// stream's frame for longer.
+func TestOfferExpires(t *testing.T) {
+	c, p := newRawPair(t, func(tr *Transport) { tr.ReadWait = 20 * time.Millisecond })
+	s2, s4 := p.open(c, 2), p.open(c, 4)
+	var sent []byte
+	for i := range 3 {
+		payload := bytes.Repeat([]byte{byte('a' + i)}, minOffer)
+		p.send(header{typ: typeData, id: 2, length: uint32(len(payload))}, payload)
+		sent = append(sent, payload...)
+	}
+	p.send(header{typ: typeData, id: 4, length: 5}, []byte("hello"))
+	s4.SetReadDeadline(time.Now().Add(5 * time.Second))
+	hello := make([]byte, 5)
+	if _, err := io.ReadFull(s4, hello); err != nil || string(hello) != "hello" {
+		t.Fatalf("the frame behind the unread ones: %q, %v", hello, err)
+	}
+	if n := c.stats.expired.Load(); n != 1 {
+		t.Errorf("%d offers ran out, want 1 (the next frames skip the wait)", n)
+	}
+	if n := c.stats.buffered.Load(); n != int64(len(sent)) {
+		t.Errorf("%d bytes buffered, want %d", n, len(sent))
+	}
+	s2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, len(sent))
+	if _, err := io.ReadFull(s2, got); err != nil || !bytes.Equal(got, sent) {
+		t.Fatalf("buffered frames: %v (equal %v)", err, bytes.Equal(got, sent))
+	}
+}
+
+// TestCloseReadEndsOffer: CloseRead on a stream whose frame is offered
+// lets the connection's reader go on at once (the frame is dropped).
+func TestCloseReadEndsOffer(t *testing.T) {
+	c, p := newRawPair(t, func(tr *Transport) { tr.ReadWait = time.Minute })
+	s2, s4 := p.open(c, 2), p.open(c, 4)
+	p.send(header{typ: typeData, id: 2, length: minOffer}, make([]byte, minOffer))
+	p.send(header{typ: typeData, id: 4, length: 5}, []byte("hello"))
+	waitOffer(t, s2)
+	s2.CloseRead()
+	s4.SetReadDeadline(time.Now().Add(5 * time.Second))
+	hello := make([]byte, 5)
+	if _, err := io.ReadFull(s4, hello); err != nil || string(hello) != "hello" {
+		t.Fatalf("the frame behind the closed stream's: %q, %v", hello, err)
+	}
+	if n := c.stats.expired.Load(); n != 0 {
+		t.Errorf("%d offers ran out, want 0", n)
 	}
 }
 

@@ -7,10 +7,14 @@
 //   - no send copy and no writer goroutine: Write sends the frame header and
 //     the caller's own slice under the connection's write lock (one vectored
 //     write where the connection supports it);
-//   - no receive copy when a Read is waiting: the connection's reader
+//   - no receive copy: when a Read is waiting, the connection's reader
 //     goroutine reads the payload from the socket straight into the pending
-//     Read's buffer; only payload that arrives with no Read waiting is
-//     buffered (in pooled chunks) and copied out later.
+//     Read's buffer; when none is, it offers the frame to the stream's next
+//     Read for up to ReadWait, and that Read reads the payload from the
+//     socket itself. Only payload that no Read takes in time is buffered
+//     (in pooled chunks) and copied out later. Without the offer a reader
+//     that falls behind by one frame stays behind (every frame arrives
+//     before its Read) and every byte is copied.
 //
 // Wire format. Every frame starts with a 12-byte header:
 //
@@ -34,9 +38,9 @@
 // Stream ids: the dialer (client) uses odd ids, the listener even ones.
 //
 // Deadlines. Every blocking call ends at its deadline, on Close, Reset or
-// the connection's end. A payload being read straight into a pending Read's
-// buffer is read under that Read's deadline (set on the connection for the
-// time of that read); what is left of the frame goes to the stream's buffer.
+// the connection's end. A payload being read straight into a Read's buffer
+// is read under that Read's deadline (set on the connection for the time of
+// that read); what is left of the frame is offered again or buffered.
 // A connection write that passes a stream's write deadline leaves the frame
 // half written, so the connection is closed: a peer that reads nothing for
 // a whole write deadline is treated as gone.

@@ -22,6 +22,26 @@ const (
 	pendDone              // the reader put pn bytes into pend
 )
 
+// offerState is where a data frame the connection's reader offers to the
+// stream's next Read stands.
+type offerState uint8
+
+const (
+	offerNone  offerState = iota
+	offerOpen             // the reader waits for a Read to take the frame
+	offerTaken            // a Read is reading the payload from the reader
+	offerDone             // it has read offerK bytes
+)
+
+// minOffer is the smallest payload offered to a Read: copying a smaller
+// one costs less than holding up the connection's other streams.
+const minOffer = 64 << 10
+
+// skipAfterWait is how many frames of a stream are buffered without a
+// wait after a ReadWait ran out: a reader that is slow does not stall the
+// connection on every frame.
+const skipAfterWait = 16
+
 // stream is one multiplexed stream (network.MuxedStream). Read and Write
 // may be called from two goroutines at once; two concurrent Reads or two
 // concurrent Writes are not supported (as for any net.Conn-like stream,
@@ -32,6 +52,7 @@ type stream struct {
 	window int // receive window in bytes
 	span   network.ResourceScopeSpan
 	rwake  chan struct{} // Read's wake-up (data, state, deadline)
+	rpost  chan struct{} // the reader's wake-up: a Read is waiting
 	wwake  chan struct{} // Write's wake-up (credit, state, deadline)
 	once   sync.Once     // release
 
@@ -43,7 +64,13 @@ type stream struct {
 	pend      []byte  // the waiting Read's buffer
 	pstate    pendState
 	pn        int
-	connDL    bool // nc's read deadline is set for this stream's fill
+	connDL    bool          // nc's read deadline is set for this stream's fill
+	offer     *bufio.Reader // the conn's reader lends it to a Read (ostate)
+	ostate    offerState
+	offerN    int   // payload bytes of the offered frame
+	offerK    int   // bytes the Read took from it
+	offerErr  error // the Read's error reading them
+	skipWait  int   // frames to buffer without waiting, after a ReadWait ran out
 	readDL    time.Time
 	remoteEnd bool // the peer's FIN arrived
 	readShut  bool // CloseRead or Close
@@ -139,8 +166,16 @@ func (s *stream) Read(p []byte) (int, error) {
 		if !dl.IsZero() && !time.Now().Before(dl) {
 			return 0, errTimeout
 		}
+		if s.ostate == offerOpen {
+			if n := s.takeOfferLocked(p); n > 0 {
+				s.ackLocked(n)
+				return n, nil
+			}
+			continue
+		}
 		s.pend, s.pstate = p, pendWaiting
 		s.mu.Unlock()
+		notify(s.rpost)
 		s.waitFor(s.rwake, dl)
 		s.mu.Lock()
 		for s.pstate == pendFilling { // the fill ends by its deadline or the conn's end
@@ -158,6 +193,28 @@ func (s *stream) Read(p []byte) (int, error) {
 			return n, nil
 		}
 	}
+}
+
+// takeOfferLocked reads the offered frame's payload into p itself, under
+// the stream's read deadline, and hands the connection back to its reader.
+func (s *stream) takeOfferLocked(p []byte) int {
+	s.ostate = offerTaken
+	p = p[:min(len(p), s.offerN)]
+	r := s.offer
+	if !s.readDL.IsZero() {
+		s.c.nc.SetReadDeadline(s.readDL)
+		s.connDL = true
+	}
+	s.mu.Unlock()
+	k, err := io.ReadFull(r, p)
+	s.mu.Lock()
+	if s.connDL {
+		s.c.nc.SetReadDeadline(time.Time{})
+		s.connDL = false
+	}
+	s.offerK, s.offerErr, s.ostate = k, err, offerDone
+	notify(s.rpost)
+	return k
 }
 
 // copyOutLocked copies buffered payload into p.
@@ -214,6 +271,7 @@ func (s *stream) receive(r *bufio.Reader, n int) error {
 		return fmt.Errorf("%w: stream %d sent %d bytes over its credit of %d", ErrProtocol, s.id, n, s.recvAvail)
 	}
 	s.recvAvail -= n
+	waited := false
 	for n > 0 {
 		if s.readShut || s.resetErr != nil {
 			s.mu.Unlock()
@@ -248,8 +306,26 @@ func (s *stream) receive(r *bufio.Reader, n int) error {
 			}
 			continue
 		}
+		if !waited && s.c.cfg.ReadWait > 0 && n >= minOffer {
+			if s.skipWait > 0 {
+				s.skipWait--
+				waited = true
+			} else {
+				// Offer the rest of the frame to the stream's next Read,
+				// which reads it straight into its buffer.
+				k, err := s.offerLocked(r, n)
+				waited = k == 0
+				n -= k
+				if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					s.mu.Unlock()
+					return err
+				}
+				continue
+			}
+		}
 		s.mu.Unlock()
 		ch := getChunk(n)
+		s.c.stats.buffered.Add(int64(n))
 		if _, err := io.ReadFull(r, ch.b); err != nil {
 			ch.put()
 			return err
@@ -270,9 +346,41 @@ func (s *stream) receive(r *bufio.Reader, n int) error {
 	return nil
 }
 
+// offerLocked offers the frame's n payload bytes in r to the stream's next
+// Read for up to ReadWait and returns how many bytes a Read took, and its
+// error. Called by the connection's reader, which waits meanwhile.
+func (s *stream) offerLocked(r *bufio.Reader, n int) (int, error) {
+	s.offer, s.offerN, s.ostate = r, n, offerOpen
+	select {
+	case <-s.rpost:
+	default:
+	}
+	s.mu.Unlock()
+	s.c.waitRead(s.rpost)
+	s.mu.Lock()
+	for s.ostate == offerTaken { // the read ends by its deadline or the conn's end
+		s.mu.Unlock()
+		<-s.rpost
+		s.mu.Lock()
+	}
+	k, err := 0, error(nil)
+	switch s.ostate {
+	case offerOpen:
+		if !s.readShut && s.resetErr == nil {
+			s.skipWait = skipAfterWait
+			s.c.stats.expired.Add(1)
+		}
+	case offerDone:
+		k, err = s.offerK, s.offerErr
+	}
+	s.offer, s.offerN, s.offerK, s.offerErr, s.ostate = nil, 0, 0, nil, offerNone
+	return k, err
+}
+
 // interruptFillLocked cuts a fill in progress short (CloseRead, Reset).
 func (s *stream) interruptFillLocked() {
-	if s.pstate == pendFilling {
+	notify(s.rpost)
+	if s.pstate == pendFilling || s.ostate == offerTaken {
 		s.c.nc.SetReadDeadline(time.Unix(1, 0))
 		s.connDL = true
 	}
@@ -483,12 +591,15 @@ func (s *stream) SetDeadline(t time.Time) error {
 func (s *stream) SetReadDeadline(t time.Time) error {
 	s.mu.Lock()
 	s.readDL = t
-	if s.pstate == pendFilling {
+	if s.pstate == pendFilling || s.ostate == offerTaken {
 		s.c.nc.SetReadDeadline(t)
 		s.connDL = !t.IsZero()
 	}
+	waiting := s.pstate != pendNone
 	s.mu.Unlock()
-	notify(s.rwake)
+	if waiting {
+		notify(s.rwake)
+	}
 	return nil
 }
 
