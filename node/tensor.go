@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +20,6 @@ import (
 
 	"github.com/starling-ml/starling/compression"
 	"github.com/starling-ml/starling/internal/crc32c"
-	"github.com/starling-ml/starling/node/mux"
 )
 
 // ProtocolID is the libp2p protocol of tensor streams.
@@ -129,13 +127,8 @@ type assembly struct {
 	drain bool
 	// dstMu is read-held while a stripe reader copies into buf; gone
 	// (under dstMu) means buf is its Recv's caller's again.
-	dstMu sync.RWMutex
-	gone  bool
-	// cut is set before gone, while readers may still hold dstMu: a
-	// reader reading straight into buf stops (see readStripe). cutMu is
-	// held while cut is set and those readers' deadlines with it.
-	cut     atomic.Bool
-	cutMu   sync.Mutex
+	dstMu   sync.RWMutex
+	gone    bool
 	start   time.Time
 	created time.Time
 }
@@ -454,10 +447,6 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	return nil
 }
 
-// overMux reports whether s runs over node/mux, whose Reads may be cut
-// short by a deadline and read straight into the caller's buffer.
-func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiplexer == mux.ID }
-
 // readStripe reads a stripe's payload and trailer and checks the checksum
 // (if sum: see flagNoChecksum). With sum and checkFinite, finite reports
 // whether the payload, read as float32 values, holds no NaN or ±Inf,
@@ -466,57 +455,27 @@ func overMux(s network.Stream) bool { return s.Conn().ConnState().StreamMultiple
 // that gives up must neither wait for a stalled sender nor have its buffer
 // written after it returned, and the stream must stay in step (a reset
 // would lose the frames queued behind this one), so the rest of the stripe
-// is then read and dropped. On node/mux streams the payload is read
-// straight into dst: abandonLocked cuts such a Read short with a deadline,
-// which node/mux survives with the stream in step. Over yamux it goes
-// through a small staging buffer and is copied: a Read cut short by a
-// deadline makes yamux drop a window update now and then, which stalls the
-// stream for good.
+// is then read and dropped. The payload is read into a pooled staging
+// buffer, checked there and copied into dst, which costs less CPU than
+// reading it into dst and checking it there (docs/results, "Frames
+// offered to the next Read"); no Read ever holds dst.
 func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum, checkFinite bool) (finite bool, err error) {
 	sp := scratchPool.Get().(*[]byte)
 	defer scratchPool.Put(sp)
 	scratch := *sp
 	var crc uint32
 	fin := sum && checkFinite // no NaN or ±Inf so far
-	update := func(p []byte) {
-		if fin {
-			crc, fin = crc32c.UpdateFinite(crc, p)
-			return
-		}
-		crc = crc32c.Update(crc, p)
-	}
-	direct := dst != nil && overMux(s)
 	for off := 0; off < n; {
 		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
 			return false, err
 		}
-		if direct {
-			a.dstMu.RLock()
-			if a.gone || a.cut.Load() { // given back: drain the rest
-				a.dstMu.RUnlock()
-				a.cutMu.Lock() // once abandonLocked's deadline is set, set ours
-				a.cutMu.Unlock()
-				direct, dst = false, nil
-				continue
-			}
-			part := dst[off:min(off+ioChunk, n)]
-			k, err := io.ReadFull(s, part)
-			if sum {
-				update(part[:k])
-			}
-			a.dstMu.RUnlock()
-			off += k
-			if ts.hooks.recvProgress != nil && k > 0 {
-				ts.hooks.recvProgress(from, k)
-			}
-			if err != nil && !(a.cut.Load() && os.IsTimeout(err)) {
-				return false, truncated(err)
-			}
-			continue
-		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
 		if sum {
-			update(scratch[:k])
+			if fin {
+				crc, fin = crc32c.UpdateFinite(crc, scratch[:k])
+			} else {
+				crc = crc32c.Update(crc, scratch[:k])
+			}
 		}
 		if k > 0 && dst != nil {
 			a.dstMu.RLock()
@@ -565,17 +524,7 @@ var scratchPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return
 func (ts *tensors) abandonLocked(a *assembly) {
 	a.recv = nil
 	a.drain = true
-	// Cut Reads into dst short (see readStripe): a reader that saw cut
-	// unset set its deadline before, so this one wins.
-	a.cutMu.Lock()
-	a.cut.Store(true)
-	for s := range a.active {
-		if overMux(s) {
-			s.SetReadDeadline(time.Unix(1, 0))
-		}
-	}
-	a.cutMu.Unlock()
-	a.dstMu.Lock()
+	a.dstMu.Lock() // waits for a copy into buf under way
 	a.gone = true
 	a.dstMu.Unlock()
 	if len(a.active) == 0 && a.seen == 1<<a.h.stripes-1 {
