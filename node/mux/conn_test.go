@@ -186,6 +186,16 @@ func testReadDeadlineMidFrame(t *testing.T, offered bool) {
 	}
 }
 
+// expectHello reads "hello" from s within 5 seconds; what names the frame.
+func expectHello(t *testing.T, s network.MuxedStream, what string) {
+	t.Helper()
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	hello := make([]byte, 5)
+	if _, err := io.ReadFull(s, hello); err != nil || string(hello) != "hello" {
+		t.Fatalf("%s: %q, %v", what, hello, err)
+	}
+}
+
 // TestOfferedFrame: a frame that arrives before its Read goes from the
 // socket straight into that Read's buffer, and the frame of another
 // stream behind it arrives after; at most that small one is buffered (it
@@ -198,15 +208,11 @@ func TestOfferedFrame(t *testing.T) {
 	p.send(header{typ: typeData, id: 4, length: 5}, []byte("hello"))
 	waitOffer(t, s2)
 	s2.SetReadDeadline(time.Now().Add(5 * time.Second))
-	s4.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got := make([]byte, len(payload))
 	if _, err := io.ReadFull(s2, got); err != nil || !bytes.Equal(got, payload) {
 		t.Fatalf("offered frame: %v (equal %v)", err, bytes.Equal(got, payload))
 	}
-	hello := make([]byte, 5)
-	if _, err := io.ReadFull(s4, hello); err != nil || string(hello) != "hello" {
-		t.Fatalf("the frame behind it: %q, %v", hello, err)
-	}
+	expectHello(t, s4, "the frame behind it")
 	if n := c.stats.buffered.Load(); n > 5 {
 		t.Errorf("%d bytes buffered, want at most the small frame's 5", n)
 	}
@@ -225,11 +231,7 @@ func TestOfferExpires(t *testing.T) {
 		sent = append(sent, payload...)
 	}
 	p.send(header{typ: typeData, id: 4, length: 5}, []byte("hello"))
-	s4.SetReadDeadline(time.Now().Add(5 * time.Second))
-	hello := make([]byte, 5)
-	if _, err := io.ReadFull(s4, hello); err != nil || string(hello) != "hello" {
-		t.Fatalf("the frame behind the unread ones: %q, %v", hello, err)
-	}
+	expectHello(t, s4, "the frame behind the unread ones")
 	if n := c.stats.expired.Load(); n != 1 {
 		t.Errorf("%d offers ran out, want 1 (the next frames skip the wait)", n)
 	}
@@ -252,11 +254,7 @@ func TestCloseReadEndsOffer(t *testing.T) {
 	p.send(header{typ: typeData, id: 4, length: 5}, []byte("hello"))
 	waitOffer(t, s2)
 	s2.CloseRead()
-	s4.SetReadDeadline(time.Now().Add(5 * time.Second))
-	hello := make([]byte, 5)
-	if _, err := io.ReadFull(s4, hello); err != nil || string(hello) != "hello" {
-		t.Fatalf("the frame behind the closed stream's: %q, %v", hello, err)
-	}
+	expectHello(t, s4, "the frame behind the closed stream's")
 	if n := c.stats.expired.Load(); n != 0 {
 		t.Errorf("%d offers ran out, want 0", n)
 	}

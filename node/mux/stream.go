@@ -199,8 +199,16 @@ func (s *stream) Read(p []byte) (int, error) {
 // the stream's read deadline, and hands the connection back to its reader.
 func (s *stream) takeOfferLocked(p []byte) int {
 	s.ostate = offerTaken
-	p = p[:min(len(p), s.offerN)]
-	r := s.offer
+	k, err := s.fillLocked(s.offer, p[:min(len(p), s.offerN)])
+	s.offerK, s.offerErr, s.ostate = k, err, offerDone
+	notify(s.rpost)
+	return k
+}
+
+// fillLocked reads len(p) payload bytes from r into p, with s.mu released,
+// under the stream's read deadline (set on the connection meanwhile, and
+// moved by SetReadDeadline and interruptFillLocked).
+func (s *stream) fillLocked(r *bufio.Reader, p []byte) (int, error) {
 	if !s.readDL.IsZero() {
 		s.c.nc.SetReadDeadline(s.readDL)
 		s.connDL = true
@@ -212,9 +220,7 @@ func (s *stream) takeOfferLocked(p []byte) int {
 		s.c.nc.SetReadDeadline(time.Time{})
 		s.connDL = false
 	}
-	s.offerK, s.offerErr, s.ostate = k, err, offerDone
-	notify(s.rpost)
-	return k
+	return k, err
 }
 
 // copyOutLocked copies buffered payload into p.
@@ -286,17 +292,7 @@ func (s *stream) receive(r *bufio.Reader, n int) error {
 		if s.pstate == pendWaiting && len(s.queue) == 0 {
 			p := s.pend[:min(n, len(s.pend))]
 			s.pstate = pendFilling
-			if !s.readDL.IsZero() {
-				s.c.nc.SetReadDeadline(s.readDL)
-				s.connDL = true
-			}
-			s.mu.Unlock()
-			k, err := io.ReadFull(r, p)
-			s.mu.Lock()
-			if s.connDL {
-				s.c.nc.SetReadDeadline(time.Time{})
-				s.connDL = false
-			}
+			k, err := s.fillLocked(r, p)
 			s.pn, s.pstate, s.pend = k, pendDone, nil
 			notify(s.rwake)
 			n -= k
