@@ -9,12 +9,13 @@
 //     write where the connection supports it);
 //   - no receive copy: when a Read is waiting, the connection's reader
 //     goroutine reads the payload from the socket straight into the pending
-//     Read's buffer; when none is, it offers the frame to the stream's next
-//     Read for up to ReadWait, and that Read reads the payload from the
-//     socket itself. Only payload that no Read takes in time is buffered
-//     (in pooled chunks) and copied out later. Without the offer a reader
-//     that falls behind by one frame stays behind (every frame arrives
-//     before its Read) and every byte is copied.
+//     Read's buffer; when none is, it offers a frame of 64 KiB or more to
+//     the stream's next Read for up to ReadWait, and that Read reads the
+//     payload from the socket itself. Only smaller frames and payload that
+//     no Read takes in time are buffered (in pooled chunks) and copied out
+//     later. Without the offer a reader that falls behind by one frame
+//     stays behind (every frame arrives before its Read) and every byte is
+//     copied.
 //
 // Wire format. Every frame starts with a 12-byte header:
 //
