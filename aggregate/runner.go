@@ -581,8 +581,8 @@ func (a *attempt) recv(j int, s Step, c uint32, dst []float32, mult int, k kind)
 }
 
 // recvWindow is how many Recvs a lane keeps posted: posted ahead, a chunk
-// can be read straight into its place (node/ does so) instead of being
-// parked and copied.
+// is copied into its place as it arrives (node/ does so) instead of being
+// parked in a buffer of its own and copied later.
 const recvWindow = 16
 
 // recvLane receives count chunks of step s from rank j, chunk k under tag

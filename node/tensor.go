@@ -29,8 +29,8 @@ const ProtocolID protocol.ID = "/starling/tensor/1.0.0"
 // is in flight to or from it.
 const protectTag = "starling-tensor"
 
-// ioChunk is how many bytes one Read or Write moves between deadline
-// refreshes and ctx checks.
+// ioChunk is how many bytes one Write moves between deadline refreshes
+// and ctx checks.
 const ioChunk = 1 << 20
 
 // Tensor is one tensor on the wire: its encoded bytes and what a receiver

@@ -52,7 +52,7 @@ type stream struct {
 	window int // receive window in bytes
 	span   network.ResourceScopeSpan
 	rwake  chan struct{} // Read's wake-up (data, state, deadline)
-	rpost  chan struct{} // the reader's wake-up: a Read is waiting
+	rpost  chan struct{} // the reader's wake-up: its offer was taken, or reading ended
 	wwake  chan struct{} // Write's wake-up (credit, state, deadline)
 	once   sync.Once     // release
 
@@ -175,7 +175,6 @@ func (s *stream) Read(p []byte) (int, error) {
 		}
 		s.pend, s.pstate = p, pendWaiting
 		s.mu.Unlock()
-		notify(s.rpost)
 		s.waitFor(s.rwake, dl)
 		s.mu.Lock()
 		for s.pstate == pendFilling { // the fill ends by its deadline or the conn's end
@@ -591,7 +590,7 @@ func (s *stream) SetReadDeadline(t time.Time) error {
 		s.c.nc.SetReadDeadline(t)
 		s.connDL = !t.IsZero()
 	}
-	waiting := s.pstate != pendNone
+	waiting := s.pstate == pendWaiting
 	s.mu.Unlock()
 	if waiting {
 		notify(s.rwake)
