@@ -170,7 +170,8 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	if cfg.Insecure {
 		lopts = append(lopts, libp2p.NoSecurity)
 	} else {
-		lopts = append(lopts, libp2p.Security(libp2ptls.ID, newGatheredTLS), libp2p.Security(noise.ID, noise.New))
+		lopts = append(lopts, libp2p.Security(string(recordsID), newRecordsTLS),
+			libp2p.Security(libp2ptls.ID, newGatheredTLS), libp2p.Security(noise.ID, noise.New))
 	}
 	switch {
 	case psk != nil:
@@ -423,7 +424,7 @@ func securityMismatch(err error) bool {
 		return false
 	}
 	for _, p := range ns.Protos {
-		if p == insecure.ID || p == libp2ptls.ID || p == noise.ID {
+		if p == insecure.ID || p == recordsID || p == libp2ptls.ID || p == noise.ID {
 			return true
 		}
 	}

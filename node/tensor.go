@@ -509,7 +509,7 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 func authenticated(c network.Conn) bool {
 	st := c.ConnState()
 	switch st.Security {
-	case libp2ptls.ID, noise.ID:
+	case recordsID, libp2ptls.ID, noise.ID:
 		return true
 	}
 	return st.Security == "" && (st.Transport == "quic-v1" || st.Transport == "quic")
