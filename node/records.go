@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
 	"crypto/sha256"
@@ -24,6 +23,7 @@ import (
 
 	"golang.org/x/crypto/chacha20poly1305"
 
+	"github.com/starling-ml/starling/internal/aesgcm"
 	"github.com/starling-ml/starling/node/mux"
 )
 
@@ -165,13 +165,7 @@ type recordCipher struct {
 }
 
 var (
-	aes128GCM = recordCipher{16, func(key []byte) (cipher.AEAD, error) {
-		b, err := aes.NewCipher(key)
-		if err != nil {
-			return nil, err
-		}
-		return cipher.NewGCM(b)
-	}}
+	aes128GCM        = recordCipher{16, aesgcm.New}
 	chacha20Poly1305 = recordCipher{chacha20poly1305.KeySize, chacha20poly1305.New}
 )
 
