@@ -66,8 +66,29 @@ func (g *gcm) Seal(dst, nonce, plaintext, additionalData []byte) []byte {
 	var j0 [16]byte
 	copy(j0[:], nonce)
 	j0[15] = 1
-	g.ctr(out[:len(plaintext)], plaintext, j0)
-	g.tag(out[len(plaintext):], j0, additionalData, out[:len(plaintext)])
+	var acc [16]byte
+	g.ghash(&acc, additionalData)
+	ct := out[:len(plaintext)]
+	c := j0
+	inc32(&c, 1)
+	// Whole steps: the first step's key stream alone, then each step's
+	// key stream with the step before's ciphertext hashed, then the last
+	// step's hash alone.
+	if n := len(plaintext) / (16 * group) * group; n > 0 {
+		ctrAVX512(&g.rk, &c, &ct[0], &plaintext[0], group)
+		if n > group {
+			inc32(&c, group)
+			stitchAVX512(&g.rk, &g.htab, &c, &acc, &ct[16*group], &plaintext[16*group], &ct[0], n-group)
+			inc32(&c, uint32(n-group))
+		} else {
+			inc32(&c, group)
+		}
+		ghashAVX512(&g.htab, &acc, &ct[16*(n-group)], group)
+		ct, plaintext = ct[16*n:], plaintext[16*n:]
+	}
+	g.ctrTail(ct, plaintext, &c)
+	g.ghash(&acc, ct)
+	g.finish(out[len(out)-tagSize:], j0, &acc, len(additionalData), len(out)-tagSize)
 	return ret
 }
 
@@ -87,44 +108,57 @@ func (g *gcm) Open(dst, nonce, ciphertext, additionalData []byte) ([]byte, error
 	var j0 [16]byte
 	copy(j0[:], nonce)
 	j0[15] = 1
+	var acc [16]byte
+	g.ghash(&acc, additionalData)
+	c := j0
+	inc32(&c, 1)
+	o, in := out, ct
+	if n := len(in) / (16 * group) * group; n > 0 {
+		stitchAVX512(&g.rk, &g.htab, &c, &acc, &o[0], &in[0], &in[0], n)
+		inc32(&c, uint32(n))
+		o, in = o[16*n:], in[16*n:]
+	}
+	g.ghash(&acc, in)
+	g.ctrTail(o, in, &c)
 	var want [tagSize]byte
-	g.tag(want[:], j0, additionalData, ct)
+	g.finish(want[:], j0, &acc, len(additionalData), len(ct))
 	if subtle.ConstantTimeCompare(want[:], tag) != 1 {
 		clear(out)
 		return nil, errOpen
 	}
-	g.ctr(out, ct, j0)
 	return ret, nil
 }
 
 // ctr XORs src with the key stream that starts at counter block j0+1
-// into dst.
+// into dst (the key stream pass alone, for tests and benchmarks).
 func (g *gcm) ctr(dst, src []byte, j0 [16]byte) {
 	c := j0
 	inc32(&c, 1)
-	n := len(src) / (16 * group) * group
-	if n > 0 {
+	if n := len(src) / (16 * group) * group; n > 0 {
 		ctrAVX512(&g.rk, &c, &dst[0], &src[0], n)
 		inc32(&c, uint32(n))
 		dst, src = dst[16*n:], src[16*n:]
 	}
+	g.ctrTail(dst, src, &c)
+}
+
+// ctrTail XORs src, shorter than a step, with the key stream from
+// counter block c into dst.
+func (g *gcm) ctrTail(dst, src []byte, c *[16]byte) {
 	if len(src) == 0 {
 		return
 	}
 	var ks [16 * group]byte
-	ctrAVX512(&g.rk, &c, &ks[0], &ks[0], group)
+	ctrAVX512(&g.rk, c, &ks[0], &ks[0], group)
 	subtle.XORBytes(dst, src, ks[:len(src)])
 }
 
-// tag writes GCM's tag over ad and ct into t.
-func (g *gcm) tag(t []byte, j0 [16]byte, ad, ct []byte) {
-	var acc [16]byte
-	g.ghash(&acc, ad)
-	g.ghash(&acc, ct)
+// finish folds the lengths block into acc and writes the tag into t.
+func (g *gcm) finish(t []byte, j0 [16]byte, acc *[16]byte, adLen, ctLen int) {
 	var lens [16]byte
-	binary.BigEndian.PutUint64(lens[:8], uint64(len(ad))*8)
-	binary.BigEndian.PutUint64(lens[8:], uint64(len(ct))*8)
-	ghashAVX512(&g.htab, &acc, &lens[0], 1)
+	binary.BigEndian.PutUint64(lens[:8], uint64(adLen)*8)
+	binary.BigEndian.PutUint64(lens[8:], uint64(ctLen)*8)
+	ghashAVX512(&g.htab, acc, &lens[0], 1)
 	var s [16]byte
 	g.b.Encrypt(s[:], j0[:])
 	// acc holds the hash byte-reversed (the vector code's form).

@@ -17,3 +17,10 @@ func ctrAVX512(rk *[11][16]byte, ctr *[16]byte, dst, src *byte, n int)
 //
 //go:noescape
 func ghashAVX512(htab *[group][16]byte, acc *[16]byte, p *byte, n int)
+
+// stitchAVX512 is ctrAVX512 over src and dst and ghashAVX512 over the n
+// blocks at h, in one pass (h is src when opening, dst − 256 when
+// sealing). n is a positive multiple of 16.
+//
+//go:noescape
+func stitchAVX512(rk *[11][16]byte, htab *[group][16]byte, ctr, acc *[16]byte, dst, src, h *byte, n int)
