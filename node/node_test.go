@@ -806,11 +806,11 @@ func finiteTensor(tag Tag, n int, seed uint64) Tensor {
 	return t
 }
 
-// TestRecvFinite: Recv reports a plaintext float32 tensor free of NaN and
-// ±Inf (checked in the checksum's pass) whether it was read into the
-// Recv's buffer or parked first, and in one stripe or several; it does not
-// for one holding a NaN or +Inf (which it still delivers), nor over TLS,
-// where no checksum pass is made.
+// TestRecvFinite: Recv reports a float32 tensor free of NaN and ±Inf
+// (checked in the checksum's pass on plaintext, in the staging buffer over
+// TLS) whether it was read into the Recv's buffer or parked first, and in
+// one stripe or several; it does not for one holding a NaN or +Inf (which
+// it still delivers).
 func TestRecvFinite(t *testing.T) {
 	plain := func(c *Config) { c.Insecure, c.MinStripeBytes = true, 256<<10 }
 	for _, tc := range []struct {
@@ -827,7 +827,10 @@ func TestRecvFinite(t *testing.T) {
 		{"plaintext small", plain, 3, 0, false, true},
 		{"plaintext NaN", plain, 1 << 20, 0x7fc00000, false, false},
 		{"plaintext +Inf parked", plain, 1 << 18, 0x7f800000, true, false},
-		{"tls", nil, 1 << 18, 0, false, false},
+		{"tls", nil, 1 << 18, 0, false, true},
+		{"tls striped", nil, 1 << 20, 0, false, true},
+		{"tls NaN", nil, 1 << 20, 0x7fc00000, false, false},
+		{"tls +Inf parked", nil, 1 << 18, 0x7f800000, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := newTestNode(t, tc.mut), newTestNode(t, tc.mut)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -19,6 +20,7 @@ import (
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/internal/crc32c"
 )
 
@@ -53,8 +55,9 @@ type Tensor struct {
 	// On Recv it aliases the caller's buffer.
 	Payload []byte
 	// Finite is set by Recv when node checked, in the pass that verified
-	// the payload's checksum (plaintext connections only), that a raw
-	// float32 payload holds no NaN or ±Inf. False says nothing.
+	// the payload's checksum or (on connections that need none) in the
+	// staging buffer, that a raw float32 payload holds no NaN or ±Inf.
+	// False says nothing.
 	Finite bool
 	// From is the sender (set by Recv; ignored by Send).
 	From peer.ID
@@ -448,10 +451,10 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 }
 
 // readStripe reads a stripe's payload and trailer and checks the checksum
-// (if sum: see flagNoChecksum). With sum and checkFinite, finite reports
-// whether the payload, read as float32 values, holds no NaN or ±Inf,
-// checked in the checksum's pass. Payload goes into dst (if not nil)
-// for as long as a's buffer is not given back to its caller (gone): a Recv
+// (if sum: see flagNoChecksum). With checkFinite, finite reports whether
+// the payload, read as float32 values, holds no NaN or ±Inf, checked in
+// the checksum's pass or, without one, in the staging buffer. Payload goes
+// into dst (if not nil) for as long as a's buffer is not given back to its caller (gone): a Recv
 // that gives up must neither wait for a stalled sender nor have its buffer
 // written after it returned, and the stream must stay in step (a reset
 // would lose the frames queued behind this one), so the rest of the stripe
@@ -464,18 +467,19 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 	defer scratchPool.Put(sp)
 	scratch := *sp
 	var crc uint32
-	fin := sum && checkFinite // no NaN or ±Inf so far
+	fin := checkFinite // no NaN or ±Inf so far
 	for off := 0; off < n; {
 		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
 			return false, err
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
-		if sum {
-			if fin {
-				crc, fin = crc32c.UpdateFinite(crc, scratch[:k])
-			} else {
-				crc = crc32c.Update(crc, scratch[:k])
-			}
+		switch {
+		case sum && fin:
+			crc, fin = crc32c.UpdateFinite(crc, scratch[:k])
+		case sum:
+			crc = crc32c.Update(crc, scratch[:k])
+		case fin: // no checksum pass to fold it into: checked in the cache
+			fin = k%4 == 0 && (k == 0 || device.AllFinite(unsafe.Slice((*float32)(unsafe.Pointer(&scratch[0])), k/4)))
 		}
 		if k > 0 && dst != nil {
 			a.dstMu.RLock()
