@@ -63,14 +63,8 @@ func (g *gcm) Seal(dst, nonce, plaintext, additionalData []byte) []byte {
 	if inexactOverlap(out, plaintext) || anyOverlap(out, additionalData) {
 		panic("aesgcm: invalid buffer overlap")
 	}
-	var j0 [16]byte
-	copy(j0[:], nonce)
-	j0[15] = 1
-	var acc [16]byte
-	g.ghash(&acc, additionalData)
+	j0, c, acc := g.start(nonce, additionalData)
 	ct := out[:len(plaintext)]
-	c := j0
-	inc32(&c, 1)
 	// Whole steps: the first step's key stream alone, then each step's
 	// key stream with the step before's ciphertext hashed, then the last
 	// step's hash alone.
@@ -105,13 +99,7 @@ func (g *gcm) Open(dst, nonce, ciphertext, additionalData []byte) ([]byte, error
 	if inexactOverlap(out, ciphertext) || anyOverlap(out, additionalData) {
 		panic("aesgcm: invalid buffer overlap")
 	}
-	var j0 [16]byte
-	copy(j0[:], nonce)
-	j0[15] = 1
-	var acc [16]byte
-	g.ghash(&acc, additionalData)
-	c := j0
-	inc32(&c, 1)
+	j0, c, acc := g.start(nonce, additionalData)
 	o, in := out, ct
 	if n := len(in) / (16 * group) * group; n > 0 {
 		stitchAVX512(&g.rk, &g.htab, &c, &acc, &o[0], &in[0], &in[0], n)
@@ -127,6 +115,17 @@ func (g *gcm) Open(dst, nonce, ciphertext, additionalData []byte) ([]byte, error
 		return nil, errOpen
 	}
 	return ret, nil
+}
+
+// start returns a message's pre-counter block J0, its first counter block
+// J0+1, and the hash of its additional data.
+func (g *gcm) start(nonce, ad []byte) (j0, c, acc [16]byte) {
+	copy(j0[:], nonce)
+	j0[15] = 1
+	c = j0
+	inc32(&c, 1)
+	g.ghash(&acc, ad)
+	return j0, c, acc
 }
 
 // ctr XORs src with the key stream that starts at counter block j0+1

@@ -29,6 +29,69 @@ DATA sixteen<>+0(SB)/8, $16
 DATA sixteen<>+8(SB)/8, $0
 GLOBL sixteen<>(SB), RODATA|NOPTR, $16
 
+// KEYS broadcasts the 11 round keys at DX to Z16–Z26, and the byte
+// reversal's mask to Z27.
+#define KEYS \
+	VBROADCASTI32X4 0(DX), Z16 \
+	VBROADCASTI32X4 16(DX), Z17 \
+	VBROADCASTI32X4 32(DX), Z18 \
+	VBROADCASTI32X4 48(DX), Z19 \
+	VBROADCASTI32X4 64(DX), Z20 \
+	VBROADCASTI32X4 80(DX), Z21 \
+	VBROADCASTI32X4 96(DX), Z22 \
+	VBROADCASTI32X4 112(DX), Z23 \
+	VBROADCASTI32X4 128(DX), Z24 \
+	VBROADCASTI32X4 144(DX), Z25 \
+	VBROADCASTI32X4 160(DX), Z26 \
+	VBROADCASTI32X4 bswapMask<>(SB), Z27
+
+// COUNTERS sets Z4–Z7 to the 16 counter blocks from the one at BX, kept
+// byte-reversed so that a lane's 32-bit counter is its low doubleword and
+// VPADDD is inc32, and Z8 to the step's increment.
+#define COUNTERS \
+	VBROADCASTI32X4 four<>(SB), Z15 \
+	VBROADCASTI32X4 sixteen<>(SB), Z8 \
+	VBROADCASTI32X4 0(BX), Z4 \
+	VPSHUFB         Z27, Z4, Z4 \
+	VPADDD          laneOffsets<>(SB), Z4, Z4 \
+	VPADDD          Z15, Z4, Z5 \
+	VPADDD          Z15, Z5, Z6 \
+	VPADDD          Z15, Z6, Z7
+
+// NEXT moves the counters on by a step.
+#define NEXT \
+	VPADDD Z8, Z4, Z4 \
+	VPADDD Z8, Z5, Z5 \
+	VPADDD Z8, Z6, Z6 \
+	VPADDD Z8, Z7, Z7
+
+// AESSTART makes the step's counter blocks and whitens them.
+#define AESSTART \
+	VPSHUFB Z27, Z4, Z0 \
+	VPSHUFB Z27, Z5, Z1 \
+	VPSHUFB Z27, Z6, Z2 \
+	VPSHUFB Z27, Z7, Z3 \
+	VPXORQ  Z16, Z0, Z0 \
+	VPXORQ  Z16, Z1, Z1 \
+	VPXORQ  Z16, Z2, Z2 \
+	VPXORQ  Z16, Z3, Z3
+
+// AESEND finishes the step's key stream and XORs it with the 256 bytes at
+// SI into DI.
+#define AESEND \
+	VAESENCLAST Z26, Z0, Z0 \
+	VAESENCLAST Z26, Z1, Z1 \
+	VAESENCLAST Z26, Z2, Z2 \
+	VAESENCLAST Z26, Z3, Z3 \
+	VPXORQ      0(SI), Z0, Z0 \
+	VPXORQ      64(SI), Z1, Z1 \
+	VPXORQ      128(SI), Z2, Z2 \
+	VPXORQ      192(SI), Z3, Z3 \
+	VMOVDQU64   Z0, 0(DI) \
+	VMOVDQU64   Z1, 64(DI) \
+	VMOVDQU64   Z2, 128(DI) \
+	VMOVDQU64   Z3, 192(DI)
+
 #define ROUND(k) \
 	VAESENC k, Z0, Z0 \
 	VAESENC k, Z1, Z1 \
@@ -36,48 +99,17 @@ GLOBL sixteen<>(SB), RODATA|NOPTR, $16
 	VAESENC k, Z3, Z3
 
 // func ctrAVX512(rk *[11][16]byte, ctr *[16]byte, dst, src *byte, n int)
-//
-// Counters are kept byte-reversed, so that a lane's 32-bit counter is its
-// low doubleword and VPADDD is inc32; four registers of four lanes make
-// the 16 blocks of a step.
 TEXT ·ctrAVX512(SB), NOSPLIT, $0-40
-	MOVQ rk+0(FP), AX
+	MOVQ rk+0(FP), DX
 	MOVQ ctr+8(FP), BX
 	MOVQ dst+16(FP), DI
 	MOVQ src+24(FP), SI
 	MOVQ n+32(FP), CX
-
-	VBROADCASTI32X4 0(AX), Z16
-	VBROADCASTI32X4 16(AX), Z17
-	VBROADCASTI32X4 32(AX), Z18
-	VBROADCASTI32X4 48(AX), Z19
-	VBROADCASTI32X4 64(AX), Z20
-	VBROADCASTI32X4 80(AX), Z21
-	VBROADCASTI32X4 96(AX), Z22
-	VBROADCASTI32X4 112(AX), Z23
-	VBROADCASTI32X4 128(AX), Z24
-	VBROADCASTI32X4 144(AX), Z25
-	VBROADCASTI32X4 160(AX), Z26
-	VBROADCASTI32X4 bswapMask<>(SB), Z27
-	VBROADCASTI32X4 four<>(SB), Z9
-	VBROADCASTI32X4 sixteen<>(SB), Z8
-
-	VBROADCASTI32X4 0(BX), Z4
-	VPSHUFB   Z27, Z4, Z4
-	VPADDD    laneOffsets<>(SB), Z4, Z4
-	VPADDD    Z9, Z4, Z5
-	VPADDD    Z9, Z5, Z6
-	VPADDD    Z9, Z6, Z7
+	KEYS
+	COUNTERS
 
 ctrLoop:
-	VPSHUFB Z27, Z4, Z0
-	VPSHUFB Z27, Z5, Z1
-	VPSHUFB Z27, Z6, Z2
-	VPSHUFB Z27, Z7, Z3
-	VPXORQ  Z16, Z0, Z0
-	VPXORQ  Z16, Z1, Z1
-	VPXORQ  Z16, Z2, Z2
-	VPXORQ  Z16, Z3, Z3
+	AESSTART
 	ROUND(Z17)
 	ROUND(Z18)
 	ROUND(Z19)
@@ -87,139 +119,19 @@ ctrLoop:
 	ROUND(Z23)
 	ROUND(Z24)
 	ROUND(Z25)
-	VAESENCLAST Z26, Z0, Z0
-	VAESENCLAST Z26, Z1, Z1
-	VAESENCLAST Z26, Z2, Z2
-	VAESENCLAST Z26, Z3, Z3
-	VPXORQ    0(SI), Z0, Z0
-	VPXORQ    64(SI), Z1, Z1
-	VPXORQ    128(SI), Z2, Z2
-	VPXORQ    192(SI), Z3, Z3
-	VMOVDQU64 Z0, 0(DI)
-	VMOVDQU64 Z1, 64(DI)
-	VMOVDQU64 Z2, 128(DI)
-	VMOVDQU64 Z3, 192(DI)
-	VPADDD    Z8, Z4, Z4
-	VPADDD    Z8, Z5, Z5
-	VPADDD    Z8, Z6, Z6
-	VPADDD    Z8, Z7, Z7
-	ADDQ      $256, SI
-	ADDQ      $256, DI
-	SUBQ      $16, CX
-	JNZ       ctrLoop
+	AESEND
+	NEXT
+	ADDQ $256, SI
+	ADDQ $256, DI
+	SUBQ $16, CX
+	JNZ  ctrLoop
 	VZEROUPPER
 	RET
 
-// REDUCE folds the 256-bit product X9:X8 (high:low, with the middle
-// term X10 still apart) into X12, modulo GCM's polynomial (X14), in the
-// form of crypto/internal/fips140/aes/gcm's gcmAesData.
-#define REDUCE \
-	VPSLLDQ    $8, X10, X11 \
-	VPSRLDQ    $8, X10, X10 \
-	VPXOR      X11, X8, X8 \
-	VPXOR      X10, X9, X9 \
-	VPCLMULQDQ $0x01, X8, X14, X11 \
-	VPSHUFD    $0x4e, X8, X8 \
-	VPXOR      X11, X8, X8 \
-	VPCLMULQDQ $0x01, X8, X14, X11 \
-	VPSHUFD    $0x4e, X8, X8 \
-	VPXOR      X11, X8, X8 \
-	VPXOR      X9, X8, X12
-
-// LANESUM XORs the four lanes of Z into its low lane (X).
-#define LANESUM(Z, Y, X) \
-	VEXTRACTI64X4 $1, Z, Y11 \
-	VPXORQ        Y11, Y, Y \
-	VEXTRACTI128  $1, Y, X11 \
-	VPXOR         X11, X, X
-
-// MULADD multiplies the lanes of data register D by those of H and adds
-// the low, high and middle products to Z8, Z9 and Z10.
-#define MULADD(D, H) \
-	VPCLMULQDQ $0x00, H, D, Z11 \
-	VPCLMULQDQ $0x11, H, D, Z13 \
-	VPCLMULQDQ $0x01, H, D, Z17 \
-	VPCLMULQDQ $0x10, H, D, D \
-	VPXORQ     Z11, Z8, Z8 \
-	VPXORQ     Z13, Z9, Z9 \
-	VPTERNLOGQ $0x96, Z17, D, Z10
-
-// func ghashAVX512(htab *[16][16]byte, acc *[16]byte, p *byte, n int)
-//
-// Sixteen blocks a step: block i of the step (the accumulator added to
-// block 0) times H^(16-i), summed, and one reduction; then single blocks
-// times H.
-TEXT ·ghashAVX512(SB), NOSPLIT, $0-32
-	MOVQ htab+0(FP), AX
-	MOVQ acc+8(FP), BX
-	MOVQ p+16(FP), SI
-	MOVQ n+24(FP), CX
-	VMOVDQU (BX), X12
-	VMOVDQU gcmPoly<>(SB), X14
-	CMPQ    CX, $16
-	JB      singles
-
-	VBROADCASTI32X4 bswapMask<>(SB), Z27
-	VMOVDQU64 0(AX), Z4
-	VMOVDQU64 64(AX), Z5
-	VMOVDQU64 128(AX), Z6
-	VMOVDQU64 192(AX), Z7
-
-loop16:
-	VMOVDQU64  0(SI), Z0
-	VMOVDQU64  64(SI), Z1
-	VMOVDQU64  128(SI), Z2
-	VMOVDQU64  192(SI), Z3
-	VPSHUFB    Z27, Z0, Z0
-	VPSHUFB    Z27, Z1, Z1
-	VPSHUFB    Z27, Z2, Z2
-	VPSHUFB    Z27, Z3, Z3
-	VPXORQ     Z12, Z0, Z0
-	VPCLMULQDQ $0x00, Z4, Z0, Z8
-	VPCLMULQDQ $0x11, Z4, Z0, Z9
-	VPCLMULQDQ $0x01, Z4, Z0, Z10
-	VPCLMULQDQ $0x10, Z4, Z0, Z0
-	VPXORQ     Z0, Z10, Z10
-	MULADD(Z1, Z5)
-	MULADD(Z2, Z6)
-	MULADD(Z3, Z7)
-	LANESUM(Z8, Y8, X8)
-	LANESUM(Z9, Y9, X9)
-	LANESUM(Z10, Y10, X10)
-	REDUCE
-	ADDQ       $256, SI
-	SUBQ       $16, CX
-	CMPQ       CX, $16
-	JAE        loop16
-
-singles:
-	TESTQ   CX, CX
-	JZ      done
-	VMOVDQU bswapMask<>(SB), X13
-	VMOVDQU 240(AX), X4
-
-single:
-	VMOVDQU    (SI), X0
-	VPSHUFB    X13, X0, X0
-	VPXOR      X12, X0, X0
-	VPCLMULQDQ $0x00, X4, X0, X8
-	VPCLMULQDQ $0x11, X4, X0, X9
-	VPCLMULQDQ $0x01, X4, X0, X10
-	VPCLMULQDQ $0x10, X4, X0, X11
-	VPXOR      X11, X10, X10
-	REDUCE
-	ADDQ       $16, SI
-	DECQ       CX
-	JNZ        single
-
-done:
-	VMOVDQU X12, (BX)
-	VZEROUPPER
-	RET
-
-// GH4 multiplies the hash input's four registers (Z28–Z31, prepared) by
-// the powers at AX and sums into Z9 (low), Z10 (high), Z11 (middle),
-// one product at a time (HMUL); HFIRST starts the sums.
+// HFIRST, HLO, HHI and HMID multiply a register of prepared hash input
+// (four blocks) by the four powers at off(AX) and add the low, high and
+// middle products to Z9, Z10 and Z11 (Z13: scratch); HFIRST starts the
+// sums. Four such registers times H^16..H^1 are a step.
 #define HFIRST(D, off) \
 	VPCLMULQDQ $0x00, off(AX), D, Z9 \
 	VPCLMULQDQ $0x11, off(AX), D, Z10 \
@@ -267,6 +179,76 @@ done:
 	VPXOR         X13, X9, X9 \
 	VPXOR         X10, X9, X12
 
+// HPREP loads the 256 bytes at R9 into Z28–Z31, reverses each block's
+// bytes and adds the accumulator to the first.
+#define HPREP \
+	VMOVDQU64 0(R9), Z28 \
+	VMOVDQU64 64(R9), Z29 \
+	VMOVDQU64 128(R9), Z30 \
+	VMOVDQU64 192(R9), Z31 \
+	VPSHUFB   Z27, Z28, Z28 \
+	VPSHUFB   Z27, Z29, Z29 \
+	VPSHUFB   Z27, Z30, Z30 \
+	VPSHUFB   Z27, Z31, Z31 \
+	VPXORQ    Z12, Z28, Z28
+
+// func ghashAVX512(htab *[16][16]byte, acc *[16]byte, p *byte, n int)
+//
+// Sixteen blocks a step: block i of the step (the accumulator added to
+// block 0) times H^(16-i), summed, and one reduction; then single blocks
+// times H.
+TEXT ·ghashAVX512(SB), NOSPLIT, $0-32
+	MOVQ htab+0(FP), AX
+	MOVQ acc+8(FP), BX
+	MOVQ p+16(FP), R9
+	MOVQ n+24(FP), CX
+	VMOVDQU (BX), X12
+	VMOVDQU gcmPoly<>(SB), X14
+	VBROADCASTI32X4 bswapMask<>(SB), Z27
+
+ghashLoop:
+	CMPQ CX, $16
+	JB   singles
+	HPREP
+	HFIRST(Z28, 0)
+	HLO(Z29, 64)
+	HHI(Z29, 64)
+	HMID(Z29, 64)
+	HLO(Z30, 128)
+	HHI(Z30, 128)
+	HMID(Z30, 128)
+	HLO(Z31, 192)
+	HHI(Z31, 192)
+	HMID(Z31, 192)
+	HREDUCE
+	ADDQ $256, R9
+	SUBQ $16, CX
+	JMP  ghashLoop
+
+singles:
+	TESTQ CX, CX
+	JZ    done
+
+single:
+	VMOVDQU    (R9), X0
+	VPSHUFB    X27, X0, X0
+	VPXOR      X12, X0, X0
+	VMOVDQU    240(AX), X4
+	VPCLMULQDQ $0x00, X4, X0, X9
+	VPCLMULQDQ $0x11, X4, X0, X10
+	VPCLMULQDQ $0x01, X4, X0, X11
+	VPCLMULQDQ $0x10, X4, X0, X13
+	VPXOR      X13, X11, X11
+	HREDUCE
+	ADDQ       $16, R9
+	DECQ       CX
+	JNZ        single
+
+done:
+	VMOVDQU X12, (BX)
+	VZEROUPPER
+	RET
+
 // func stitchAVX512(rk *[11][16]byte, htab *[16][16]byte, ctr *[16]byte, acc *[16]byte, dst, src, h *byte, n int)
 //
 // One pass of 16 blocks a step that does both halves of GCM: dst = src
@@ -285,47 +267,14 @@ TEXT ·stitchAVX512(SB), NOSPLIT, $0-64
 	MOVQ h+48(FP), R9
 	MOVQ n+56(FP), CX
 
-	VBROADCASTI32X4 0(DX), Z16
-	VBROADCASTI32X4 16(DX), Z17
-	VBROADCASTI32X4 32(DX), Z18
-	VBROADCASTI32X4 48(DX), Z19
-	VBROADCASTI32X4 64(DX), Z20
-	VBROADCASTI32X4 80(DX), Z21
-	VBROADCASTI32X4 96(DX), Z22
-	VBROADCASTI32X4 112(DX), Z23
-	VBROADCASTI32X4 128(DX), Z24
-	VBROADCASTI32X4 144(DX), Z25
-	VBROADCASTI32X4 160(DX), Z26
-	VBROADCASTI32X4 bswapMask<>(SB), Z27
-	VBROADCASTI32X4 four<>(SB), Z15
-	VBROADCASTI32X4 sixteen<>(SB), Z8
-	VBROADCASTI32X4 0(BX), Z4
-	VPSHUFB   Z27, Z4, Z4
-	VPADDD    laneOffsets<>(SB), Z4, Z4
-	VPADDD    Z15, Z4, Z5
-	VPADDD    Z15, Z5, Z6
-	VPADDD    Z15, Z6, Z7
+	KEYS
+	COUNTERS
 	VMOVDQU   (R8), X12
 	VMOVDQU   gcmPoly<>(SB), X14
 
 stitchLoop:
-	VMOVDQU64 0(R9), Z28
-	VMOVDQU64 64(R9), Z29
-	VMOVDQU64 128(R9), Z30
-	VMOVDQU64 192(R9), Z31
-	VPSHUFB   Z27, Z4, Z0
-	VPSHUFB   Z27, Z5, Z1
-	VPSHUFB   Z27, Z6, Z2
-	VPSHUFB   Z27, Z7, Z3
-	VPSHUFB   Z27, Z28, Z28
-	VPSHUFB   Z27, Z29, Z29
-	VPSHUFB   Z27, Z30, Z30
-	VPSHUFB   Z27, Z31, Z31
-	VPXORQ    Z16, Z0, Z0
-	VPXORQ    Z16, Z1, Z1
-	VPXORQ    Z16, Z2, Z2
-	VPXORQ    Z16, Z3, Z3
-	VPXORQ    Z12, Z28, Z28
+	HPREP
+	AESSTART
 	ROUND(Z17)
 	HFIRST(Z28, 0)
 	ROUND(Z18)
@@ -345,23 +294,9 @@ stitchLoop:
 	HMID(Z31, 192)
 	ROUND(Z24)
 	ROUND(Z25)
-	VAESENCLAST Z26, Z0, Z0
-	VAESENCLAST Z26, Z1, Z1
-	VAESENCLAST Z26, Z2, Z2
-	VAESENCLAST Z26, Z3, Z3
-	VPXORQ    0(SI), Z0, Z0
-	VPXORQ    64(SI), Z1, Z1
-	VPXORQ    128(SI), Z2, Z2
-	VPXORQ    192(SI), Z3, Z3
-	VMOVDQU64 Z0, 0(DI)
-	VMOVDQU64 Z1, 64(DI)
-	VMOVDQU64 Z2, 128(DI)
-	VMOVDQU64 Z3, 192(DI)
+	AESEND
 	HREDUCE
-	VPADDD    Z8, Z4, Z4
-	VPADDD    Z8, Z5, Z5
-	VPADDD    Z8, Z6, Z6
-	VPADDD    Z8, Z7, Z7
+	NEXT
 	ADDQ      $256, SI
 	ADDQ      $256, DI
 	ADDQ      $256, R9

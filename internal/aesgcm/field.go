@@ -10,7 +10,9 @@ import (
 // bytes reversed, read as a 128-bit little-endian number (hi, lo).
 type elem struct{ hi, lo uint64 }
 
-func load(b []byte) elem { return elem{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:16])} }
+func load(b []byte) elem {
+	return elem{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:16])}
+}
 
 // bytes returns e as the 16 bytes of a vector register (lo first).
 func (e elem) bytes() (b [16]byte) {
