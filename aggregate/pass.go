@@ -146,9 +146,9 @@ func (a *attempt) recvMsg(j int, s Step, p *pass, size int, m *msg, mult int, k 
 	count := numChunks(len(m.w), p.chunk)
 	chunk := func(i int) []float32 { lo, hi := chunkRange(0, len(m.w), p.chunk, i); return m.w[lo:hi] }
 	if !p.coded() {
-		return a.recvLane(j, s, p.tag(s, 0), count, chunk, mult, k, every, done)
+		return a.recvLane(j, s, p.tag(s, 0), count, chunk, mult, k, every, nil, done)
 	}
-	if !a.recvLane(j, s, p.tag(s, 0), count, chunk, mult, k, nil, nil) {
+	if !a.recvLane(j, s, p.tag(s, 0), count, chunk, mult, k, nil, nil, nil) {
 		return false
 	}
 	m.b = unpackWords(m.b, m.w, int(h.nbytes))

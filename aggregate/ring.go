@@ -160,12 +160,29 @@ func (a *attempt) ring() {
 	// completed one on receipt.
 	checkA := func(k int) bool { return !recv[k].reduce }
 	checkB := func(k int) bool { return !recv[mA+k].reduce }
+	// Where the transport can, it adds our contribution to a partial sum
+	// as the sum arrives, with the kernel AxpyFinite would use.
+	fusedSums := make([]fused, len(recv))
+	var fuse func(k int) *fused
+	if _, ok := a.r.t.(AxpyReceiver); ok && device.AxpyToRuns(a.r.be) {
+		fuse = func(k int) *fused {
+			if !recv[k].reduce {
+				return nil
+			}
+			fusedSums[k] = fused{alpha: coef, x: a.src[recv[k].lo:recv[k].hi]}
+			return &fusedSums[k]
+		}
+	}
+	fuseA, fuseB := fuse, fuse
+	if fuse != nil {
+		fuseB = func(k int) *fused { return fuse(mA + k) }
+	}
 	wg.Go(func() { // lane A
 		if !hdrFrom(left) {
 			return
 		}
 		close(leftOK)
-		if a.recvLane(left, StepRing, 0, mA, item, 1, kindStall, checkA, func(int) { arrivedA <- struct{}{} }) {
+		if a.recvLane(left, StepRing, 0, mA, item, 1, kindStall, checkA, fuseA, func(int) { arrivedA <- struct{}{} }) {
 			a.laneDone()
 		}
 	})
@@ -174,23 +191,24 @@ func (a *attempt) ring() {
 			return
 		}
 		rest := func(k int) []float32 { return item(mA + k) }
-		if a.recvLane(left, StepRing, uint32(mA), len(recv)-mA, rest, 2, kindTimeout, checkB, func(int) { arrivedB <- struct{}{} }) {
+		if a.recvLane(left, StepRing, uint32(mA), len(recv)-mA, rest, 2, kindTimeout, checkB, fuseB, func(int) { arrivedB <- struct{}{} }) {
 			a.laneDone()
 		}
 	})
 	wg.Go(func() {
-		a.ringSend(right, send, recv, m0, mA, own, ownOff, coef, mean, weights, hdrs, arrivedA, arrivedB)
+		a.ringSend(right, send, recv, fusedSums, m0, mA, own, ownOff, coef, mean, weights, hdrs, arrivedA, arrivedB)
 	})
 	wg.Wait()
 }
 
 // ringSend is the ring's sender: item i < m0 is our own segment (own, our
 // weighted contribution, from coordinate ownOff); item i ≥ m0 is received
-// item i−m0, combined with our contribution first if it is a partial sum.
+// item i−m0, combined with our contribution first if it is a partial sum
+// (unless the transport did so as it arrived: fusedSums).
 // Completed sums are our segment of the result: for a mean they are
 // divided by the total weight, which needs every member's header. Every
 // rank learns the total, even one whose segment is empty.
-func (a *attempt) ringSend(right int, send, recv []ringItem, m0, mA int, own []float32, ownOff int, coef float32, mean bool, weights []float64, hdrs, arrivedA, arrivedB <-chan struct{}) {
+func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, m0, mA int, own []float32, ownOff int, coef float32, mean bool, weights []float64, hdrs, arrivedA, arrivedB <-chan struct{}) {
 	be := a.r.be
 	haveTotal := false
 	total := func() bool {
@@ -232,7 +250,10 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, m0, mA int, own []f
 		out := a.dst[it.lo:it.hi]
 		if recv[k].reduce {
 			x := a.src[it.lo:it.hi]
-			in, ok := device.AxpyFinite(be, coef, x, out)
+			in, ok := fusedSums[k].in, fusedSums[k].ok
+			if !fusedSums[k].summed {
+				in, ok = device.AxpyFinite(be, coef, x, out)
+			}
 			if (!in || !ok) && !device.AllFinite(x) {
 				a.accuse(a.rank, kindBadValue) // our own input: see ringChecksOwn
 				return

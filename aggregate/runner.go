@@ -526,15 +526,28 @@ func (a *attempt) probe(ctx context.Context, p Prober, j int, unresponsive func(
 // of mult stall timeouts; k is the blame if the watchdog fires. It returns
 // false when the data phase is over for any reason.
 func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []float32, mult int, k kind) bool {
-	ok, _ := a.recvChecked(ctx, j, s, c, dst, mult, k)
+	ok, _ := a.recvChecked(ctx, j, s, c, dst, mult, k, nil)
 	return ok
 }
 
+// fused is a partial sum that the transport may add our contribution
+// alpha·x to as it arrives (AxpyReceiver); the receive sets the rest.
+type fused struct {
+	alpha          float32
+	x              []float32
+	summed, in, ok bool // in, ok: as device.AxpyFinite's, when summed
+}
+
 // recvChecked is recvOne; finite reports that the transport checked dst
-// for NaN and ±Inf already (FiniteReceiver).
-func (a *attempt) recvChecked(ctx context.Context, j int, s Step, c uint32, dst []float32, mult int, k kind) (ok, finite bool) {
+// for NaN and ±Inf already (FiniteReceiver). With f, an AxpyReceiver may
+// sum the chunk on arrival (f.summed; finite is then f.in).
+func (a *attempt) recvChecked(ctx context.Context, j int, s Step, c uint32, dst []float32, mult int, k kind, f *fused) (ok, finite bool) {
 	var err error
-	if fr, is := a.r.t.(FiniteReceiver); is {
+	ar, isAR := a.r.t.(AxpyReceiver)
+	if fr, is := a.r.t.(FiniteReceiver); f != nil && isAR {
+		f.summed, f.in, f.ok, err = ar.RecvAxpy(ctx, a.g.members[j], a.tag(s, c), dst, f.alpha, f.x)
+		finite = f.in
+	} else if is {
 		finite, err = fr.RecvFinite(ctx, a.g.members[j], a.tag(s, c), dst)
 	} else {
 		err = a.r.t.Recv(ctx, a.g.members[j], a.tag(s, c), dst)
@@ -588,10 +601,12 @@ const recvWindow = 16
 // recvLane receives count chunks of step s from rank j, chunk k under tag
 // chunk first+k into buf(k), keeping up to recvWindow Recvs posted. It
 // blames j for non-finite values in each chunk k for which check(k) (nil:
-// none); a chunk it does not check is the caller's to check. It calls
+// none); a chunk it does not check is the caller's to check. fuse(k)
+// (fuse nil: none) is chunk k's partial sum to add our contribution to on
+// arrival where the transport can (recvChecked). It calls
 // done(k) for each chunk in order (under a lock: done must not block) and
 // returns whether all arrived.
-func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k int) []float32, mult int, k kind, check func(k int) bool, done func(k int)) bool {
+func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k int) []float32, mult int, k kind, check func(k int) bool, fuse func(k int) *fused, done func(k int)) bool {
 	if count == 0 {
 		return true
 	}
@@ -612,7 +627,11 @@ func (a *attempt) recvLane(j int, s Step, first uint32, count int, buf func(k in
 				if failed.Load() {
 					return
 				}
-				if ok, finite := a.recvChecked(ctx, j, s, first+uint32(c), dst, mult, k); !ok || (check != nil && check(c) && !finite && !a.checkFinite(j, dst)) {
+				var f *fused
+				if fuse != nil {
+					f = fuse(c)
+				}
+				if ok, finite := a.recvChecked(ctx, j, s, first+uint32(c), dst, mult, k, f); !ok || (check != nil && check(c) && !finite && !a.checkFinite(j, dst)) {
 					failed.Store(true)
 					return
 				}

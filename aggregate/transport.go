@@ -112,6 +112,19 @@ type FiniteReceiver interface {
 	RecvFinite(ctx context.Context, from peerid.ID, tag Tag, dst []float32) (finite bool, err error)
 }
 
+// AxpyReceiver is implemented by transports that can add the receiver's
+// own contribution to a partial sum as it arrives (node.RecvAxpy), saving
+// a copy and a pass over dst. The ring uses it where its backend's
+// AxpyFinite is device.AxpyTo's kernel (device.AxpyToRuns).
+type AxpyReceiver interface {
+	// RecvAxpy is RecvFinite that may also set dst = alpha·x + the
+	// received chunk, value by value with device.AxpyTo. summed says it
+	// did; then in reports that every received value was finite and out
+	// that every sum is. Otherwise dst holds the chunk and in is
+	// RecvFinite's finite.
+	RecvAxpy(ctx context.Context, from peerid.ID, tag Tag, dst []float32, alpha float32, x []float32) (summed, in, out bool, err error)
+}
+
 // Prober is implemented by transports that can ask whether a peer still
 // answers at all, apart from the data it owes (node/'s p2p transport sends
 // a libp2p ping). A wait that depends on other members too (the ring's

@@ -61,3 +61,24 @@ func AxpyFinite(be Backend, alpha float32, x, y []float32) (in, out bool) {
 	be.Axpy(alpha, x, y)
 	return in, AllFinite(y)
 }
+
+// AxpyToRuns reports whether AxpyTo runs here: where AxpyFinite on be
+// would use the same kernel, so that both give the same bits.
+func AxpyToRuns(be Backend) bool {
+	f, ok := be.(*Fast)
+	return ok && f.vec && finiteVec
+}
+
+// AxpyTo sets out = alpha·x + y with AxpyFinite's AVX-512 kernel and
+// reports whether every value of out is finite. It is for the receiver of
+// an all-reduce's partial sum, which adds its own contribution as the sum
+// arrives; it panics where that kernel is missing (see AxpyToRuns).
+func AxpyTo(alpha float32, x, y, out []float32) (finite bool) {
+	if len(y) != len(x) || len(out) != len(x) {
+		panic("device: AxpyTo lengths differ")
+	}
+	if len(x) == 0 {
+		return true
+	}
+	return !axpyToFiniteAVX512(alpha, &x[0], &y[0], &out[0], len(x))
+}

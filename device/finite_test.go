@@ -155,3 +155,51 @@ func BenchmarkAxpyFinite(b *testing.B) {
 		}
 	})
 }
+
+// TestAxpyTo: AxpyTo gives AxpyFinite's bits without touching y, writes
+// no further than out's end, and reports a NaN, ±Inf or overflow in out.
+func TestAxpyTo(t *testing.T) {
+	be := NewFast()
+	if !AxpyToRuns(be) {
+		t.Skip("no AVX-512 kernel here: AxpyTo is not used")
+	}
+	if AxpyToRuns(NewCPU()) {
+		t.Fatal("AxpyToRuns for the CPU backend, whose Axpy gives other bits")
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for n := 0; n <= 4*64+17; n++ {
+		x, y := make([]float32, n), make([]float32, n)
+		for i := range x {
+			x[i], y[i] = r.Float32()*4-2, r.Float32()*4-2
+		}
+		for _, bad := range []float32{0, float32(math.NaN()), float32(math.Inf(-1)), math.MaxFloat32} {
+			if n == 0 && bad != 0 {
+				continue
+			}
+			xx, yy := append([]float32(nil), x...), append([]float32(nil), y...)
+			switch bad {
+			case 0:
+			case math.MaxFloat32: // an overflow: -1.5·-MaxFloat32
+				xx[n/2] = -bad
+			default:
+				yy[n/2] = bad
+			}
+			want := append([]float32(nil), yy...)
+			AxpyFinite(be, -1.5, xx, want)
+			out := make([]float32, n+1)
+			out[n] = 42
+			ok := AxpyTo(-1.5, xx, yy, out[:n])
+			if ok != (bad == 0) {
+				t.Fatalf("n=%d bad=%v: finite %v", n, bad, ok)
+			}
+			for i := range want {
+				if math.Float32bits(want[i]) != math.Float32bits(out[i]) && !(want[i] != want[i] && out[i] != out[i]) {
+					t.Fatalf("n=%d: out[%d] = %v, want %v", n, i, out[i], want[i])
+				}
+			}
+			if out[n] != 42 || (n > 0 && bad == 0 && yy[0] != y[0]) {
+				t.Fatalf("n=%d: wrote past out's end or into y", n)
+			}
+		}
+	}
+}

@@ -59,6 +59,12 @@ func nonFiniteAVX512(x *float32, n int) bool
 //go:noescape
 func axpyFiniteAVX512(alpha float32, x, y *float32, n int) (bad uint8)
 
+// axpyToFiniteAVX512 sets out = alpha·x + y for n values (axpyFiniteAVX512's
+// FMA) and reports whether some out is NaN or ±Inf.
+//
+//go:noescape
+func axpyToFiniteAVX512(alpha float32, x, y, out *float32, n int) (bad bool)
+
 // geluAVX512 sets y = GELU(x) and, unless d is nil, d = GELU'(x), for n
 // values.
 //

@@ -1145,6 +1145,22 @@ lb_dx:
 	VZEROUPPER
 	RET
 
+// NONFINITE4 ORs into mask register acc the lanes of Z0–Z3 that hold NaN
+// or ±Inf (Z30: the exponent mask); clobbers Z4–Z7 and K3–K6.
+#define NONFINITE4(acc) \
+	VPANDD   Z0, Z30, Z4 \
+	VPANDD   Z1, Z30, Z5 \
+	VPANDD   Z2, Z30, Z6 \
+	VPANDD   Z3, Z30, Z7 \
+	VPCMPEQD Z30, Z4, K3 \
+	VPCMPEQD Z30, Z5, K4 \
+	VPCMPEQD Z30, Z6, K5 \
+	VPCMPEQD Z30, Z7, K6 \
+	KORW     K3, K4, K3 \
+	KORW     K5, K6, K5 \
+	KORW     K3, K5, K3 \
+	KORW     acc, K3, acc
+
 // func axpyFiniteAVX512(alpha float32, x, y *float32, n int) (bad uint8)
 // sets y[i] += alpha·x[i]; bit 0 of bad: some y[i] was NaN or ±Inf before,
 // bit 1: some y[i] is after. One pass over y.
@@ -1165,18 +1181,7 @@ af_64:
 	VMOVUPS     64(DI), Z1
 	VMOVUPS     128(DI), Z2
 	VMOVUPS     192(DI), Z3
-	VPANDD      Z0, Z30, Z4
-	VPANDD      Z1, Z30, Z5
-	VPANDD      Z2, Z30, Z6
-	VPANDD      Z3, Z30, Z7
-	VPCMPEQD    Z30, Z4, K3
-	VPCMPEQD    Z30, Z5, K4
-	VPCMPEQD    Z30, Z6, K5
-	VPCMPEQD    Z30, Z7, K6
-	KORW        K3, K4, K3
-	KORW        K5, K6, K5
-	KORW        K3, K5, K3
-	KORW        K2, K3, K2
+	NONFINITE4(K2)
 	VFMADD231PS (SI), Z31, Z0
 	VFMADD231PS 64(SI), Z31, Z1
 	VFMADD231PS 128(SI), Z31, Z2
@@ -1185,18 +1190,7 @@ af_64:
 	VMOVUPS     Z1, 64(DI)
 	VMOVUPS     Z2, 128(DI)
 	VMOVUPS     Z3, 192(DI)
-	VPANDD      Z0, Z30, Z4
-	VPANDD      Z1, Z30, Z5
-	VPANDD      Z2, Z30, Z6
-	VPANDD      Z3, Z30, Z7
-	VPCMPEQD    Z30, Z4, K3
-	VPCMPEQD    Z30, Z5, K4
-	VPCMPEQD    Z30, Z6, K5
-	VPCMPEQD    Z30, Z7, K6
-	KORW        K3, K4, K3
-	KORW        K5, K6, K5
-	KORW        K3, K5, K3
-	KORW        K7, K3, K7
+	NONFINITE4(K7)
 	ADDQ        $256, SI
 	ADDQ        $256, DI
 	SUBQ        $64, CX
@@ -1245,5 +1239,74 @@ af_done:
 	SHLL     $1, BX
 	ORL      BX, AX
 	MOVB     AL, bad+32(FP)
+	VZEROUPPER
+	RET
+
+// func axpyToFiniteAVX512(alpha float32, x, y, out *float32, n int) (bad bool)
+// sets out[i] = alpha·x[i] + y[i] (the FMA of axpyFiniteAVX512); bad: some
+// out[i] is NaN or ±Inf.
+TEXT ·axpyToFiniteAVX512(SB), NOSPLIT, $0-41
+	VBROADCASTSS alpha+0(FP), Z31
+	MOVL         $0x7f800000, AX
+	VPBROADCASTD AX, Z30
+	MOVQ         x+8(FP), SI
+	MOVQ         y+16(FP), DX
+	MOVQ         out+24(FP), DI
+	MOVQ         n+32(FP), CX
+	KXORW        K7, K7, K7
+	CMPQ         CX, $64
+	JL           at_16
+
+at_64:
+	VMOVUPS     (DX), Z0
+	VMOVUPS     64(DX), Z1
+	VMOVUPS     128(DX), Z2
+	VMOVUPS     192(DX), Z3
+	VFMADD231PS (SI), Z31, Z0
+	VFMADD231PS 64(SI), Z31, Z1
+	VFMADD231PS 128(SI), Z31, Z2
+	VFMADD231PS 192(SI), Z31, Z3
+	VMOVUPS     Z0, (DI)
+	VMOVUPS     Z1, 64(DI)
+	VMOVUPS     Z2, 128(DI)
+	VMOVUPS     Z3, 192(DI)
+	NONFINITE4(K7)
+	ADDQ        $256, SI
+	ADDQ        $256, DX
+	ADDQ        $256, DI
+	SUBQ        $64, CX
+	CMPQ        CX, $64
+	JGE         at_64
+
+at_16:
+	CMPQ        CX, $16
+	JL          at_tail
+	VMOVUPS     (DX), Z0
+	VFMADD231PS (SI), Z31, Z0
+	VMOVUPS     Z0, (DI)
+	VPANDD      Z0, Z30, Z4
+	VPCMPEQD    Z30, Z4, K3
+	KORW        K7, K3, K7
+	ADDQ        $64, SI
+	ADDQ        $64, DX
+	ADDQ        $64, DI
+	SUBQ        $16, CX
+	JMP         at_16
+
+at_tail:
+	TESTQ       CX, CX
+	JE          at_done
+	TAIL
+	VMOVUPS.Z   (DX), K1, Z0
+	VMOVUPS.Z   (SI), K1, Z1
+	VFMADD231PS Z1, Z31, Z0
+	VMOVUPS     Z0, K1, (DI)
+	VPANDD      Z0, Z30, Z4
+	VPCMPEQD    Z30, Z4, K1, K3
+	KORW        K7, K3, K7
+
+at_done:
+	KORTESTW K7, K7
+	SETNE    bad+40(FP)
 	VZEROUPPER
 	RET

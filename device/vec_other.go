@@ -38,6 +38,8 @@ func nonFiniteAVX512(x *float32, n int) bool { panic(errNoAsm) }
 
 func axpyFiniteAVX512(alpha float32, x, y *float32, n int) uint8 { panic(errNoAsm) }
 
+func axpyToFiniteAVX512(alpha float32, x, y, out *float32, n int) bool { panic(errNoAsm) }
+
 func geluAVX512(y, d, x *float32, n int) { panic(errNoAsm) }
 
 func layerNormAVX512(y, mean, rstd, x, w, b *float32, rows, cols int, eps float32) {

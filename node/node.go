@@ -500,7 +500,28 @@ func OpenStream(ctx context.Context, h host.Host, p peer.ID, pids ...protocol.ID
 // its tensor arrived, the rest of the tensor is drained (the stream stays
 // up for the frames behind it). One Recv at a time per (from, tag).
 func (n *Node) Recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Tensor, error) {
-	return n.ts.recv(ctx, from, tag, dst)
+	return n.ts.recv(ctx, from, tag, dst, nil)
+}
+
+// Axpy is what RecvAxpy adds to a received float32 tensor: Alpha·X.
+type Axpy struct {
+	Alpha float32
+	X     []float32
+}
+
+// RecvAxpy is Recv from a peer into dst (not nil) of a raw float32 tensor
+// that node may combine with ax as it arrives: dst = ax.Alpha·ax.X +
+// received, value by value (device.AxpyTo, which is device.AxpyFinite's
+// kernel), saving a copy and a pass over dst. The returned Tensor's Summed
+// says whether it did; then SumFinite reports whether every sum is finite
+// and Finite (always checked then) whether every received value was.
+// Otherwise dst holds the received tensor, as after Recv. len(ax.X) must
+// be len(dst)/4.
+func (n *Node) RecvAxpy(ctx context.Context, from peer.ID, tag Tag, dst []byte, ax Axpy) (Tensor, error) {
+	if from == "" || dst == nil || 4*len(ax.X) != len(dst) {
+		return Tensor{}, errors.New("node: RecvAxpy needs a peer, a buffer and 4 bytes of it per value of X")
+	}
+	return n.ts.recv(ctx, from, tag, dst, &ax)
 }
 
 // SetMayPark decides which peers are members, whose tensors may be parked
@@ -608,7 +629,7 @@ func (l *Link) Send(ctx context.Context, t Tensor) error { return l.n.ts.send(ct
 
 // Recv is Node.Recv from the Link's peer.
 func (l *Link) Recv(ctx context.Context, tag Tag, dst []byte) (Tensor, error) {
-	return l.n.ts.recv(ctx, l.p, tag, dst)
+	return l.n.ts.recv(ctx, l.p, tag, dst, nil)
 }
 
 // Close closes the Link's streams and drops its protection.

@@ -26,6 +26,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/node/mux"
 )
 
@@ -847,18 +848,7 @@ func TestRecvFinite(t *testing.T) {
 					t.Fatal(err)
 				}
 				sent <- nil
-				for i := 0; ; i++ { // wait until it is parked whole
-					b.ts.mu.Lock()
-					ready := b.ts.ready[mkey{a.ID(), 5}] != nil
-					b.ts.mu.Unlock()
-					if ready {
-						break
-					}
-					if i == 1000 {
-						t.Fatal("the tensor was never parked")
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
+				waitParked(t, b, mkey{a.ID(), 5})
 			} else {
 				go send()
 			}
@@ -876,5 +866,123 @@ func TestRecvFinite(t *testing.T) {
 				t.Fatalf("Finite %v, want %v", got.Finite, tc.want)
 			}
 		})
+	}
+}
+
+// TestRecvAxpy: RecvAxpy leaves alpha·x + the received tensor in dst, with
+// AxpyFinite's bits, whether the tensor was read straight in (in one
+// stripe or several, in plaintext or over TLS) or parked first; it reports
+// a received NaN (Finite false) apart from a sum that overflows
+// (SumFinite false), and leaves a tensor that is not raw float32 as
+// received (Summed false).
+func TestRecvAxpy(t *testing.T) {
+	plain := func(c *Config) { c.Insecure, c.MinStripeBytes = true, 256<<10 }
+	tls := func(c *Config) { c.MinStripeBytes = 256 << 10 }
+	const alpha = -1.5
+	for _, tc := range []struct {
+		name      string
+		mut       func(*Config)
+		n         int
+		bad       uint32 // a received value's bits put at n/3, if not 0
+		overflow  bool   // x[n/2] = MaxFloat32
+		parked    bool
+		codec     compression.ID // the tensor's codec, if not raw float32
+		summed    bool
+		fin, sumF bool
+	}{
+		{"plaintext", plain, 1 << 18, 0, false, false, 0, true, true, true},
+		{"plaintext striped", plain, 1 << 20, 0, false, false, 0, true, true, true},
+		{"plaintext parked", plain, 1 << 18, 0, false, true, 0, true, true, true},
+		{"tls striped", tls, 1 << 20, 0, false, false, 0, true, true, true},
+		{"tls parked", tls, 1 << 18, 0, false, true, 0, true, true, true},
+		{"NaN received", plain, 1 << 20, 0x7fc00000, false, false, 0, true, false, false},
+		{"overflow", tls, 1 << 18, 0, true, false, 0, true, true, false},
+		{"not float32", plain, 1 << 18, 0, false, false, 7, false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newTestNode(t, tc.mut), newTestNode(t, tc.mut)
+			connect(t, a, b)
+			sentT := finiteTensor(5, tc.n, 9)
+			if tc.codec != 0 {
+				sentT.Codec = tc.codec
+			}
+			if tc.bad != 0 {
+				binary.LittleEndian.PutUint32(sentT.Payload[4*(tc.n/3):], tc.bad)
+			}
+			x := make([]float32, tc.n)
+			r := rand.New(rand.NewPCG(3, 4))
+			for i := range x {
+				x[i] = float32(r.NormFloat64())
+			}
+			if tc.overflow {
+				x[tc.n/2] = -math.MaxFloat32
+			}
+			want := make([]float32, tc.n)
+			for i := range want {
+				want[i] = math.Float32frombits(binary.LittleEndian.Uint32(sentT.Payload[4*i:]))
+			}
+			summed := tc.summed && axpyToRuns
+			if summed {
+				device.AxpyFinite(device.NewFast(), alpha, x, want)
+			}
+			dst := make([]byte, 4*tc.n)
+			type result struct {
+				t   Tensor
+				err error
+			}
+			recvd := make(chan result, 1)
+			recv := func() {
+				got, err := b.RecvAxpy(ctxT(t, 10*time.Second), a.ID(), 5, dst, Axpy{Alpha: alpha, X: x})
+				recvd <- result{got, err}
+			}
+			if tc.parked { // the whole tensor first, then the Recv
+				if err := a.Send(ctxT(t, 10*time.Second), b.ID(), sentT); err != nil {
+					t.Fatal(err)
+				}
+				waitParked(t, b, mkey{a.ID(), 5})
+				recv()
+			} else { // the Recv first: the stripes are summed as they arrive
+				go recv()
+				waitPosted(t, b, mkey{a.ID(), 5})
+				if err := a.Send(ctxT(t, 10*time.Second), b.ID(), sentT); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res := <-recvd
+			got, err := res.t, res.err
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Summed != summed || (summed && (got.Finite != tc.fin || got.SumFinite != tc.sumF)) {
+				t.Fatalf("Summed %v Finite %v SumFinite %v, want %v %v %v", got.Summed, got.Finite, got.SumFinite, summed, tc.fin, tc.sumF)
+			}
+			for i, w := range want {
+				g := math.Float32frombits(binary.LittleEndian.Uint32(dst[4*i:]))
+				if math.Float32bits(g) != math.Float32bits(w) && !(g != g && w != w) {
+					t.Fatalf("dst[%d] = %v, want %v", i, g, w)
+				}
+			}
+		})
+	}
+	n := newTestNode(t, nil)
+	if _, err := n.RecvAxpy(ctxT(t, time.Second), n.ID(), 5, make([]byte, 8), Axpy{X: make([]float32, 3)}); err == nil {
+		t.Fatal("RecvAxpy with 8 bytes for 3 values: no error")
+	}
+}
+
+// waitParked waits until n holds the tensor of key parked whole.
+func waitParked(t testing.TB, n *Node, key mkey) {
+	t.Helper()
+	for i := 0; ; i++ {
+		n.ts.mu.Lock()
+		ready := n.ts.ready[key] != nil
+		n.ts.mu.Unlock()
+		if ready {
+			return
+		}
+		if i == 1000 {
+			t.Fatal("the tensor was never parked")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -59,6 +59,10 @@ type Tensor struct {
 	// staging buffer, that a raw float32 payload holds no NaN or ±Inf.
 	// False says nothing.
 	Finite bool
+	// Summed is set by RecvAxpy when node combined the tensor as it
+	// arrived (Payload = Alpha·X + received); SumFinite then reports
+	// whether every sum is finite.
+	Summed, SumFinite bool
 	// From is the sender (set by Recv; ignored by Send).
 	From peer.ID
 }
@@ -103,6 +107,7 @@ type recvOp struct {
 	t    Tensor
 	err  error
 	asm  *assembly // the tensor being received for it, once matched
+	ax   *Axpy     // RecvAxpy's, or nil
 }
 
 // assembly is one incoming tensor whose stripes are arriving. Its buffer is
@@ -120,8 +125,13 @@ type assembly struct {
 	seen     uint64 // bitmap of stripes started
 	done     int    // stripes verified
 	finite   int    // stripes verified free of NaN and ±Inf (see Tensor.Finite)
-	active   map[network.Stream]struct{}
-	err      error
+	// ax, set when the assembly is bound to a RecvAxpy whose tensor it
+	// can combine (axpyFits), makes the stripe readers write ax's sums
+	// into buf; sumFinite counts the stripes whose sums were all finite.
+	ax        *Axpy
+	sumFinite int
+	active    map[network.Stream]struct{}
+	err       error
 	// drain means nobody wants the tensor any more (its Recv gave up or
 	// was too short): its stripes are read to their end and dropped, so
 	// that the frames queued behind them on the same streams still
@@ -375,6 +385,9 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 				}
 				a = ts.newAssemblyLocked(key, h, buf[:h.length], false)
 				a.recv, r.asm = r, a
+				if r.ax != nil && axpyFits(h, r.ax) {
+					a.ax = r.ax
+				}
 				break
 			}
 			if room {
@@ -412,7 +425,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	// ±Inf in its checksum's pass.
 	checkFinite := h.codec == compression.IDFP32 && h.dtype == Float32 && off%4 == 0 && n%4 == 0
 	ts.protect(from)
-	finite, err := ts.readStripe(s, from, a, dst, int(n), sum, checkFinite)
+	finite, sumFinite, err := ts.readStripe(s, from, a, dst, int(off), int(n), sum, checkFinite)
 	ts.unprotect(from)
 
 	ts.mu.Lock()
@@ -444,6 +457,9 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	if finite {
 		a.finite++
 	}
+	if sumFinite {
+		a.sumFinite++
+	}
 	if a.done == int(a.h.stripes) {
 		ts.completeLocked(a)
 	}
@@ -461,16 +477,19 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 // is then read and dropped. The payload is read into a pooled staging
 // buffer, checked there and copied into dst, which costs less CPU than
 // reading it into dst and checking it there (docs/results, "Frames
-// offered to the next Read"); no Read ever holds dst.
-func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, n int, sum, checkFinite bool) (finite bool, err error) {
+// offered to the next Read"); no Read ever holds dst. For a RecvAxpy
+// (a.ax), dst gets a.ax's sums with the payload instead (its stripe starts
+// at byte base of the tensor), and sumFinite reports them all finite.
+func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, base, n int, sum, checkFinite bool) (finite, sumFinite bool, err error) {
 	sp := scratchPool.Get().(*[]byte)
 	defer scratchPool.Put(sp)
 	scratch := *sp
 	var crc uint32
 	fin := checkFinite // no NaN or ±Inf so far
+	sums := a != nil && a.ax != nil
 	for off := 0; off < n; {
 		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
-			return false, err
+			return false, false, err
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
 		switch {
@@ -479,11 +498,17 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 		case sum:
 			crc = crc32c.Update(crc, scratch[:k])
 		case fin: // no checksum pass to fold it into: checked in the cache
-			fin = k%4 == 0 && (k == 0 || device.AllFinite(unsafe.Slice((*float32)(unsafe.Pointer(&scratch[0])), k/4)))
+			fin = k%4 == 0 && device.AllFinite(floats(scratch[:k]))
 		}
 		if k > 0 && dst != nil {
 			a.dstMu.RLock()
-			if !a.gone {
+			switch {
+			case a.gone:
+			case a.ax != nil: // k and base+off are multiples of 4 (axpyFits)
+				e := (base + off) / 4
+				x := a.ax.X[e : e+k/4]
+				sums = device.AxpyTo(a.ax.Alpha, x, floats(scratch[:k]), floats(dst[off:off+k])) && sums
+			default:
 				copy(dst[off:], scratch[:k])
 			}
 			a.dstMu.RUnlock()
@@ -493,18 +518,18 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 			ts.hooks.recvProgress(from, k)
 		}
 		if err != nil {
-			return false, truncated(err)
+			return false, false, truncated(err)
 		}
 	}
 	var tr [trailerLen]byte
 	s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout))
 	if _, err := io.ReadFull(s, tr[:]); err != nil {
-		return false, truncated(err)
+		return false, false, truncated(err)
 	}
 	if binary.LittleEndian.Uint32(tr[:]) != crc {
-		return false, ErrChecksum
+		return false, false, ErrChecksum
 	}
-	return fin, nil
+	return fin, sums, nil
 }
 
 // authenticated reports whether c's transport authenticates every byte
@@ -517,6 +542,32 @@ func authenticated(c network.Conn) bool {
 		return true
 	}
 	return st.Security == "" && (st.Transport == "quic-v1" || st.Transport == "quic")
+}
+
+// axpyFits reports whether node can combine the tensor of header h with
+// ax as it arrives (RecvAxpy): a raw float32 tensor of len(ax.X) values
+// whose every stripe starts on a value, where device.AxpyTo runs.
+func axpyFits(h *header, ax *Axpy) bool {
+	if !axpyToRuns || h.codec != compression.IDFP32 || h.dtype != Float32 || h.length != 4*uint64(len(ax.X)) {
+		return false
+	}
+	for i := range h.stripes {
+		if stripeOffset(h.length, h.stripes, i)%4 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// axpyToRuns reports whether device.AxpyTo runs on this machine.
+var axpyToRuns = device.AxpyToRuns(device.NewFast())
+
+// floats is b (4-byte aligned) as float32 values, in the machine's order.
+func floats(b []byte) []float32 {
+	if len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
 
 // scratchPool holds the staging buffers of readStripe.
@@ -547,7 +598,7 @@ func (ts *tensors) dropLocked(a *assembly) {
 
 // drainStripe reads a refused stripe (payload and trailer) to its end.
 func (ts *tensors) drainStripe(s network.Stream, from peer.ID, n int, sum bool) error {
-	_, err := ts.readStripe(s, from, nil, nil, n, sum, false)
+	_, _, err := ts.readStripe(s, from, nil, nil, 0, n, sum, false)
 	return err
 }
 
@@ -632,8 +683,15 @@ func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 				return
 			}
 			payload = r.dst[:len(a.buf)]
-			copy(payload, a.buf)
+			if r.ax != nil && axpyFits(&a.h, r.ax) {
+				r.t.Summed = true
+				r.t.SumFinite = device.AxpyTo(r.ax.Alpha, r.ax.X, floats(a.buf), floats(payload))
+			} else {
+				copy(payload, a.buf)
+			}
 		}
+	} else if a.ax != nil {
+		r.t.Summed, r.t.SumFinite = true, a.sumFinite == int(a.h.stripes)
 	}
 	r.t.fill(&a.h, a.key.p)
 	r.t.Payload = payload
@@ -696,14 +754,14 @@ func (ts *tensors) expireLocked(now time.Time) {
 }
 
 // recv implements Node.Recv.
-func (ts *tensors) recv(ctx context.Context, from peer.ID, tag Tag, dst []byte) (Tensor, error) {
+func (ts *tensors) recv(ctx context.Context, from peer.ID, tag Tag, dst []byte, ax *Axpy) (Tensor, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, ts.cfg.RecvTimeout)
 		defer cancel()
 	}
 	key := mkey{from, tag}
-	r := &recvOp{key: key, dst: dst, done: make(chan struct{})}
+	r := &recvOp{key: key, dst: dst, done: make(chan struct{}), ax: ax}
 
 	ts.mu.Lock()
 	if ts.closed {

@@ -303,9 +303,26 @@ func (t *Transport) Recv(ctx context.Context, from peerid.ID, tag aggregate.Tag,
 // RecvFinite implements aggregate.FiniteReceiver: Recv, and whether node
 // checked the chunk free of NaN and ±Inf (node.Tensor.Finite).
 func (t *Transport) RecvFinite(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32) (bool, error) {
+	tn, err := t.recv(ctx, from, tag, dst, nil)
+	return tn.Finite, err
+}
+
+// RecvAxpy implements aggregate.AxpyReceiver with node.RecvAxpy (on
+// little-endian machines; elsewhere it is RecvFinite).
+func (t *Transport) RecvAxpy(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32, alpha float32, x []float32) (summed, in, out bool, err error) {
+	var ax *node.Axpy
+	if littleEndian {
+		ax = &node.Axpy{Alpha: alpha, X: x}
+	}
+	tn, err := t.recv(ctx, from, tag, dst, ax)
+	return tn.Summed, tn.Finite, tn.SumFinite, err
+}
+
+// recv is RecvFinite, and RecvAxpy's node.RecvAxpy with ax.
+func (t *Transport) recv(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32, ax *node.Axpy) (node.Tensor, error) {
 	pid, err := t.peerID(from)
 	if err != nil {
-		return false, err
+		return node.Tensor{}, err
 	}
 	if life := t.lifeOf(pid); life != nil {
 		rctx, cancel := context.WithCancelCause(ctx)
@@ -314,29 +331,34 @@ func (t *Transport) RecvFinite(ctx context.Context, from peerid.ID, tag aggregat
 		ctx = rctx
 	}
 	buf, release := asBytes(dst, false)
-	tn, err := t.n.Recv(ctx, pid, nodeTag(tag), buf)
+	var tn node.Tensor
+	if ax != nil {
+		tn, err = t.n.RecvAxpy(ctx, pid, nodeTag(tag), buf, *ax)
+	} else {
+		tn, err = t.n.Recv(ctx, pid, nodeTag(tag), buf)
+	}
 	if err != nil && context.Cause(ctx) == errGone {
 		release()
-		return false, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v", aggregate.ErrDisconnected, tag)}
+		return node.Tensor{}, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v", aggregate.ErrDisconnected, tag)}
 	}
 	if err == nil && !littleEndian {
 		fromLE(dst, tn.Payload)
 	}
 	release()
 	if err != nil {
-		return false, recvErr(from, tag, err)
+		return node.Tensor{}, recvErr(from, tag, err)
 	}
 	switch {
 	case tn.Codec != compression.IDFP32 || tn.DType != node.Float32:
-		return false, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has codec %d dtype %v, want raw float32", aggregate.ErrBadValue, tag, tn.Codec, tn.DType)}
+		return node.Tensor{}, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has codec %d dtype %v, want raw float32", aggregate.ErrBadValue, tag, tn.Codec, tn.DType)}
 	case len(tn.Payload) != 4*len(dst):
-		return false, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has %d bytes, want %d", aggregate.ErrBadLength, tag, len(tn.Payload), 4*len(dst))}
+		return node.Tensor{}, &aggregate.PeerError{Peer: from, Err: fmt.Errorf("%w: chunk %v has %d bytes, want %d", aggregate.ErrBadLength, tag, len(tn.Payload), 4*len(dst))}
 	case tn.Version != tag.Round:
-		return false, fmt.Errorf("%w: chunk %v from %s carries round %d", aggregate.ErrStale, tag, from, tn.Version)
+		return node.Tensor{}, fmt.Errorf("%w: chunk %v from %s carries round %d", aggregate.ErrStale, tag, from, tn.Version)
 	case tn.Step != tag.Digest:
-		return false, &aggregate.MismatchError{Peer: from, Got: tn.Step, Want: tag.Digest}
+		return node.Tensor{}, &aggregate.MismatchError{Peer: from, Got: tn.Step, Want: tag.Digest}
 	}
-	return tn.Finite, nil
+	return tn, nil
 }
 
 // Probe implements aggregate.Prober with a libp2p ping, which the peer's
