@@ -170,8 +170,8 @@ var (
 )
 
 // cipherFor returns the records' AEAD for a handshake's cipher suite:
-// ChaCha20-Poly1305 where TLS chose it (both ends lack AES hardware, as
-// crypto/tls decides), else AES-128-GCM.
+// ChaCha20-Poly1305 where TLS chose it (crypto/tls may, where an end
+// lacks AES hardware), else AES-128-GCM.
 func cipherFor(suite uint16) recordCipher {
 	if suite == tls.TLS_CHACHA20_POLY1305_SHA256 {
 		return chacha20Poly1305
