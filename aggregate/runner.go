@@ -543,14 +543,17 @@ type fused struct {
 // sum the chunk on arrival (f.summed; finite is then f.in).
 func (a *attempt) recvChecked(ctx context.Context, j int, s Step, c uint32, dst []float32, mult int, k kind, f *fused) (ok, finite bool) {
 	var err error
-	ar, isAR := a.r.t.(AxpyReceiver)
-	if fr, is := a.r.t.(FiniteReceiver); f != nil && isAR {
-		f.summed, f.in, f.ok, err = ar.RecvAxpy(ctx, a.g.members[j], a.tag(s, c), dst, f.alpha, f.x)
+	from, tag := a.g.members[j], a.tag(s, c)
+	ar, sums := a.r.t.(AxpyReceiver)
+	fr, checks := a.r.t.(FiniteReceiver)
+	switch {
+	case f != nil && sums:
+		f.summed, f.in, f.ok, err = ar.RecvAxpy(ctx, from, tag, dst, f.alpha, f.x)
 		finite = f.in
-	} else if is {
-		finite, err = fr.RecvFinite(ctx, a.g.members[j], a.tag(s, c), dst)
-	} else {
-		err = a.r.t.Recv(ctx, a.g.members[j], a.tag(s, c), dst)
+	case checks:
+		finite, err = fr.RecvFinite(ctx, from, tag, dst)
+	default:
+		err = a.r.t.Recv(ctx, from, tag, dst)
 	}
 	switch {
 	case err == nil:

@@ -188,6 +188,7 @@ type recordKeys struct {
 	aead   cipher.AEAD
 	iv     [12]byte
 	seq    uint64
+	n      [12]byte // the current record's nonce (nonce's result)
 }
 
 func newRecordKeys(ciph recordCipher, secret []byte) (*recordKeys, error) {
@@ -217,11 +218,11 @@ func (k *recordKeys) set(secret []byte) error {
 	return nil
 }
 
+// nonce returns the current record's nonce, valid until the next call.
 func (k *recordKeys) nonce() []byte {
-	n := k.iv
-	s := binary.BigEndian.Uint64(n[4:]) ^ k.seq
-	binary.BigEndian.PutUint64(n[4:], s)
-	return n[:]
+	k.n = k.iv
+	binary.BigEndian.PutUint64(k.n[4:], binary.BigEndian.Uint64(k.iv[4:])^k.seq)
+	return k.n[:]
 }
 
 // next counts a sealed or opened record and ratchets the key when due.
@@ -247,7 +248,8 @@ type recordConn struct {
 
 	wmu  sync.Mutex
 	seal *recordKeys
-	werr error // sticky: a failed write may have left half a record
+	whdr [recordHdr]byte // the record being sealed's header (its additional data)
+	werr error           // sticky: a failed write may have left half a record
 
 	rmu   sync.Mutex
 	open  *recordKeys
@@ -337,10 +339,9 @@ func (c *recordConn) write(a, b []byte) (int, error) {
 					return n, err
 				}
 			}
-			var h [recordHdr]byte
-			binary.BigEndian.PutUint32(h[:], uint32(m))
-			buf = append(buf, h[:]...)
-			buf = c.seal.aead.Seal(buf, c.seal.nonce(), p[:m], h[:])
+			binary.BigEndian.PutUint32(c.whdr[:], uint32(m))
+			buf = append(buf, c.whdr[:]...)
+			buf = c.seal.aead.Seal(buf, c.seal.nonce(), p[:m], c.whdr[:])
 			if err := c.seal.next(); err != nil {
 				c.werr = err
 				return n, err

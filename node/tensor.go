@@ -469,12 +469,12 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 // readStripe reads a stripe's payload and trailer and checks the checksum
 // (if sum: see flagNoChecksum). With checkFinite, finite reports whether
 // the payload, read as float32 values, holds no NaN or ±Inf, checked in
-// the checksum's pass or, without one, in the staging buffer. Payload goes
-// into dst (if not nil) for as long as a's buffer is not given back to its caller (gone): a Recv
-// that gives up must neither wait for a stalled sender nor have its buffer
-// written after it returned, and the stream must stay in step (a reset
-// would lose the frames queued behind this one), so the rest of the stripe
-// is then read and dropped. The payload is read into a pooled staging
+// the checksum's pass or, without one, in the staging buffer. Payload
+// goes into dst (if not nil) for as long as a's buffer is not given back
+// to its caller (gone): a Recv that gives up must neither wait for a
+// stalled sender nor have its buffer written after it returned, and the
+// stream must stay in step (a reset would lose the frames queued behind
+// this one), so the rest of the stripe is then read and dropped. The payload is read into a pooled staging
 // buffer, checked there and copied into dst, which costs less CPU than
 // reading it into dst and checking it there (docs/results, "Frames
 // offered to the next Read"); no Read ever holds dst. For a RecvAxpy

@@ -70,12 +70,10 @@ func (g *gcm) Seal(dst, nonce, plaintext, additionalData []byte) []byte {
 	// step's hash alone.
 	if n := len(plaintext) / (16 * group) * group; n > 0 {
 		ctrAVX512(&g.rk, &c, &ct[0], &plaintext[0], group)
+		inc32(&c, group)
 		if n > group {
-			inc32(&c, group)
 			stitchAVX512(&g.rk, &g.htab, &c, &acc, &ct[16*group], &plaintext[16*group], &ct[0], n-group)
 			inc32(&c, uint32(n-group))
-		} else {
-			inc32(&c, group)
 		}
 		ghashAVX512(&g.htab, &acc, &ct[16*(n-group)], group)
 		ct, plaintext = ct[16*n:], plaintext[16*n:]
@@ -126,19 +124,6 @@ func (g *gcm) start(nonce, ad []byte) (j0, c, acc [16]byte) {
 	inc32(&c, 1)
 	g.ghash(&acc, ad)
 	return j0, c, acc
-}
-
-// ctr XORs src with the key stream that starts at counter block j0+1
-// into dst (the key stream pass alone, for tests and benchmarks).
-func (g *gcm) ctr(dst, src []byte, j0 [16]byte) {
-	c := j0
-	inc32(&c, 1)
-	if n := len(src) / (16 * group) * group; n > 0 {
-		ctrAVX512(&g.rk, &c, &dst[0], &src[0], n)
-		inc32(&c, uint32(n))
-		dst, src = dst[16*n:], src[16*n:]
-	}
-	g.ctrTail(dst, src, &c)
 }
 
 // ctrTail XORs src, shorter than a step, with the key stream from

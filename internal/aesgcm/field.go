@@ -78,18 +78,6 @@ func powers(h [16]byte) (t [group][16]byte) {
 	return t
 }
 
-// ghashRef folds whole blocks of p into acc one at a time (the
-// reference the vector code is tested against).
-func ghashRef(htab *[group][16]byte, acc *[16]byte, p []byte) {
-	h1 := elem{binary.LittleEndian.Uint64(htab[group-1][8:]), binary.LittleEndian.Uint64(htab[group-1][:8])}
-	a := elem{binary.LittleEndian.Uint64(acc[8:]), binary.LittleEndian.Uint64(acc[:8])}
-	for ; len(p) >= 16; p = p[16:] {
-		x := load(p)
-		a = mul(elem{a.hi ^ x.hi, a.lo ^ x.lo}, h1)
-	}
-	*acc = a.bytes()
-}
-
 // expandKey128 is AES-128's key schedule (FIPS 197 §5.2).
 func expandKey128(key []byte) (rk [11][16]byte) {
 	sbox := sbox()
