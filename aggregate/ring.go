@@ -161,15 +161,17 @@ func (a *attempt) ring() {
 	checkA := func(k int) bool { return !recv[k].reduce }
 	checkB := func(k int) bool { return !recv[mA+k].reduce }
 	// Where the transport can, it adds our contribution to a partial sum
-	// as the sum arrives, with the kernel AxpyFinite would use.
+	// as the sum arrives, with the kernel AxpyFinite would use, and keeps
+	// its checksums of what it delivered for the chunk's way on.
 	fusedSums := make([]fused, len(recv))
 	var fuse func(k int) *fused
-	if _, ok := a.r.t.(AxpyReceiver); ok && device.AxpyToRuns(a.r.be) {
+	if _, ok := a.r.t.(AxpyReceiver); ok {
+		sums := device.AxpyToRuns(a.r.be)
 		fuse = func(k int) *fused {
-			if !recv[k].reduce {
-				return nil
+			fusedSums[k] = fused{alpha: coef}
+			if recv[k].reduce && sums {
+				fusedSums[k].x = a.src[recv[k].lo:recv[k].hi]
 			}
-			fusedSums[k] = fused{alpha: coef, x: a.src[recv[k].lo:recv[k].hi]}
 			return &fusedSums[k]
 		}
 	}
@@ -248,7 +250,11 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, 
 			return
 		}
 		out := a.dst[it.lo:it.hi]
+		sums := fusedSums[k].sums // of out as received: until changed here
 		if recv[k].reduce {
+			if !fusedSums[k].summed {
+				sums = nil
+			}
 			x := a.src[it.lo:it.hi]
 			in, ok := fusedSums[k].in, fusedSums[k].ok
 			if !fusedSums[k].summed {
@@ -269,6 +275,7 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, 
 				for i, v := range out {
 					out[i] = float32(float64(v) / a.total)
 				}
+				sums = nil
 				ok = rule.FirstNonFinite(out) < 0
 			}
 			if !ok {
@@ -276,7 +283,7 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, 
 				return
 			}
 		}
-		if !a.send(right, StepRing, uint32(i), out, 2) {
+		if !a.sendSums(right, StepRing, uint32(i), out, 2, sums) {
 			return
 		}
 	}

@@ -534,8 +534,9 @@ func (a *attempt) recvOne(ctx context.Context, j int, s Step, c uint32, dst []fl
 // alpha·x to as it arrives (AxpyReceiver); the receive sets the rest.
 type fused struct {
 	alpha          float32
-	x              []float32
-	summed, in, ok bool // in, ok: as device.AxpyFinite's, when summed
+	x              []float32 // nil: the chunk is received, not summed
+	summed, in, ok bool      // in, ok: as device.AxpyFinite's, when summed
+	sums           Checksums // for AxpyReceiver.SendReceived
 }
 
 // recvChecked is recvOne; finite reports that the transport checked dst
@@ -548,7 +549,9 @@ func (a *attempt) recvChecked(ctx context.Context, j int, s Step, c uint32, dst 
 	fr, checks := a.r.t.(FiniteReceiver)
 	switch {
 	case f != nil && sums:
-		f.summed, f.in, f.ok, err = ar.RecvAxpy(ctx, from, tag, dst, f.alpha, f.x)
+		var r Received
+		r, err = ar.RecvAxpy(ctx, from, tag, dst, f.alpha, f.x)
+		f.summed, f.in, f.ok, f.sums = r.Summed, r.In, r.Out, r.Sums
 		finite = f.in
 	case checks:
 		finite, err = fr.RecvFinite(ctx, from, tag, dst)
@@ -672,6 +675,12 @@ func (a *attempt) recvFailed(j int, err error) {
 
 // send sends chunk (s, c) to rank j, giving it mult stall timeouts.
 func (a *attempt) send(j int, s Step, c uint32, data []float32, mult int) bool {
+	return a.sendSums(j, s, c, data, mult, nil)
+}
+
+// sendSums is send, of a chunk received with sums (AxpyReceiver) and sent
+// on unchanged.
+func (a *attempt) sendSums(j int, s Step, c uint32, data []float32, mult int, sums Checksums) bool {
 	// A send blocks only while the receiver does not read (flow control):
 	// give it mult stall timeouts, counted from the attempt's base at the
 	// earliest, like a wait.
@@ -680,7 +689,12 @@ func (a *attempt) send(j int, s Step, c uint32, data []float32, mult int) bool {
 	ctx, cancel := context.WithDeadline(a.dataCtx, deadline.Add(a.r.late))
 	a.sends[j].Add(1)
 	a.sending[j].Add(1)
-	err := a.r.t.Send(ctx, a.g.members[j], a.tag(s, c), data)
+	var err error
+	if ar, ok := a.r.t.(AxpyReceiver); ok && sums != nil {
+		err = ar.SendReceived(ctx, a.g.members[j], a.tag(s, c), data, sums)
+	} else {
+		err = a.r.t.Send(ctx, a.g.members[j], a.tag(s, c), data)
+	}
 	a.sending[j].Add(-1)
 	cancel()
 	if err == nil {

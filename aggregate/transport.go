@@ -114,16 +114,33 @@ type FiniteReceiver interface {
 
 // AxpyReceiver is implemented by transports that can add the receiver's
 // own contribution to a partial sum as it arrives (node.RecvAxpy), saving
-// a copy and a pass over dst. The ring uses it where its backend's
-// AxpyFinite is device.AxpyTo's kernel (device.AxpyToRuns).
+// a copy and a pass over dst, and that can send a chunk on with the
+// checksums they made of it as it arrived, saving another. The ring sums
+// on arrival where its backend's AxpyFinite is device.AxpyTo's kernel
+// (device.AxpyToRuns).
 type AxpyReceiver interface {
-	// RecvAxpy is RecvFinite that may also set dst = alpha·x + the
-	// received chunk, value by value with device.AxpyTo. summed says it
-	// did; then in reports that every received value was finite and out
-	// that every sum is. Otherwise dst holds the chunk and in is
-	// RecvFinite's finite.
-	RecvAxpy(ctx context.Context, from peerid.ID, tag Tag, dst []float32, alpha float32, x []float32) (summed, in, out bool, err error)
+	// RecvAxpy is RecvFinite that, with x not nil, may also set dst =
+	// alpha·x + the received chunk, value by value with device.AxpyTo.
+	RecvAxpy(ctx context.Context, from peerid.ID, tag Tag, dst []float32, alpha float32, x []float32) (Received, error)
+	// SendReceived is Send of data, which holds what a RecvAxpy that
+	// returned sums delivered, unchanged since.
+	SendReceived(ctx context.Context, to peerid.ID, tag Tag, data []float32, sums Checksums) error
 }
+
+// Received is what RecvAxpy reports of a chunk.
+type Received struct {
+	// Summed says dst = alpha·x + the chunk; then In reports that every
+	// received value was finite and Out that every sum is. Otherwise dst
+	// holds the chunk and In is RecvFinite's finite.
+	Summed, In, Out bool
+	// Sums are the transport's checksums of dst as delivered, for
+	// SendReceived; nil when it has none.
+	Sums Checksums
+}
+
+// Checksums are a transport's own checksums of a chunk, opaque to the
+// driver.
+type Checksums []uint32
 
 // Prober is implemented by transports that can ask whether a peer still
 // answers at all, apart from the data it owes (node/'s p2p transport sends

@@ -7,11 +7,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -889,15 +891,16 @@ func TestRecvAxpy(t *testing.T) {
 		codec     compression.ID // the tensor's codec, if not raw float32
 		summed    bool
 		fin, sumF bool
+		plain     bool // on a connection with checksums
 	}{
-		{"plaintext", plain, 1 << 18, 0, false, false, 0, true, true, true},
-		{"plaintext striped", plain, 1 << 20, 0, false, false, 0, true, true, true},
-		{"plaintext parked", plain, 1 << 18, 0, false, true, 0, true, true, true},
-		{"tls striped", tls, 1 << 20, 0, false, false, 0, true, true, true},
-		{"tls parked", tls, 1 << 18, 0, false, true, 0, true, true, true},
-		{"NaN received", plain, 1 << 20, 0x7fc00000, false, false, 0, true, false, false},
-		{"overflow", tls, 1 << 18, 0, true, false, 0, true, true, false},
-		{"not float32", plain, 1 << 18, 0, false, false, 7, false, false, false},
+		{"plaintext", plain, 1 << 18, 0, false, false, 0, true, true, true, true},
+		{"plaintext striped", plain, 1 << 20, 0, false, false, 0, true, true, true, true},
+		{"plaintext parked", plain, 1 << 18, 0, false, true, 0, true, true, true, true},
+		{"tls striped", tls, 1 << 20, 0, false, false, 0, true, true, true, false},
+		{"tls parked", tls, 1 << 18, 0, false, true, 0, true, true, true, false},
+		{"NaN received", plain, 1 << 20, 0x7fc00000, false, false, 0, true, false, false, true},
+		{"overflow", tls, 1 << 18, 0, true, false, 0, true, true, false, false},
+		{"not float32", plain, 1 << 18, 0, false, false, 7, false, false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := newTestNode(t, tc.mut), newTestNode(t, tc.mut)
@@ -962,11 +965,93 @@ func TestRecvAxpy(t *testing.T) {
 					t.Fatalf("dst[%d] = %v, want %v", i, g, w)
 				}
 			}
+			// Checksums: of dst's stripes, over plaintext.
+			if (got.Checksums != nil) != tc.plain {
+				t.Fatalf("Checksums %v, want some: %v", got.Checksums, tc.plain)
+			}
+			checkCRCs(t, got.Checksums, dst)
+			if tc.n == 1<<20 && tc.plain && len(got.Checksums) < 2 {
+				t.Fatalf("%d checksums for a striped tensor", len(got.Checksums))
+			}
 		})
 	}
 	n := newTestNode(t, nil)
 	if _, err := n.RecvAxpy(ctxT(t, time.Second), n.ID(), 5, make([]byte, 8), Axpy{X: make([]float32, 3)}); err == nil {
 		t.Fatal("RecvAxpy with 8 bytes for 3 values: no error")
+	}
+}
+
+// checkCRCs checks that sums are the CRC-32C of payload's stripes.
+func checkCRCs(t testing.TB, sums []uint32, payload []byte) {
+	t.Helper()
+	k := uint16(len(sums))
+	for i, c := range sums {
+		off, n := stripeOffset(uint64(len(payload)), k, uint16(i)), stripeLen(uint64(len(payload)), k, uint16(i))
+		if w := crc32.Checksum(payload[off:off+n], crc32.MakeTable(crc32.Castagnoli)); c != w {
+			t.Fatalf("stripe %d of %d: checksum %08x, want %08x", i, k, c, w)
+		}
+	}
+}
+
+// TestSendChecksums: a tensor received over plaintext and sent on with
+// its Checksums arrives intact and with the same checksums; a wrong one
+// is sent as given (the receiver rejects the tensor), and checksums for
+// another number of stripes are left unused.
+func TestSendChecksums(t *testing.T) {
+	plain := func(c *Config) { c.Insecure, c.MinStripeBytes = true, 256<<10 }
+	a, b, c := newTestNode(t, plain), newTestNode(t, plain), newTestNode(t, plain)
+	connect(t, a, b)
+	connect(t, b, c)
+	sent := finiteTensor(5, 1<<20, 9)
+	if err := a.Send(ctxT(t, 10*time.Second), b.ID(), sent); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), 5, make([]byte, len(sent.Payload)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Checksums) < 2 {
+		t.Fatalf("%d checksums for a striped tensor", len(got.Checksums))
+	}
+	checkCRCs(t, got.Checksums, got.Payload)
+	sums := got.Checksums
+	for i, tc := range []struct {
+		name string
+		sums []uint32
+		ok   bool
+	}{
+		{"forwarded", sums, true},
+		{"for fewer stripes", []uint32{0}, true},
+		{"one wrong", append([]uint32{sums[0] ^ 1}, sums[1:]...), false}, // last: c resets the streams
+	} {
+		fwd := got
+		fwd.Tag, fwd.Checksums = Tag(10+i), tc.sums
+		var back Tensor
+		recvd := make(chan error, 1)
+		go func() { // posted first: a parked tensor that fails is dropped
+			var err error
+			back, err = c.Recv(ctxT(t, 10*time.Second), b.ID(), fwd.Tag, make([]byte, len(sent.Payload)))
+			recvd <- err
+		}()
+		waitPosted(t, c, mkey{b.ID(), fwd.Tag})
+		// With a wrong checksum the Send may fail too: c resets the
+		// streams of stripes still arriving.
+		if err := b.Send(ctxT(t, 10*time.Second), c.ID(), fwd); err != nil && tc.ok {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		err := <-recvd
+		if !tc.ok {
+			if !errors.Is(err, ErrChecksum) {
+				t.Fatalf("%s: Recv: %v, want ErrChecksum", tc.name, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !bytes.Equal(back.Payload, sent.Payload) || !slices.Equal(back.Checksums, sums) {
+			t.Fatalf("%s: payload or checksums changed on the way", tc.name)
+		}
 	}
 }
 

@@ -63,6 +63,15 @@ type Tensor struct {
 	// arrived (Payload = Alpha·X + received); SumFinite then reports
 	// whether every sum is finite.
 	Summed, SumFinite bool
+	// Checksums, on Recv, holds the CRC-32C of each stripe of Payload as
+	// delivered (of the sums, when Summed) where node computed one for
+	// every stripe (connections that need checksums; see flagNoChecksum),
+	// and is nil otherwise. On Send, a caller that passes a received
+	// tensor's Checksums with its Payload unchanged spares node a pass
+	// over the payload: they are used where the tensor goes as as many
+	// stripes. A checksum that does not match its stripe makes the
+	// receiver reject the tensor (ErrChecksum).
+	Checksums []uint32
 	// From is the sender (set by Recv; ignored by Send).
 	From peer.ID
 }
@@ -130,8 +139,13 @@ type assembly struct {
 	// into buf; sumFinite counts the stripes whose sums were all finite.
 	ax        *Axpy
 	sumFinite int
-	active    map[network.Stream]struct{}
-	err       error
+	// crcs[i] is stripe i's CRC-32C as delivered into buf (of the sums,
+	// with ax), for Tensor.Checksums; crcd counts the stripes that have
+	// one.
+	crcs   []uint32
+	crcd   int
+	active map[network.Stream]struct{}
+	err    error
 	// drain means nobody wants the tensor any more (its Recv gave up or
 	// was too short): its stripes are read to their end and dropped, so
 	// that the frames queued behind them on the same streams still
@@ -425,7 +439,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	// ±Inf in its checksum's pass.
 	checkFinite := h.codec == compression.IDFP32 && h.dtype == Float32 && off%4 == 0 && n%4 == 0
 	ts.protect(from)
-	finite, sumFinite, err := ts.readStripe(s, from, a, dst, int(off), int(n), sum, checkFinite)
+	finite, sumFinite, crc, err := ts.readStripe(s, from, a, dst, int(off), int(n), sum, checkFinite)
 	ts.unprotect(from)
 
 	ts.mu.Lock()
@@ -460,6 +474,13 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 	if sumFinite {
 		a.sumFinite++
 	}
+	if sum {
+		if a.crcs == nil {
+			a.crcs = make([]uint32, a.h.stripes)
+		}
+		a.crcs[h.stripe] = crc
+		a.crcd++
+	}
 	if a.done == int(a.h.stripes) {
 		ts.completeLocked(a)
 	}
@@ -480,16 +501,19 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 // offered to the next Read"); no Read ever holds dst. For a RecvAxpy
 // (a.ax), dst gets a.ax's sums with the payload instead (its stripe starts
 // at byte base of the tensor), and sumFinite reports them all finite.
-func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, base, n int, sum, checkFinite bool) (finite, sumFinite bool, err error) {
+// With sum, delivered is the CRC-32C of what went into dst: the verified
+// checksum, or with a.ax that of the sums, computed while they are in
+// cache.
+func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst []byte, base, n int, sum, checkFinite bool) (finite, sumFinite bool, delivered uint32, err error) {
 	sp := scratchPool.Get().(*[]byte)
 	defer scratchPool.Put(sp)
 	scratch := *sp
-	var crc uint32
+	var crc, out uint32
 	fin := checkFinite // no NaN or ±Inf so far
 	sums := a != nil && a.ax != nil
 	for off := 0; off < n; {
 		if err := s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout)); err != nil {
-			return false, false, err
+			return false, false, 0, err
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
 		switch {
@@ -508,6 +532,9 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 				e := (base + off) / 4
 				x := a.ax.X[e : e+k/4]
 				sums = device.AxpyTo(a.ax.Alpha, x, floats(scratch[:k]), floats(dst[off:off+k])) && sums
+				if sum {
+					out = crc32c.Update(out, dst[off:off+k])
+				}
 			default:
 				copy(dst[off:], scratch[:k])
 			}
@@ -518,18 +545,21 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 			ts.hooks.recvProgress(from, k)
 		}
 		if err != nil {
-			return false, false, truncated(err)
+			return false, false, 0, truncated(err)
 		}
 	}
 	var tr [trailerLen]byte
 	s.SetReadDeadline(time.Now().Add(ts.cfg.IOTimeout))
 	if _, err := io.ReadFull(s, tr[:]); err != nil {
-		return false, false, truncated(err)
+		return false, false, 0, truncated(err)
 	}
 	if binary.LittleEndian.Uint32(tr[:]) != crc {
-		return false, false, ErrChecksum
+		return false, false, 0, ErrChecksum
 	}
-	return fin, sums, nil
+	if a == nil || a.ax == nil {
+		out = crc
+	}
+	return fin, sums, out, nil
 }
 
 // authenticated reports whether c's transport authenticates every byte
@@ -598,7 +628,7 @@ func (ts *tensors) dropLocked(a *assembly) {
 
 // drainStripe reads a refused stripe (payload and trailer) to its end.
 func (ts *tensors) drainStripe(s network.Stream, from peer.ID, n int, sum bool) error {
-	_, _, err := ts.readStripe(s, from, nil, nil, 0, n, sum, false)
+	_, _, _, err := ts.readStripe(s, from, nil, nil, 0, n, sum, false)
 	return err
 }
 
@@ -685,7 +715,7 @@ func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 			payload = r.dst[:len(a.buf)]
 			if r.ax != nil && axpyFits(&a.h, r.ax) {
 				r.t.Summed = true
-				r.t.SumFinite = device.AxpyTo(r.ax.Alpha, r.ax.X, floats(a.buf), floats(payload))
+				r.t.SumFinite = a.sumInto(r.ax, payload)
 			} else {
 				copy(payload, a.buf)
 			}
@@ -696,8 +726,38 @@ func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 	r.t.fill(&a.h, a.key.p)
 	r.t.Payload = payload
 	r.t.Finite = a.finite == int(a.h.stripes)
+	if a.crcd == int(a.h.stripes) {
+		r.t.Checksums = a.crcs
+	}
 	close(r.done)
 }
+
+// sumInto sets dst = ax.Alpha·ax.X + a's parked buffer (device.AxpyTo)
+// and reports whether every sum is finite. It goes a piece at a time, so
+// that the checksums of what it writes (which replace those of what
+// arrived, where a has them) are made while it is in cache.
+func (a *assembly) sumInto(ax *Axpy, dst []byte) (finite bool) {
+	finite = true
+	crcs := a.crcd == int(a.h.stripes)
+	for i := range a.h.stripes {
+		off, n := stripeOffset(a.h.length, a.h.stripes, i), stripeLen(a.h.length, a.h.stripes, i)
+		var crc uint32
+		for p := off; p < off+n; p += sumPiece {
+			q := min(p+sumPiece, off+n) // p and q are multiples of 4 (axpyFits)
+			finite = device.AxpyTo(ax.Alpha, ax.X[p/4:q/4], floats(a.buf[p:q]), floats(dst[p:q])) && finite
+			if crcs {
+				crc = crc32c.Update(crc, dst[p:q])
+			}
+		}
+		if crcs {
+			a.crcs[i] = crc
+		}
+	}
+	return finite
+}
+
+// sumPiece is how many bytes sumInto sums before it checksums them.
+const sumPiece = 256 << 10
 
 // roomLocked reports whether a tensor of n bytes from p fits under
 // MaxParkedBytes and MaxParkedPerPeer and, from a stranger, under
@@ -860,8 +920,19 @@ func (ts *tensors) send(ctx context.Context, pool *streamPool, t *Tensor) error 
 	start := time.Now()
 	ts.protect(pool.p)
 	defer ts.unprotect(pool.p)
+	sums := t.Checksums
+	if len(sums) != int(h.stripes) {
+		sums = nil
+	}
+	crc := func(i uint16) (uint32, bool) {
+		if sums == nil {
+			return 0, false
+		}
+		return sums[i], true
+	}
 	if h.stripes == 1 {
-		err = ts.sendStripe(ctx, pool, h, t.Payload)
+		c, ok := crc(0)
+		err = ts.sendStripe(ctx, pool, h, t.Payload, c, ok)
 	} else {
 		ctx, cancel := context.WithCancelCause(ctx)
 		errs := make(chan error, h.stripes)
@@ -869,8 +940,9 @@ func (ts *tensors) send(ctx context.Context, pool *streamPool, t *Tensor) error 
 			hi := h
 			hi.stripe = i
 			off, n := stripeOffset(h.length, h.stripes, i), stripeLen(h.length, h.stripes, i)
+			c, ok := crc(i)
 			go func() {
-				err := ts.sendStripe(ctx, pool, hi, t.Payload[off:off+n])
+				err := ts.sendStripe(ctx, pool, hi, t.Payload[off:off+n], c, ok)
 				if err != nil {
 					cancel(err)
 				}
@@ -891,17 +963,17 @@ func (ts *tensors) send(ctx context.Context, pool *streamPool, t *Tensor) error 
 	return nil
 }
 
-// sendStripe writes one frame on a pooled stream. A pooled stream that
-// fails before any byte of the frame is accepted (the receiver closed it
-// while idle) is replaced once.
-func (ts *tensors) sendStripe(ctx context.Context, pool *streamPool, h header, data []byte) error {
+// sendStripe writes one frame on a pooled stream, with checksum crc if
+// known (else computed). A pooled stream that fails before any byte of the
+// frame is accepted (the receiver closed it while idle) is replaced once.
+func (ts *tensors) sendStripe(ctx context.Context, pool *streamPool, h header, data []byte, crc uint32, known bool) error {
 	for attempt := 0; ; attempt++ {
 		s, reused, err := pool.get(ctx)
 		if err != nil {
 			return err
 		}
 		stop := context.AfterFunc(ctx, func() { s.Reset() })
-		wrote, err := ts.writeFrame(s, &h, data)
+		wrote, err := ts.writeFrame(s, &h, data, crc, known)
 		if !stop() {
 			return fmt.Errorf("%w: %w", ErrReset, context.Cause(ctx))
 		}
@@ -917,13 +989,15 @@ func (ts *tensors) sendStripe(ctx context.Context, pool *streamPool, h header, d
 	}
 }
 
-// writeFrame writes header, payload and trailer with a deadline per chunk.
-// wrote reports whether any write succeeded.
-func (ts *tensors) writeFrame(s network.Stream, h *header, data []byte) (wrote bool, err error) {
+// writeFrame writes header, payload and trailer with a deadline per chunk;
+// the trailer is crc if known, else computed as the payload goes. wrote
+// reports whether any write succeeded.
+func (ts *tensors) writeFrame(s network.Stream, h *header, data []byte, crc uint32, known bool) (wrote bool, err error) {
 	hf := *h
 	sum := !authenticated(s.Conn())
 	if !sum {
 		hf.flags |= flagNoChecksum
+		crc = 0 // the trailer of an unchecked frame
 	}
 	var hb [maxHeaderLen]byte
 	hdr := appendHeader(hb[:0], &hf)
@@ -932,10 +1006,9 @@ func (ts *tensors) writeFrame(s network.Stream, h *header, data []byte) (wrote b
 	if _, err := s.Write(hdr); err != nil {
 		return false, err
 	}
-	var crc uint32
 	for off := 0; off < len(data); off += ioChunk {
 		chunk := data[off:min(off+ioChunk, len(data))]
-		if sum {
+		if sum && !known {
 			crc = crc32c.Update(crc, chunk)
 		}
 		deadline()

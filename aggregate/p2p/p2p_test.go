@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/starling-ml/starling/aggregate/aggtest"
 	"github.com/starling-ml/starling/aggregate/p2p"
 	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/device"
 	"github.com/starling-ml/starling/node"
 	"github.com/starling-ml/starling/peerid"
 )
@@ -26,6 +28,12 @@ import (
 // newMocknet attaches n nodes to a fully connected mocknet whose links have
 // the given latency and bandwidth (bytes/s, 0 for unlimited).
 func newMocknet(t testing.TB, n int, latency time.Duration, bw float64) []*node.Node {
+	t.Helper()
+	return newMocknetConfig(t, n, latency, bw, node.TestConfig())
+}
+
+// newMocknetConfig is newMocknet with the nodes' configuration.
+func newMocknetConfig(t testing.TB, n int, latency time.Duration, bw float64, cfg node.Config) []*node.Node {
 	t.Helper()
 	mn := mocknet.New()
 	t.Cleanup(func() { mn.Close() })
@@ -36,7 +44,7 @@ func newMocknet(t testing.TB, n int, latency time.Duration, bw float64) []*node.
 		if err != nil {
 			t.Fatal(err)
 		}
-		nodes[i], err = node.Attach(h, node.TestConfig())
+		nodes[i], err = node.Attach(h, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,6 +166,86 @@ func TestAllReduceOnMocknet(t *testing.T) {
 				checkSame(t, outs, []int{0, 1, 2, 3, 4}, expected(t, tc.rule, g, ps.ids, srcs, w))
 				if outs[0].Result.Attempts != 1 {
 					t.Fatalf("round %d: %+v", round, outs[0].Result)
+				}
+			}
+		})
+	}
+}
+
+// forwarding counts the ring's receives that were summed on arrival and
+// its sends that reused the checksums made on arrival.
+type forwarding struct {
+	*p2p.Transport
+	summed, reused atomic.Int64
+}
+
+func (f *forwarding) RecvAxpy(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32, alpha float32, x []float32) (aggregate.Received, error) {
+	r, err := f.Transport.RecvAxpy(ctx, from, tag, dst, alpha, x)
+	if r.Summed {
+		f.summed.Add(1)
+	}
+	return r, err
+}
+
+func (f *forwarding) SendReceived(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32, sums aggregate.Checksums) error {
+	f.reused.Add(1)
+	return f.Transport.SendReceived(ctx, to, tag, data, sums)
+}
+
+// TestRingForwardsChecksums: over node's checksummed frames (mocknet has
+// no security), the ring sums partial sums on arrival and sends chunks on
+// with the checksums node made as they arrived, striped, and the result is
+// the same on every peer and right: a checksum of anything but the bytes
+// sent would fail the round. With a mean, the completed sums are divided
+// before they go on, and their checksums made anew.
+func TestRingForwardsChecksums(t *testing.T) {
+	ncfg := node.TestConfig()
+	ncfg.MinStripeBytes = 32 << 10 // chunks of 96 KiB go as 3 stripes
+	nodes := newMocknetConfig(t, 4, 0, 0, ncfg)
+	for _, rl := range []rule.Rule{rule.Sum{}, rule.Mean{}} {
+		t.Run(fmt.Sprint(rl), func(t *testing.T) {
+			cfg := aggregate.DefaultConfig()
+			cfg.Algorithm, cfg.Rule, cfg.StallTimeout, cfg.ChunkElems = aggregate.Ring, rl, 5*time.Second, 1<<16
+			var ids []peerid.ID
+			var runners []*aggregate.Runner
+			var fwd []*forwarding
+			for _, n := range nodes {
+				f := &forwarding{Transport: p2p.New(n)}
+				t.Cleanup(func() { f.Close() })
+				r, err := aggregate.NewRunner(p2p.ID(n.ID()), f, cfg, debugOpts()...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids, runners, fwd = append(ids, p2p.ID(n.ID())), append(runners, r), append(fwd, f)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			g, _ := aggregate.Form(1, ids)
+			srcs, w := randVecs(7, 4, 4*3<<16)
+			outs := aggtest.RunRound(ctx, runners, g, srcs, w)
+			checkSame(t, outs, []int{0, 1, 2, 3}, expected(t, rl, g, ids, srcs, w))
+			if outs[0].Result.Attempts != 1 {
+				t.Fatalf("%+v", outs[0].Result)
+			}
+			const m = 8 // chunks per segment: 3<<16 values in 8 (chunkElems)
+			for i, f := range fwd {
+				// Each rank receives partial sums in 3 reduce-scatter
+				// steps and sends on those of 2 (if summed on arrival),
+				// then its completed segment (if summed, and not divided
+				// for a mean), then the chunks of 2 of its 3 all-gather
+				// steps.
+				want := int64(2 * m)
+				if device.AxpyToRuns(device.Default()) {
+					if got := f.summed.Load(); got != 3*m {
+						t.Fatalf("rank %d: %d chunks summed on arrival, want %d", i, got, 3*m)
+					}
+					want += 2 * m
+					if _, sum := rl.(rule.Sum); sum {
+						want += m
+					}
+				}
+				if got := f.reused.Load(); got != want {
+					t.Fatalf("rank %d: %d chunks sent on with their checksums, want %d", i, got, want)
 				}
 			}
 		})

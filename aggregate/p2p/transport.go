@@ -268,6 +268,11 @@ func nodeTag(tag aggregate.Tag) node.Tag {
 
 // Send implements aggregate.Transport.
 func (t *Transport) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32) error {
+	return t.send(ctx, to, tag, data, nil)
+}
+
+// send is Send, with node's checksums of data if known.
+func (t *Transport) send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32, sums []uint32) error {
 	pid, err := t.peerID(to)
 	if err != nil {
 		return err
@@ -276,7 +281,7 @@ func (t *Transport) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, d
 	defer release()
 	tn := node.Tensor{
 		Tag: nodeTag(tag), Codec: compression.IDFP32, DType: node.Float32, Shape: []int{len(data)},
-		Version: tag.Round, Step: tag.Digest, Payload: payload,
+		Version: tag.Round, Step: tag.Digest, Payload: payload, Checksums: sums,
 	}
 	if tag.Step != aggregate.StepVote {
 		return sendErr(to, t.n.Send(ctx, pid, tn))
@@ -307,15 +312,29 @@ func (t *Transport) RecvFinite(ctx context.Context, from peerid.ID, tag aggregat
 	return tn.Finite, err
 }
 
-// RecvAxpy implements aggregate.AxpyReceiver with node.RecvAxpy (on
-// little-endian machines; elsewhere it is RecvFinite).
-func (t *Transport) RecvAxpy(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32, alpha float32, x []float32) (summed, in, out bool, err error) {
+// RecvAxpy implements aggregate.AxpyReceiver with node.RecvAxpy, and
+// keeps node's checksums (Tensor.Checksums), on little-endian machines;
+// elsewhere it is RecvFinite.
+func (t *Transport) RecvAxpy(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32, alpha float32, x []float32) (aggregate.Received, error) {
 	var ax *node.Axpy
-	if littleEndian {
+	if littleEndian && x != nil {
 		ax = &node.Axpy{Alpha: alpha, X: x}
 	}
 	tn, err := t.recv(ctx, from, tag, dst, ax)
-	return tn.Summed, tn.Finite, tn.SumFinite, err
+	r := aggregate.Received{Summed: tn.Summed, In: tn.Finite, Out: tn.SumFinite}
+	if littleEndian && err == nil {
+		r.Sums = tn.Checksums
+	}
+	return r, err
+}
+
+// SendReceived implements aggregate.AxpyReceiver: Send with node's
+// checksums of data (Tensor.Checksums).
+func (t *Transport) SendReceived(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32, sums aggregate.Checksums) error {
+	if !littleEndian {
+		sums = nil // of the wire's bytes, not of data's
+	}
+	return t.send(ctx, to, tag, data, sums)
 }
 
 // recv is RecvFinite, and RecvAxpy's node.RecvAxpy with ax.
