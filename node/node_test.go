@@ -1055,6 +1055,36 @@ func TestSendChecksums(t *testing.T) {
 	}
 }
 
+// TestParkedRecycled: parked buffers copied out to their Recv's are
+// recycled for later tensors, and a parked buffer handed to a Recv that
+// brought none is not: what it got stays as it was.
+func TestParkedRecycled(t *testing.T) {
+	a, b := newTestNode(t, nil), newTestNode(t, nil)
+	connect(t, a, b)
+	var kept []byte
+	for i := range 6 {
+		sent := finiteTensor(Tag(20+i), 1<<18, uint64(i))
+		if err := a.Send(ctxT(t, 10*time.Second), b.ID(), sent); err != nil {
+			t.Fatal(err)
+		}
+		waitParked(t, b, mkey{a.ID(), sent.Tag})
+		var dst []byte
+		if i != 2 {
+			dst = make([]byte, len(sent.Payload))
+		}
+		got, err := b.Recv(ctxT(t, 10*time.Second), a.ID(), sent.Tag, dst)
+		if err != nil || !bytes.Equal(got.Payload, sent.Payload) {
+			t.Fatalf("tensor %d: %v, or the payload differs", i, err)
+		}
+		if i == 2 {
+			kept = got.Payload
+		}
+		if kept != nil && !bytes.Equal(kept, finiteTensor(22, 1<<18, 2).Payload) {
+			t.Fatalf("after tensor %d: a handed-over buffer was written", i)
+		}
+	}
+}
+
 // waitParked waits until n holds the tensor of key parked whole.
 func waitParked(t testing.TB, n *Node, key mkey) {
 	t.Helper()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -405,7 +406,7 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 				break
 			}
 			if room {
-				a = ts.newAssemblyLocked(key, h, make([]byte, h.length), true)
+				a = ts.newAssemblyLocked(key, h, parkBuf(int(h.length)), true)
 				a.stranger = !may
 				ts.parkLocked(a)
 				break
@@ -719,6 +720,8 @@ func (ts *tensors) deliverLocked(a *assembly, r *recvOp) {
 			} else {
 				copy(payload, a.buf)
 			}
+			freeParkBuf(a.buf)
+			a.buf = nil
 		}
 	} else if a.ax != nil {
 		r.t.Summed, r.t.SumFinite = true, a.sumFinite == int(a.h.stripes)
@@ -754,6 +757,43 @@ func (a *assembly) sumInto(ax *Axpy, dst []byte) (finite bool) {
 		}
 	}
 	return finite
+}
+
+// parkPools recycle the parked buffers of tensors copied out to their
+// Recv's buffer, so that parking costs no fresh pages (a page fault each
+// 4 KiB, and zeroing): pool c holds buffers of capacity 1<<(c+minParkPool).
+var parkPools [maxParkPool - minParkPool + 1]sync.Pool
+
+const minParkPool, maxParkPool = 16, 24 // 64 KiB to 16 MiB
+
+// parkClass is the pool of buffers for n bytes, or -1 for none.
+func parkClass(n int) int {
+	c := bits.Len(uint(n - 1))
+	if n <= 0 || c < minParkPool || c > maxParkPool {
+		return -1
+	}
+	return c - minParkPool
+}
+
+// parkBuf returns a buffer of n bytes to park a tensor in: a recycled one
+// (not zeroed: the tensor's stripes fill it before anyone reads it) or a
+// new one.
+func parkBuf(n int) []byte {
+	c := parkClass(n)
+	if c < 0 {
+		return make([]byte, n)
+	}
+	if b, ok := parkPools[c].Get().(*[]byte); ok {
+		return (*b)[:n]
+	}
+	return make([]byte, n, 1<<(c+minParkPool))
+}
+
+// freeParkBuf recycles b, a parked buffer nobody holds any more.
+func freeParkBuf(b []byte) {
+	if c := parkClass(cap(b)); c >= 0 && cap(b) == 1<<(c+minParkPool) {
+		parkPools[c].Put(&b)
+	}
 }
 
 // sumPiece is how many bytes sumInto sums before it checksums them.
