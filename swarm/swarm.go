@@ -175,7 +175,7 @@ func build(n *node.Node, cfg Config, o options) (*Peer, error) {
 	// MaxStrangerParked.
 	tr := p2p.New(n)
 	n.SetMayPark(func(from peer.ID) bool {
-		_, ok := cp.Peer(peerid.ID(from.String()))
+		_, ok := cp.Peer(p2p.ID(from))
 		return ok || tr.InGroup(from)
 	})
 	var art aggregate.Transport = tr

@@ -455,3 +455,13 @@ func BenchmarkLoopbackAllReduce(b *testing.B) {
 		}
 	}
 }
+
+// TestID: ID is the peer's base58 form, kept or not.
+func TestID(t *testing.T) {
+	for _, n := range newMocknet(t, 2, 0, 0) {
+		want := peerid.ID(n.ID().String())
+		if got, again := p2p.ID(n.ID()), p2p.ID(n.ID()); got != want || again != want {
+			t.Fatalf("ID = %q, then %q; want %q", got, again, want)
+		}
+	}
+}

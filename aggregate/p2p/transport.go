@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -243,8 +244,26 @@ func (t *Transport) dropLink(p peer.ID, l *node.Link) {
 	l.Close()
 }
 
-// ID returns the peerid.ID of a libp2p peer.
-func ID(p peer.ID) peerid.ID { return peerid.ID(p.String()) }
+// ID returns the peerid.ID of a libp2p peer. It is asked for every
+// stripe received (who may park it), and base58 costs a microsecond or
+// more, so the first maxIDs peers' IDs are kept.
+func ID(p peer.ID) peerid.ID {
+	if v, ok := encoded.Load(p); ok {
+		return v.(peerid.ID)
+	}
+	id := peerid.ID(p.String())
+	if encodedN.Add(1) <= maxIDs {
+		encoded.Store(p, id)
+	}
+	return id
+}
+
+var (
+	encoded  sync.Map // peer.ID → peerid.ID
+	encodedN atomic.Int64
+)
+
+const maxIDs = 1 << 14
 
 // Self returns the node's own peerid.ID.
 func (t *Transport) Self() peerid.ID { return ID(t.n.ID()) }
