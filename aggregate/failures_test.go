@@ -129,6 +129,15 @@ func failCases() []failCase {
 		{name: "ring/bad/Inf-gather", algo: R, n: 5, victim: 4, hook: corrupt(aggregate.StepRing, 25, float32(math.Inf(-1))), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue},
 		{name: "ring/bad/own-NaN", algo: R, n: 5, victim: 0, want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,
 			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v][500] = nan }},
+		// A NaN in the victim's own segment (rank r's is values 200r to
+		// 200r+199) that its right neighbour never sees: the hook
+		// overwrites it on the way (value 32 of chunk 0). Only the victim's
+		// own check finds it: chunk by chunk as the ring sends it with a
+		// sum, in one pass before it scales its segment with a mean.
+		{name: "ring/bad/own-NaN-hidden", algo: R, rule: rule.Sum{}, n: 5, victim: 1, hook: corrupt(aggregate.StepRing, 0, 1), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,
+			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v][200+32] = nan }},
+		{name: "ring/bad/own-NaN-hidden-mean", algo: R, n: 5, victim: 0, hook: corrupt(aggregate.StepRing, 0, 1), want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,
+			setup: func(_ *swarm, v int, srcs [][]float32, _ *aggregate.Group) { srcs[v][32] = nan }},
 		// Outside its own segment a rank's input is checked where the ring
 		// adds it to a partial sum (attempt.ringChecksOwn).
 		{name: "ring/bad/own-NaN-reduced", algo: R, n: 5, victim: 2, want: aggregate.ErrBadValue, victimErr: aggregate.ErrBadValue,

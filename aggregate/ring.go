@@ -98,12 +98,14 @@ func (a *attempt) ring() {
 	ownOff, size := shardRange(d, n, me)
 	own := a.src[ownOff : ownOff+size]
 	// Our input is checked where it is read (attempt.ringChecksOwn): our
-	// own segment here, the rest where ringSend adds it to partial sums.
-	if rule.FirstNonFinite(own) >= 0 {
-		a.accuse(me, kindBadValue) // vote to be left out
-		return
-	}
+	// own segment here if we scale it, else chunk by chunk as ringSend
+	// sends it (so that node's checksum reads it from the cache), the
+	// rest where ringSend adds it to partial sums.
 	if coef != 1 {
+		if rule.FirstNonFinite(own) >= 0 {
+			a.accuse(me, kindBadValue) // vote to be left out
+			return
+		}
 		own = a.r.buf("ring0", size)
 		copy(own, a.src[ownOff:ownOff+size])
 		a.r.be.Scale(coef, own)
@@ -235,7 +237,12 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, 
 	}
 	for i, it := range send {
 		if i < m0 {
-			if !a.send(right, StepRing, uint32(i), own[it.lo-ownOff:it.hi-ownOff], 2) {
+			chunk := own[it.lo-ownOff : it.hi-ownOff]
+			if coef == 1 && !device.AllFinite(chunk) { // see ring
+				a.accuse(a.rank, kindBadValue)
+				return
+			}
+			if !a.send(right, StepRing, uint32(i), chunk, 2) {
 				return
 			}
 			continue
