@@ -69,9 +69,9 @@ type Tensor struct {
 	// every stripe (connections that need checksums; see flagNoChecksum),
 	// and is nil otherwise. On Send, a caller that passes a received
 	// tensor's Checksums with its Payload unchanged spares node a pass
-	// over the payload: they are used where the tensor goes as as many
-	// stripes. A checksum that does not match its stripe makes the
-	// receiver reject the tensor (ErrChecksum).
+	// over the payload: node uses them when it sends the tensor in as
+	// many stripes as there are checksums. A checksum that does not match
+	// its stripe makes the receiver reject the tensor (ErrChecksum).
 	Checksums []uint32
 	// From is the sender (set by Recv; ignored by Send).
 	From peer.ID
