@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -36,6 +37,7 @@ type allReduceBench struct {
 	wait    time.Duration
 	master  bool // prints the result line
 	label   string
+	mean    bool // --rule mean: weighted by rank+1
 
 	cpuProfile string
 }
@@ -57,6 +59,7 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	iters := fs.Int("iters", 5, "timed all-reduces")
 	warmup := fs.Int("warmup", 1, "untimed all-reduces first")
 	algo := fs.String("algo", "auto", "all-reduce algorithm: tree, butterfly, ring or auto")
+	ruleName := fs.String("rule", "sum", "sum, or mean (rank r weighted r+1, as training weighs by samples)")
 	chunkKB := fs.Int("chunk-kb", 0, "values per pipelined chunk, in KiB of float32 (default: aggregate's)")
 	stripes := fs.Int("stripes", 0, "streams per tensor (default: node's)")
 	stall := fs.Duration("stall-timeout", aggregate.DefaultConfig().StallTimeout, "how long a silent peer is waited for")
@@ -124,6 +127,13 @@ func parseAllReduceBench(args []string, stderr io.Writer) (*allReduceBench, erro
 	}
 	ag := &b.cfg.Aggregate
 	ag.Rule, ag.Algorithm, ag.StallTimeout = rule.Sum{}, a, *stall
+	switch *ruleName {
+	case "sum":
+	case "mean":
+		ag.Rule, b.mean = rule.Mean{}, true
+	default:
+		return nil, fmt.Errorf("bench allreduce: --rule %q: want sum or mean", *ruleName)
+	}
 	if *chunkKB > 0 {
 		ag.ChunkElems = *chunkKB << 10 / 4
 	}
@@ -161,15 +171,24 @@ func runBenchAllReduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	src := make([]float32, d)
 	dst := make([]float32, d)
 	// Each rank contributes rank+1 (a sum of small integers is exact), so
-	// every result must be W(W+1)/2 everywhere.
+	// every result must be W(W+1)/2 everywhere; a mean weighs it by rank+1
+	// too: Σ(r+1)² / Σ(r+1) = (2W+1)/3.
 	for i := range src {
 		src[i] = float32(rank + 1)
 	}
 	want := float32(b.world * (b.world + 1) / 2)
+	weight := 1.0
+	if b.mean {
+		want, weight = float32(float64(2*b.world+1)/3), float64(rank+1)
+	}
 	round := uint64(0)
 	one := func(v, out []float32) error {
 		round++
-		res, err := p.Runner.AllReduceAmong(ctx, round, members, out, v, 1)
+		w := weight
+		if len(v) == 1 {
+			w = 1 // the barrier
+		}
+		res, err := p.Runner.AllReduceAmong(ctx, round, members, out, v, w)
 		if err != nil {
 			return err
 		}
@@ -183,7 +202,11 @@ func runBenchAllReduce(ctx context.Context, args []string, stdout, stderr io.Wri
 	barOut := []float32{0}
 	barrier := func() error { return one(bar, barOut) }
 	check := func() error {
-		if i := slices.IndexFunc(dst, func(x float32) bool { return x != want }); i >= 0 {
+		off := func(x float32) bool { return x != want }
+		if b.mean { // the division rounds: within a float32 step
+			off = func(x float32) bool { return math.Abs(float64(x-want)) > 1e-6*float64(want) }
+		}
+		if i := slices.IndexFunc(dst, off); i >= 0 {
 			return fmt.Errorf("bench allreduce: round %d: value %d is %v, want %v", round, i, dst[i], want)
 		}
 		return nil

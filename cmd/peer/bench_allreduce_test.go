@@ -33,6 +33,7 @@ func TestBenchAllReduceFlags(t *testing.T) {
 		{"--peers", "/ip4/127.0.0.1/tcp/1"}, // no /p2p/ID
 		{"--peers", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWQaVtHLbhobY1PdCvP16JMLN4YCWgCUfYrAKH7KLTJPVA"},         // no --key
 		{"--world", "2", "--algo", "hypercube"},                                                              // unknown algorithm
+		{"--world", "2", "--rule", "median"},                                                                 // unknown rule
 		{"--world", "2", "--size-mb", "0"},                                                                   // empty vector
 		{"--world", "2", "--iters", "0"},                                                                     // nothing to time
 		{"--world", "2", "--connect", "/ip4/127.0.0.1/tcp/1/p2p/x", "--peers", "/ip4/127.0.0.1/tcp/1/p2p/y"}, // both
@@ -120,6 +121,14 @@ func TestBenchAllReduceProcesses(t *testing.T) {
 	t.Run("insecure", func(t *testing.T) {
 		outs := run(t, func(i int) []string {
 			return []string{"--key", keys[i], "--peers", strings.Join(addrs, ","), "--insecure"}
+		})
+		if !line.MatchString(outs[0]) || outs[1] != "" || outs[2] != "" {
+			t.Fatalf("outputs %q", outs)
+		}
+	})
+	t.Run("mean", func(t *testing.T) { // weighted by rank+1; each process checks (2W+1)/3
+		outs := run(t, func(i int) []string {
+			return []string{"--key", keys[i], "--peers", strings.Join(addrs, ","), "--insecure", "--algo", "ring", "--rule", "mean"}
 		})
 		if !line.MatchString(outs[0]) || outs[1] != "" || outs[2] != "" {
 			t.Fatalf("outputs %q", outs)
