@@ -308,12 +308,16 @@ func TestGroupWideFaults(t *testing.T) {
 			continue // it weighs by w/Σw: no product can overflow
 		}
 		// A weight so large that w·x overflows where the tree and the ring
-		// weigh contributions: a group fault, not the heavy peer's.
+		// weigh contributions: a group fault, not the heavy peer's. Only
+		// the value 1e3 overflows (1e39), the others (|x| < 10) do not; it
+		// is in the heavy peer's own ring segment (rank r's is values 250r
+		// to 250r+249), which the ring scales before it sends it.
 		cfg.Rule = rule.Mean{}
 		s = newSwarm(t, 4, aggtest.Config{}, cfg)
 		srcs, _ = randVecs(rand.New(rand.NewPCG(3, 4)), 4, 1000)
-		srcs[2][500] = 1e3
-		for i, o := range aggtest.RunRound(t.Context(), s.runners, s.group(t, 1), srcs, []float64{1, 1, 1e38, 1}) {
+		g := s.group(t, 1)
+		srcs[2][250*g.Rank(s.ids[2])+100] = 1e3
+		for i, o := range aggtest.RunRound(t.Context(), s.runners, g, srcs, []float64{1, 1, 1e36, 1}) {
 			if !errors.Is(o.Err, aggregate.ErrOverflow) {
 				t.Errorf("%v overflowing weight: peer %d: %v", algo, i, o.Err)
 			}

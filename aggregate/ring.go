@@ -93,26 +93,14 @@ func (a *attempt) ring() {
 	if mean {
 		coef = float32(a.weight)
 	}
-	// Step 0 sends our weighted contribution to our own segment; own[i]
-	// is its value at coordinate ownOff+i.
+	// Step 0 sends our weighted contribution to our own segment, own[i]
+	// (from coordinate ownOff) times coef, chunk by chunk (ringSend), scaled
+	// into ring0 unless coef is 1.
 	ownOff, size := shardRange(d, n, me)
 	own := a.src[ownOff : ownOff+size]
-	// Our input is checked where it is read (attempt.ringChecksOwn): our
-	// own segment here if we scale it, else chunk by chunk as ringSend
-	// sends it (so that node's checksum reads it from the cache), the
-	// rest where ringSend adds it to partial sums.
+	var scaled []float32
 	if coef != 1 {
-		if rule.FirstNonFinite(own) >= 0 {
-			a.accuse(me, kindBadValue) // vote to be left out
-			return
-		}
-		own = a.r.buf("ring0", size)
-		copy(own, a.src[ownOff:ownOff+size])
-		a.r.be.Scale(coef, own)
-		if rule.FirstNonFinite(own) >= 0 { // a huge weight: the same fault for all
-			a.setFault(faultOverflow)
-			return
-		}
+		scaled = a.r.buf("ring0", size)
 	}
 	m0 := numChunks(size, a.chunk)
 	_, sizeA := shardRange(d, n, left) // our step-0 receipt is the left's own segment
@@ -200,19 +188,20 @@ func (a *attempt) ring() {
 		}
 	})
 	wg.Go(func() {
-		a.ringSend(right, send, recv, fusedSums, m0, mA, own, ownOff, coef, mean, weights, hdrs, arrivedA, arrivedB)
+		a.ringSend(right, send, recv, fusedSums, m0, mA, own, scaled, ownOff, coef, mean, weights, hdrs, arrivedA, arrivedB)
 	})
 	wg.Wait()
 }
 
-// ringSend is the ring's sender: item i < m0 is our own segment (own, our
-// weighted contribution, from coordinate ownOff); item i ≥ m0 is received
+// ringSend is the ring's sender: item i < m0 is our own segment (own,
+// from coordinate ownOff), checked and then, unless coef is 1, scaled by
+// coef into scaled, as it goes; item i ≥ m0 is received
 // item i−m0, combined with our contribution first if it is a partial sum
 // (unless the transport did so as it arrived: fusedSums).
 // Completed sums are our segment of the result: for a mean they are
 // divided by the total weight, which needs every member's header. Every
 // rank learns the total, even one whose segment is empty.
-func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, m0, mA int, own []float32, ownOff int, coef float32, mean bool, weights []float64, hdrs, arrivedA, arrivedB <-chan struct{}) {
+func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, m0, mA int, own, scaled []float32, ownOff int, coef float32, mean bool, weights []float64, hdrs, arrivedA, arrivedB <-chan struct{}) {
 	be := a.r.be
 	haveTotal := false
 	total := func() bool {
@@ -237,10 +226,25 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, 
 	}
 	for i, it := range send {
 		if i < m0 {
+			// Our input is checked where it is read (attempt.ringChecksOwn):
+			// our own segment here, a chunk at a time just before it goes,
+			// so that node's checksum reads it from the cache (a bad chunk
+			// is never sent; those before it may have been), the rest where
+			// we add it to partial sums below.
 			chunk := own[it.lo-ownOff : it.hi-ownOff]
-			if coef == 1 && !device.AllFinite(chunk) { // see ring
-				a.accuse(a.rank, kindBadValue)
+			if !device.AllFinite(chunk) {
+				a.accuse(a.rank, kindBadValue) // vote to be left out
 				return
+			}
+			if scaled != nil {
+				sc := scaled[it.lo-ownOff : it.hi-ownOff]
+				copy(sc, chunk)
+				be.Scale(coef, sc)
+				if !device.AllFinite(sc) { // a huge weight: the same fault for all
+					a.setFault(faultOverflow)
+					return
+				}
+				chunk = sc
 			}
 			if !a.send(right, StepRing, uint32(i), chunk, 2) {
 				return
