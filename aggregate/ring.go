@@ -283,11 +283,8 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, 
 				if !total() {
 					return
 				}
-				for i, v := range out {
-					out[i] = float32(float64(v) / a.total)
-				}
+				ok = device.DivFinite(out, a.total)
 				sums = nil
-				ok = rule.FirstNonFinite(out) < 0
 			}
 			if !ok {
 				a.setFault(faultOverflow)

@@ -3,6 +3,7 @@ package device
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -199,6 +200,47 @@ func TestAxpyTo(t *testing.T) {
 			}
 			if out[n] != 42 || (n > 0 && bad == 0 && yy[0] != y[0]) {
 				t.Fatalf("n=%d: wrote past out's end or into y", n)
+			}
+		}
+	}
+}
+
+// TestDivFinite: DivFinite gives the bits of float32(float64(x)/d) for
+// every length around its 16-value steps, ordinary, subnormal, huge and
+// non-finite values, and divisors that overflow and underflow them; it
+// reports non-finite results wherever they are.
+func TestDivFinite(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, d := range []float64{3, 7.25, 1e-30, 1e30, 0.1, -2} {
+		for n := 0; n <= 70; n++ {
+			x := make([]float32, n)
+			for i := range x {
+				switch r.IntN(8) {
+				case 0:
+					x[i] = math.MaxFloat32 * float32(r.Float64())
+				case 1:
+					x[i] = math.SmallestNonzeroFloat32 * float32(r.IntN(100))
+				default:
+					x[i] = float32(r.NormFloat64() * 1e3)
+				}
+			}
+			if n > 0 && r.IntN(4) == 0 {
+				x[r.IntN(n)] = float32(math.Inf(1))
+			}
+			want := make([]float32, n)
+			fin := true
+			for i, v := range x {
+				want[i] = float32(float64(v) / d)
+				fin = fin && !math.IsInf(float64(want[i]), 0) && !math.IsNaN(float64(want[i]))
+			}
+			got := slices.Clone(x)
+			if f := DivFinite(got, d); f != fin {
+				t.Fatalf("d %v n %d: finite %v, want %v", d, n, f, fin)
+			}
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("d %v n %d: x[%d] = %v, want %v", d, n, i, got[i], want[i])
+				}
 			}
 		}
 	}

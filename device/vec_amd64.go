@@ -53,6 +53,12 @@ func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, 
 //go:noescape
 func nonFiniteAVX512(x *float32, n int) bool
 
+// divFiniteAVX512 sets x[i] = float32(float64(x[i]) / d) for n values (a
+// multiple of 16) and reports whether some result is NaN or ±Inf.
+//
+//go:noescape
+func divFiniteAVX512(x *float32, d float64, n int) (bad bool)
+
 // axpyFiniteAVX512 sets y += alpha·x for n values; bit 0 of bad is set
 // when some y was NaN or ±Inf before, bit 1 when some y is after.
 //

@@ -850,6 +850,45 @@ fin_done:
 	VZEROUPPER
 	RET
 
+// func divFiniteAVX512(x *float32, d float64, n int) (bad bool)
+// sets x[i] = float32(float64(x[i]) / d), 16 values a step: widened to
+// float64 (exact), divided (correctly rounded, as Go's /), narrowed with
+// MXCSR's rounding (as Go's conversion); K2 gathers the non-finite.
+TEXT ·divFiniteAVX512(SB), NOSPLIT, $0-25
+	VBROADCASTSD d+8(FP), Z30
+	MOVL         $0x7f800000, AX
+	VPBROADCASTD AX, Z31
+	MOVQ         x+0(FP), SI
+	MOVQ         n+16(FP), CX
+	KXORW        K2, K2, K2
+	TESTQ        CX, CX
+	JE           div_done
+
+div_16:
+	VCVTPS2PD (SI), Z0
+	VCVTPS2PD 32(SI), Z1
+	VDIVPD    Z30, Z0, Z0
+	VDIVPD    Z30, Z1, Z1
+	VCVTPD2PS Z0, Y0
+	VCVTPD2PS Z1, Y1
+	VMOVUPS   Y0, (SI)
+	VMOVUPS   Y1, 32(SI)
+	VPANDD    Y0, Y31, Y2
+	VPANDD    Y1, Y31, Y3
+	VPCMPEQD  Y31, Y2, K3
+	VPCMPEQD  Y31, Y3, K4
+	KORW      K3, K4, K3
+	KORW      K2, K3, K2
+	ADDQ      $64, SI
+	SUBQ      $16, CX
+	JNE       div_16
+
+div_done:
+	KORTESTW K2, K2
+	SETNE    bad+24(FP)
+	VZEROUPPER
+	RET
+
 // func minMaxAVX512(a, b *float32, n int)
 // sets a[i], b[i] to the smaller and the larger of the two.
 TEXT ·minMaxAVX512(SB), NOSPLIT, $0-24

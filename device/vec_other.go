@@ -36,6 +36,8 @@ func maxPoolRowAVX512(y *float32, arg *int32, x *float32, base, step, npix int, 
 
 func nonFiniteAVX512(x *float32, n int) bool { panic(errNoAsm) }
 
+func divFiniteAVX512(x *float32, d float64, n int) bool { panic(errNoAsm) }
+
 func axpyFiniteAVX512(alpha float32, x, y *float32, n int) uint8 { panic(errNoAsm) }
 
 func axpyToFiniteAVX512(alpha float32, x, y, out *float32, n int) bool { panic(errNoAsm) }
