@@ -29,6 +29,7 @@ type Faulty struct {
 var (
 	_ aggregate.Transport      = (*Faulty)(nil)
 	_ aggregate.FiniteReceiver = (*Faulty)(nil)
+	_ aggregate.AxpyReceiver   = (*Faulty)(nil)
 )
 
 // NewFaulty wraps t, the transport of peer self.
@@ -38,6 +39,13 @@ func NewFaulty(t aggregate.Transport, self peerid.ID, hook Hook, kill func()) *F
 
 // Send implements aggregate.Transport.
 func (f *Faulty) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32) error {
+	return f.SendReceived(ctx, to, tag, data, nil)
+}
+
+// SendReceived implements aggregate.AxpyReceiver: the wrapped transport's
+// where it has one, with sums, unless the hook saw (and may have changed)
+// the data; else Send.
+func (f *Faulty) SendReceived(ctx context.Context, to peerid.ID, tag aggregate.Tag, data []float32, sums aggregate.Checksums) error {
 	if err := f.thawed(ctx); err != nil {
 		return err
 	}
@@ -59,6 +67,9 @@ func (f *Faulty) Send(ctx context.Context, to peerid.ID, tag aggregate.Tag, data
 				return err
 			}
 		}
+	}
+	if ar, ok := f.t.(aggregate.AxpyReceiver); ok && sums != nil && f.hook == nil {
+		return ar.SendReceived(ctx, to, tag, data, sums)
 	}
 	return f.t.Send(ctx, to, tag, data)
 }
@@ -83,6 +94,23 @@ func (f *Faulty) RecvFinite(ctx context.Context, from peerid.ID, tag aggregate.T
 		return fr.RecvFinite(ctx, from, tag, dst)
 	}
 	return false, f.t.Recv(ctx, from, tag, dst)
+}
+
+// RecvAxpy implements aggregate.AxpyReceiver: the wrapped transport's
+// where it has one, else RecvFinite (nothing summed).
+func (f *Faulty) RecvAxpy(ctx context.Context, from peerid.ID, tag aggregate.Tag, dst []float32, alpha float32, x []float32) (aggregate.Received, error) {
+	ar, ok := f.t.(aggregate.AxpyReceiver)
+	if !ok {
+		fin, err := f.RecvFinite(ctx, from, tag, dst)
+		return aggregate.Received{In: fin}, err
+	}
+	f.mu.Lock()
+	dead := f.dead
+	f.mu.Unlock()
+	if dead {
+		return aggregate.Received{}, aggregate.ErrClosed
+	}
+	return ar.RecvAxpy(ctx, from, tag, dst, alpha, x)
 }
 
 // Kill runs the kill function once and fails every later call.
