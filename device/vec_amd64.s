@@ -13,6 +13,27 @@
 	DECQ AX     \
 	KMOVW AX, K1
 
+// LOAD4(p) loads the 64 values at p into Z0–Z3; FMA4 adds Z31 times the
+// 64 values at SI to them; STORE4(p) stores them at p: the 64-value step
+// of the axpy kernels.
+#define LOAD4(p) \
+	VMOVUPS (p), Z0    \
+	VMOVUPS 64(p), Z1  \
+	VMOVUPS 128(p), Z2 \
+	VMOVUPS 192(p), Z3
+
+#define FMA4 \
+	VFMADD231PS (SI), Z31, Z0    \
+	VFMADD231PS 64(SI), Z31, Z1  \
+	VFMADD231PS 128(SI), Z31, Z2 \
+	VFMADD231PS 192(SI), Z31, Z3
+
+#define STORE4(p) \
+	VMOVUPS Z0, (p)    \
+	VMOVUPS Z1, 64(p)  \
+	VMOVUPS Z2, 128(p) \
+	VMOVUPS Z3, 192(p)
+
 // func axpyAVX512(alpha float32, x, y *float32, n int)
 TEXT ·axpyAVX512(SB), NOSPLIT, $0-32
 	VBROADCASTSS alpha+0(FP), Z31
@@ -23,18 +44,9 @@ TEXT ·axpyAVX512(SB), NOSPLIT, $0-32
 	JL   axpy_16
 
 axpy_64:
-	VMOVUPS     (DI), Z0
-	VMOVUPS     64(DI), Z1
-	VMOVUPS     128(DI), Z2
-	VMOVUPS     192(DI), Z3
-	VFMADD231PS (SI), Z31, Z0
-	VFMADD231PS 64(SI), Z31, Z1
-	VFMADD231PS 128(SI), Z31, Z2
-	VFMADD231PS 192(SI), Z31, Z3
-	VMOVUPS     Z0, (DI)
-	VMOVUPS     Z1, 64(DI)
-	VMOVUPS     Z2, 128(DI)
-	VMOVUPS     Z3, 192(DI)
+	LOAD4(DI)
+	FMA4
+	STORE4(DI)
 	ADDQ        $256, SI
 	ADDQ        $256, DI
 	SUBQ        $64, CX
@@ -1216,19 +1228,10 @@ TEXT ·axpyFiniteAVX512(SB), NOSPLIT, $0-33
 	JL           af_16
 
 af_64:
-	VMOVUPS     (DI), Z0
-	VMOVUPS     64(DI), Z1
-	VMOVUPS     128(DI), Z2
-	VMOVUPS     192(DI), Z3
+	LOAD4(DI)
 	NONFINITE4(K2)
-	VFMADD231PS (SI), Z31, Z0
-	VFMADD231PS 64(SI), Z31, Z1
-	VFMADD231PS 128(SI), Z31, Z2
-	VFMADD231PS 192(SI), Z31, Z3
-	VMOVUPS     Z0, (DI)
-	VMOVUPS     Z1, 64(DI)
-	VMOVUPS     Z2, 128(DI)
-	VMOVUPS     Z3, 192(DI)
+	FMA4
+	STORE4(DI)
 	NONFINITE4(K7)
 	ADDQ        $256, SI
 	ADDQ        $256, DI
@@ -1297,18 +1300,9 @@ TEXT ·axpyToFiniteAVX512(SB), NOSPLIT, $0-41
 	JL           at_16
 
 at_64:
-	VMOVUPS     (DX), Z0
-	VMOVUPS     64(DX), Z1
-	VMOVUPS     128(DX), Z2
-	VMOVUPS     192(DX), Z3
-	VFMADD231PS (SI), Z31, Z0
-	VFMADD231PS 64(SI), Z31, Z1
-	VFMADD231PS 128(SI), Z31, Z2
-	VFMADD231PS 192(SI), Z31, Z3
-	VMOVUPS     Z0, (DI)
-	VMOVUPS     Z1, 64(DI)
-	VMOVUPS     Z2, 128(DI)
-	VMOVUPS     Z3, 192(DI)
+	LOAD4(DX)
+	FMA4
+	STORE4(DI)
 	NONFINITE4(K7)
 	ADDQ        $256, SI
 	ADDQ        $256, DX
