@@ -195,9 +195,9 @@ func (a *attempt) ring() {
 
 // ringSend is the ring's sender: item i < m0 is our own segment (own,
 // from coordinate ownOff), checked and then, unless coef is 1, scaled by
-// coef into scaled, as it goes; item i ≥ m0 is received
-// item i−m0, combined with our contribution first if it is a partial sum
-// (unless the transport did so as it arrived: fusedSums).
+// coef into scaled, as it goes; item i ≥ m0 is received item i−m0,
+// combined with our contribution first if it is a partial sum (unless the
+// transport did so as it arrived: fusedSums).
 // Completed sums are our segment of the result: for a mean they are
 // divided by the total weight, which needs every member's header. Every
 // rank learns the total, even one whose segment is empty.
@@ -263,13 +263,11 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, 
 		out := a.dst[it.lo:it.hi]
 		sums := fusedSums[k].sums // of out as received: until changed here
 		if recv[k].reduce {
-			if !fusedSums[k].summed {
-				sums = nil
-			}
 			x := a.src[it.lo:it.hi]
 			in, ok := fusedSums[k].in, fusedSums[k].ok
 			if !fusedSums[k].summed {
 				in, ok = device.AxpyFinite(be, coef, x, out)
+				sums = nil
 			}
 			if (!in || !ok) && !device.AllFinite(x) {
 				a.accuse(a.rank, kindBadValue) // our own input: see ringChecksOwn

@@ -496,10 +496,11 @@ func (ts *tensors) receiveStripe(s network.Stream, from peer.ID, h *header) erro
 // to its caller (gone): a Recv that gives up must neither wait for a
 // stalled sender nor have its buffer written after it returned, and the
 // stream must stay in step (a reset would lose the frames queued behind
-// this one), so the rest of the stripe is then read and dropped. The payload is read into a pooled staging
-// buffer, checked there and copied into dst, which costs less CPU than
-// reading it into dst and checking it there (docs/results, "Frames
-// offered to the next Read"); no Read ever holds dst. For a RecvAxpy
+// this one), so the rest of the stripe is then read and dropped. The
+// payload is read into a pooled staging buffer, checked there and copied
+// into dst, which costs less CPU than reading it into dst and checking it
+// there (docs/results, "Frames offered to the next Read"); no Read ever
+// holds dst. For a RecvAxpy
 // (a.ax), dst gets a.ax's sums with the payload instead (its stripe starts
 // at byte base of the tensor), and sumFinite reports them all finite.
 // With sum, delivered is the CRC-32C of what went into dst: the verified
@@ -530,12 +531,9 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 			switch {
 			case a.gone:
 			case a.ax != nil: // k and base+off are multiples of 4 (axpyFits)
-				e := (base + off) / 4
-				x := a.ax.X[e : e+k/4]
-				sums = device.AxpyTo(a.ax.Alpha, x, floats(scratch[:k]), floats(dst[off:off+k])) && sums
-				if sum {
-					out = crc32c.Update(out, dst[off:off+k])
-				}
+				var fin bool
+				fin, out = axpyPiece(a.ax, base+off, scratch[:k], dst[off:off+k], out, sum)
+				sums = fin && sums
 			default:
 				copy(dst[off:], scratch[:k])
 			}
@@ -602,7 +600,12 @@ func floats(b []byte) []float32 {
 }
 
 // scratchPool holds the staging buffers of readStripe.
-var scratchPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+var scratchPool = sync.Pool{New: func() any { b := make([]byte, stagingBytes); return &b }}
+
+// stagingBytes is the size of a staging buffer, and of the pieces a
+// parked tensor is summed in: small enough that what is summed is still in
+// cache for its checksum.
+const stagingBytes = 256 << 10
 
 // abandonLocked turns a into a draining assembly after its Recv gave up:
 // once abandonLocked returns, nothing writes into the Recv's buffer, and
@@ -745,12 +748,11 @@ func (a *assembly) sumInto(ax *Axpy, dst []byte) (finite bool) {
 	for i := range a.h.stripes {
 		off, n := stripeOffset(a.h.length, a.h.stripes, i), stripeLen(a.h.length, a.h.stripes, i)
 		var crc uint32
-		for p := off; p < off+n; p += sumPiece {
-			q := min(p+sumPiece, off+n) // p and q are multiples of 4 (axpyFits)
-			finite = device.AxpyTo(ax.Alpha, ax.X[p/4:q/4], floats(a.buf[p:q]), floats(dst[p:q])) && finite
-			if crcs {
-				crc = crc32c.Update(crc, dst[p:q])
-			}
+		for p := off; p < off+n; p += stagingBytes {
+			q := min(p+stagingBytes, off+n) // p and q are multiples of 4 (axpyFits)
+			var fin bool
+			fin, crc = axpyPiece(ax, int(p), a.buf[p:q], dst[p:q], crc, crcs)
+			finite = fin && finite
 		}
 		if crcs {
 			a.crcs[i] = crc
@@ -796,8 +798,18 @@ func freeParkBuf(b []byte) {
 	}
 }
 
-// sumPiece is how many bytes sumInto sums before it checksums them.
-const sumPiece = 256 << 10
+// axpyPiece sets out = ax.Alpha·ax.X + in for the values from byte at of
+// the tensor (at and len(in) multiples of 4; device.AxpyTo) and reports
+// whether they are all finite; with sum it extends crc over out while out
+// is in cache.
+func axpyPiece(ax *Axpy, at int, in, out []byte, crc uint32, sum bool) (finite bool, _ uint32) {
+	e := at / 4
+	finite = device.AxpyTo(ax.Alpha, ax.X[e:e+len(in)/4], floats(in), floats(out))
+	if sum {
+		crc = crc32c.Update(crc, out)
+	}
+	return finite, crc
+}
 
 // roomLocked reports whether a tensor of n bytes from p fits under
 // MaxParkedBytes and MaxParkedPerPeer and, from a stranger, under
