@@ -63,7 +63,7 @@ func (n *Node) startDiscovery(ctx, bg context.Context) error {
 	n.dht = d
 	for _, ai := range boot {
 		cctx, cancel := context.WithTimeout(ctx, connectTimeout)
-		if err := n.host.Connect(cctx, ai); err != nil {
+		if err := n.Connect(cctx, ai); err != nil {
 			n.log.Warn("bootstrap peer unreachable", "peer", ai.ID, "err", err)
 		}
 		cancel()
@@ -110,7 +110,7 @@ func (n *Node) found(ctx context.Context, ai peer.AddrInfo) {
 	}
 	if n.host.Network().Connectedness(ai.ID) != network.Connected {
 		cctx, cancel := context.WithTimeout(ctx, connectTimeout)
-		err := n.host.Connect(cctx, ai)
+		err := n.Connect(cctx, ai)
 		cancel()
 		if err != nil {
 			n.log.Debug("connect to discovered peer", "peer", ai.ID, "err", err)

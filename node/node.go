@@ -313,14 +313,67 @@ func (n *Node) AddrInfo() peer.AddrInfo {
 // sentence (libp2p's own words, such as "message did not have trailing
 // newline", stay in the error chain); one that stalls on an address that
 // accepts TCP connections says so.
+//
+// Two peers that dial each other at the same moment over TCP can meet in
+// one connection that both opened (a TCP simultaneous open: each dials
+// from its listening port), where both act as the handshake's initiator
+// and it fails on both ends. Connect then dials again, up to simOpenTries
+// times in all: the peer with the lower ID at once, the other after
+// simOpenWait, by when it usually finds the first one's connection.
 func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
 	if err := n.live(); err != nil {
 		return err
 	}
+	for try := 1; ; try++ {
+		err := n.connectOnce(ctx, p)
+		if !errors.Is(err, errSimultaneousOpen) || try == simOpenTries {
+			return err
+		}
+		n.log.Debug("TCP simultaneous open; dialling again", "peer", p.ID, "try", try)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(simOpenDelay(n.host.ID(), p.ID, try)):
+		}
+		// The failed dial put the address in libp2p's dial backoff.
+		ctx = network.WithForceDirectDial(ctx, "dial again after a TCP simultaneous open")
+	}
+}
+
+// Dialling again after a TCP simultaneous open (see Connect).
+const (
+	simOpenTries = 4
+	simOpenWait  = 200 * time.Millisecond
+)
+
+// errSimultaneousOpen marks a dial that failed in a TCP simultaneous open.
+var errSimultaneousOpen = errors.New("node: the connection failed as a TCP simultaneous open does (the peer dialling this one at the same moment)")
+
+// simOpenDelay is how long self waits before dialling remote again after
+// its try-th simultaneous open: the lower peer ID not at all, the higher
+// one try × simOpenWait, so that their dials do not meet again.
+func simOpenDelay(self, remote peer.ID, try int) time.Duration {
+	if self < remote {
+		return 0
+	}
+	return time.Duration(try) * simOpenWait
+}
+
+// simultaneousOpen reports whether a dial failed the way a TCP
+// simultaneous open makes TLS fail: each end sent a ClientHello and got
+// the other's instead of a ServerHello.
+func simultaneousOpen(err error) bool {
+	return strings.Contains(err.Error(), "received unexpected handshake message of type *tls.clientHelloMsg")
+}
+
+// connectOnce is one dial of Connect.
+func (n *Node) connectOnce(ctx context.Context, p peer.AddrInfo) error {
 	err := n.host.Connect(ctx, p)
 	switch {
 	case err == nil:
 		return n.admitted(ctx, p.ID)
+	case simultaneousOpen(err):
+		return fmt.Errorf("%w: %w", errSimultaneousOpen, err)
 	case errors.Is(err, lswarm.ErrGaterDisallowedConnection):
 		return fmt.Errorf("%w: %s is not on this peer's --allow list", ErrNotAllowed, p.ID)
 	case securityMismatch(err):
@@ -338,7 +391,7 @@ func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
 // right after the security handshake, which libp2p's dialler takes for
 // success. It waits for identify on p's connections (which the closing
 // peer never answers), at most a second, and reports ErrNotAllowed if no
-// connection is left.
+// connection is left (errSimultaneousOpen with Insecure).
 func (n *Node) admitted(ctx context.Context, p peer.ID) error {
 	ids, ok := n.host.(interface{ IDService() identify.IDService })
 	if ok {
@@ -354,6 +407,12 @@ func (n *Node) admitted(ctx context.Context, p peer.ID) error {
 	// Connectedness skips connections being closed; ConnsToPeer does not.
 	if c := n.host.Network().Connectedness(p); c == network.Connected || c == network.Limited {
 		return nil
+	}
+	if n.cfg.Insecure {
+		// An Insecure peer has no allowlist (Config.Validate), and
+		// without TLS a simultaneous open gets through the handshake,
+		// both ends as initiator, and fails in the muxer.
+		return fmt.Errorf("%w: %s closed the connection right after the handshake", errSimultaneousOpen, p)
 	}
 	return fmt.Errorf("%w: %s closed the connection right after the handshake, before identify: its --allow list most likely does not name this peer (%s)", ErrNotAllowed, p, n.host.ID())
 }
