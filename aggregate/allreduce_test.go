@@ -322,6 +322,18 @@ func TestGroupWideFaults(t *testing.T) {
 				t.Errorf("%v overflowing weight: peer %d: %v", algo, i, o.Err)
 			}
 		}
+		// Weights so small that float32 rounds them up (1e-45 to
+		// 1.4e-45): the weighted sum 4·1.4e-45·3e38 is finite, its
+		// division by the total weight 4e-45 is not.
+		srcs, _ = randVecs(rand.New(rand.NewPCG(5, 6)), 4, 10)
+		for i := range srcs {
+			srcs[i][3] = 3e38
+		}
+		for i, o := range aggtest.RunRound(t.Context(), s.runners, s.group(t, 2), srcs, []float64{1e-45, 1e-45, 1e-45, 1e-45}) {
+			if !errors.Is(o.Err, aggregate.ErrOverflow) {
+				t.Errorf("%v overflowing division: peer %d: %v", algo, i, o.Err)
+			}
+		}
 	}
 }
 

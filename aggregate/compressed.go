@@ -8,6 +8,7 @@ import (
 
 	"github.com/starling-ml/starling/aggregate/rule"
 	"github.com/starling-ml/starling/compression"
+	"github.com/starling-ml/starling/device"
 )
 
 // Compressed all-reduce (Config.Compress): the plain butterfly and tree,
@@ -397,13 +398,14 @@ func (a *attempt) powerSGD() {
 	a.finishMean(a.dst)
 }
 
-// finishMean divides a sum by the total weight for Mean.
+// finishMean divides a sum by the total weight for Mean; a quotient that
+// overflows is a group fault.
 func (a *attempt) finishMean(x []float32) {
 	if _, mean := a.r.cfg.Rule.(rule.Mean); !mean || a.bad.Load() {
 		return
 	}
-	for i, v := range x {
-		x[i] = float32(float64(v) / a.total)
+	if !device.DivFinite(x, a.total) {
+		a.setFault(faultOverflow)
 	}
 }
 

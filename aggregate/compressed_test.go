@@ -499,3 +499,25 @@ func BenchmarkCompressedAllReduce(b *testing.B) {
 		}
 	}
 }
+
+// TestCompressedMeanOverflow: weights so small that float32 rounds them
+// up (1e-45 to 1.4e-45) make a finite weighted sum whose division by the
+// total weight overflows: a group fault on every peer, not infinities
+// handed back. (The butterfly weighs by w/Σw: its products cannot
+// overflow.)
+func TestCompressedMeanOverflow(t *testing.T) {
+	for _, algo := range []aggregate.Algorithm{aggregate.Tree} {
+		for _, spec := range []string{"fp32", "fp16", "powersgd:2"} {
+			s := compressedSwarm(t, 4, algo, rule.Mean{}, spec, aggtest.Config{})
+			srcs, _ := randVecs(rand.New(rand.NewPCG(5, 6)), 4, 10)
+			for i := range srcs {
+				srcs[i][3] = 3e38
+			}
+			for i, o := range aggtest.RunRound(t.Context(), s.runners, s.group(t, 1), srcs, []float64{1e-45, 1e-45, 1e-45, 1e-45}) {
+				if !errors.Is(o.Err, aggregate.ErrOverflow) {
+					t.Errorf("%v %s: peer %d: %v", algo, spec, i, o.Err)
+				}
+			}
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/starling-ml/starling/aggregate/rule"
+	"github.com/starling-ml/starling/device"
 )
 
 // The tree is a binary heap over ranks: rank r's parent is (r−1)/2 and its
@@ -218,10 +219,9 @@ func (a *attempt) combine(p *pass, kids []int, in []*msg, kidW []float64, arrive
 			a.setFault(faultOverflow)
 			return
 		}
-		if me == 0 && mean {
-			for i, v := range out {
-				out[i] = float32(float64(v) / a.total)
-			}
+		if me == 0 && mean && !device.DivFinite(out, a.total) {
+			a.setFault(faultOverflow)
+			return
 		}
 		hand(1)
 	}
