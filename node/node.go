@@ -324,18 +324,32 @@ func (n *Node) Connect(ctx context.Context, p peer.AddrInfo) error {
 	if err := n.live(); err != nil {
 		return err
 	}
+	simOpen := func(err error) bool {
+		if !errors.Is(err, errSimultaneousOpen) {
+			return false
+		}
+		n.log.Debug("TCP simultaneous open; dialling again", "peer", p.ID)
+		return true
+	}
+	return redialSimOpen(ctx, n.host.ID(), p.ID, simOpen, func(ctx context.Context) error { return n.connectOnce(ctx, p) })
+}
+
+// redialSimOpen calls dial, and again after each failure that simOpen
+// says was a TCP simultaneous open, up to simOpenTries calls in all,
+// waiting simOpenDelay before each; it returns the last call's error.
+// Every call after the first skips libp2p's dial backoff, which the
+// failed dial set.
+func redialSimOpen(ctx context.Context, self, remote peer.ID, simOpen func(error) bool, dial func(context.Context) error) error {
 	for try := 1; ; try++ {
-		err := n.connectOnce(ctx, p)
-		if !errors.Is(err, errSimultaneousOpen) || try == simOpenTries {
+		err := dial(ctx)
+		if err == nil || try == simOpenTries || !simOpen(err) {
 			return err
 		}
-		n.log.Debug("TCP simultaneous open; dialling again", "peer", p.ID, "try", try)
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(simOpenDelay(n.host.ID(), p.ID, try)):
+		case <-time.After(simOpenDelay(self, remote, try)):
 		}
-		// The failed dial put the address in libp2p's dial backoff.
 		ctx = network.WithForceDirectDial(ctx, "dial again after a TCP simultaneous open")
 	}
 }
@@ -523,7 +537,9 @@ func (n *Node) Send(ctx context.Context, p peer.ID, t Tensor) error {
 // when h's dial ignores it: mocknet's does (its DialPeer takes no
 // context), and with hundreds of simulated peers dialling each other its
 // dials queue on its locks and event bus for minutes. A dial given up on
-// finishes on its own goroutine, and the stream it brings is reset.
+// finishes on its own goroutine, and the stream it brings is reset. A
+// dial that fails in a TCP simultaneous open with TLS is made again, as
+// Connect does.
 func OpenStream(ctx context.Context, h host.Host, p peer.ID, pids ...protocol.ID) (network.Stream, error) {
 	type opened struct {
 		s   network.Stream
@@ -531,7 +547,11 @@ func OpenStream(ctx context.Context, h host.Host, p peer.ID, pids ...protocol.ID
 	}
 	ch := make(chan opened) // unbuffered: a stream is handed over or reset, never both
 	go func() {
-		s, err := h.NewStream(ctx, p, pids...)
+		var s network.Stream
+		err := redialSimOpen(ctx, h.ID(), p, simultaneousOpen, func(ctx context.Context) (err error) {
+			s, err = h.NewStream(ctx, p, pids...)
+			return err
+		})
 		select {
 		case ch <- opened{s, err}:
 		case <-ctx.Done():

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
@@ -52,6 +53,47 @@ func TestSimultaneousDials(t *testing.T) {
 			}
 			t.Logf("%d pairs, %d simultaneous opens dialled again", pairs, simOpens.Load())
 		})
+	}
+}
+
+// TestSimultaneousStreams: peers not yet connected that open a stream to
+// each other at the same moment (a butterfly's partners, a ring of two)
+// get their streams although their implicit dials sometimes meet in a
+// TCP simultaneous open.
+func TestSimultaneousStreams(t *testing.T) {
+	const proto = "/starling/test-simopen/1"
+	const pairs = 60
+	for i := range pairs {
+		a, b := newTestNode(t, nil), newTestNode(t, nil)
+		for _, n := range []*Node{a, b} {
+			n.Host().SetStreamHandler(proto, func(s network.Stream) { s.Close() })
+		}
+		a.Host().Peerstore().AddAddrs(b.ID(), b.Host().Addrs(), time.Hour)
+		b.Host().Peerstore().AddAddrs(a.ID(), a.Host().Addrs(), time.Hour)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var wg sync.WaitGroup
+		var errs [2]error
+		start := make(chan struct{})
+		open := func(from, to *Node) error {
+			<-start
+			s, err := OpenStream(ctx, from.Host(), to.ID(), proto)
+			if err == nil {
+				s.Reset()
+			}
+			return err
+		}
+		wg.Go(func() { errs[0] = open(a, b) })
+		wg.Go(func() { errs[1] = open(b, a) })
+		close(start)
+		wg.Wait()
+		cancel()
+		for k, err := range errs {
+			if err != nil {
+				t.Fatalf("pair %d, peer %d: %v", i, k, err)
+			}
+		}
+		a.Close()
+		b.Close()
 	}
 }
 
