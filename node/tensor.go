@@ -518,26 +518,35 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 			return false, false, 0, err
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
-		switch {
-		case sum && fin:
-			crc, fin = crc32c.UpdateFinite(crc, scratch[:k])
-		case sum:
-			crc = crc32c.Update(crc, scratch[:k])
-		case fin: // no checksum pass to fold it into: checked in the cache
-			fin = k%4 == 0 && device.AllFinite(floats(scratch[:k]))
+		summed := false
+		if k > 0 && dst != nil && sums && sum {
+			// Checksummed, checked and summed in one pass.
+			var inFinite bool
+			crc, out, inFinite, sums, summed = sumPiece(a, base+off, scratch[:k], dst[off:off+k], crc, out)
+			fin = fin && inFinite
 		}
-		if k > 0 && dst != nil {
-			a.dstMu.RLock()
+		if !summed {
 			switch {
-			case a.gone:
-			case a.ax != nil: // k and base+off are multiples of 4 (axpyFits)
-				var fin bool
-				fin, out = axpyPiece(a.ax, base+off, scratch[:k], dst[off:off+k], out, sum)
-				sums = fin && sums
-			default:
-				copy(dst[off:], scratch[:k])
+			case sum && fin:
+				crc, fin = crc32c.UpdateFinite(crc, scratch[:k])
+			case sum:
+				crc = crc32c.Update(crc, scratch[:k])
+			case fin: // no checksum pass to fold it into: checked in the cache
+				fin = k%4 == 0 && device.AllFinite(floats(scratch[:k]))
 			}
-			a.dstMu.RUnlock()
+			if k > 0 && dst != nil {
+				a.dstMu.RLock()
+				switch {
+				case a.gone:
+				case a.ax != nil: // k and base+off are multiples of 4 (axpyFits)
+					var fin bool
+					fin, out = axpyPiece(a.ax, base+off, scratch[:k], dst[off:off+k], out, sum)
+					sums = fin && sums
+				default:
+					copy(dst[off:], scratch[:k])
+				}
+				a.dstMu.RUnlock()
+			}
 		}
 		off += k
 		if ts.hooks.recvProgress != nil && k > 0 {
@@ -796,6 +805,23 @@ func freeParkBuf(b []byte) {
 	if c := parkClass(cap(b)); c >= 0 && cap(b) == 1<<(c+minParkPool) {
 		parkPools[c].Put(&b)
 	}
+}
+
+// sumPiece is readStripe's one pass over a piece in of a RecvAxpy's
+// stripe over plaintext (at, its first byte in the tensor, and len(in)
+// multiples of 4): it extends crc over in, puts a.ax's sums with in into
+// out, extends sumCRC over them, and reports whether in's values and the
+// sums are finite (crc32c.AxpyTo). Once a is gone it does nothing and
+// returns summed false, crc and sumCRC as given and both finite.
+func sumPiece(a *assembly, at int, in, out []byte, crc, sumCRC uint32) (_, _ uint32, inFinite, sumFinite, summed bool) {
+	a.dstMu.RLock()
+	defer a.dstMu.RUnlock()
+	if a.gone {
+		return crc, sumCRC, true, true, false
+	}
+	e := at / 4
+	crc, sumCRC, inFinite, sumFinite = crc32c.AxpyTo(a.ax.Alpha, a.ax.X[e:e+len(in)/4], floats(in), floats(out), crc, sumCRC)
+	return crc, sumCRC, inFinite, sumFinite, true
 }
 
 // axpyPiece sets out = ax.Alpha·ax.X + in for the values from byte at of

@@ -112,3 +112,36 @@ func xPowMod(n int) uint64 {
 	}
 	return r
 }
+
+// AxpyTo sets out = alpha·x + y (device.AxpyTo's FMA, bit for bit) and in
+// the same pass extends crcY over y's bytes and crcOut over out's (as
+// Update over their bytes in memory), and reports whether y and out hold
+// no NaN or ±Inf. It is the receiving end of an all-reduce's partial sum
+// over plaintext: the checksum of what arrived, the sums, and the
+// checksum they are sent on with. It panics where device.AxpyTo does
+// (see device.AxpyToRuns) and when the lengths differ.
+func AxpyTo(alpha float32, x, y, out []float32, crcY, crcOut uint32) (_, _ uint32, yFinite, outFinite bool) {
+	if len(x) != len(y) || len(out) != len(y) {
+		panic("crc32c: AxpyTo lengths differ")
+	}
+	n := 0
+	var bad uint8
+	if haveFold && len(y) >= 64 {
+		n = len(y) &^ 63
+		var regY, regOut uint32
+		regY, regOut, bad = axpyToFoldAVX512(alpha, &x[0], &y[0], &out[0], n, ^crcY, ^crcOut, &foldKeys)
+		crcY, crcOut = ^regY, ^regOut
+	}
+	crcY, yFinite = UpdateFinite(crcY, floatBytes(y[n:]))
+	outFinite = device.AxpyTo(alpha, x[n:], y[n:], out[n:])
+	crcOut = Update(crcOut, floatBytes(out[n:]))
+	return crcY, crcOut, yFinite && bad&1 == 0, outFinite && bad&2 == 0
+}
+
+// floatBytes is x's memory as bytes.
+func floatBytes(x []float32) []byte {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x))
+}

@@ -17,3 +17,12 @@ func foldAVX512(crc uint32, p *byte, n int, k *[12]uint64) (reg uint32)
 //
 //go:noescape
 func foldFiniteAVX512(crc uint32, p *byte, n int, k *[12]uint64) (reg uint32, nonFinite bool)
+
+// axpyToFoldAVX512 sets out = alpha·x + y for n float32 values (n a
+// multiple of 64, at least 64) with device.AxpyTo's FMA, and returns the
+// CRC registers after y's bytes and after out's (from registers crcY and
+// crcOut, not inverted) and bad: bit 0 if y holds a NaN or ±Inf, bit 1 if
+// out does.
+//
+//go:noescape
+func axpyToFoldAVX512(alpha float32, x, y, out *float32, n int, crcY, crcOut uint32, k *[12]uint64) (regY, regOut uint32, bad uint8)
