@@ -32,24 +32,9 @@ func TestSimultaneousDials(t *testing.T) {
 			log := slog.New(countHandler{msg: "TCP simultaneous open", n: &simOpens})
 			mut := func(c *Config) { c.Insecure = insecure }
 			pairs := simOpenPairs()
-			for i := range pairs {
+			for range pairs {
 				a, b := newTestNode(t, mut, WithLogger(log)), newTestNode(t, mut, WithLogger(log))
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				var wg sync.WaitGroup
-				var errs [2]error
-				start := make(chan struct{})
-				wg.Go(func() { <-start; errs[0] = a.Connect(ctx, b.AddrInfo()) })
-				wg.Go(func() { <-start; errs[1] = b.Connect(ctx, a.AddrInfo()) })
-				close(start)
-				wg.Wait()
-				cancel()
-				for k, err := range errs {
-					if err != nil {
-						t.Fatalf("pair %d, peer %d: %v", i, k, err)
-					}
-				}
-				a.Close()
-				b.Close()
+				dialPair(t, a, b, func(ctx context.Context, from, to *Node) error { return from.Connect(ctx, to.AddrInfo()) })
 			}
 			t.Logf("%d pairs, %d redials after a simultaneous open (both of its peers redial)", pairs, simOpens.Load())
 		})
@@ -62,38 +47,43 @@ func TestSimultaneousDials(t *testing.T) {
 // TCP simultaneous open.
 func TestSimultaneousStreams(t *testing.T) {
 	const proto = "/starling/test-simopen/1"
-	for i := range simOpenPairs() {
+	for range simOpenPairs() {
 		a, b := newTestNode(t, nil), newTestNode(t, nil)
 		for _, n := range []*Node{a, b} {
 			n.Host().SetStreamHandler(proto, func(s network.Stream) { s.Close() })
 		}
 		a.Host().Peerstore().AddAddrs(b.ID(), b.Host().Addrs(), time.Hour)
 		b.Host().Peerstore().AddAddrs(a.ID(), a.Host().Addrs(), time.Hour)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		var wg sync.WaitGroup
-		var errs [2]error
-		start := make(chan struct{})
-		open := func(from, to *Node) error {
-			<-start
+		dialPair(t, a, b, func(ctx context.Context, from, to *Node) error {
 			s, err := OpenStream(ctx, from.Host(), to.ID(), proto)
 			if err == nil {
 				s.Reset()
 			}
 			return err
-		}
-		wg.Go(func() { errs[0] = open(a, b) })
-		wg.Go(func() { errs[1] = open(b, a) })
-		close(start)
-		wg.Wait()
-		cancel()
-		for k, err := range errs {
-			if err != nil {
-				t.Fatalf("pair %d, peer %d: %v", i, k, err)
-			}
-		}
-		a.Close()
-		b.Close()
+		})
 	}
+}
+
+// dialPair runs dial(a, b) and dial(b, a) at the same moment, fails t if
+// either fails, and closes a and b.
+func dialPair(t *testing.T, a, b *Node, dial func(ctx context.Context, from, to *Node) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var errs [2]error
+	start := make(chan struct{})
+	wg.Go(func() { <-start; errs[0] = dial(ctx, a, b) })
+	wg.Go(func() { <-start; errs[1] = dial(ctx, b, a) })
+	close(start)
+	wg.Wait()
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("%s and %s, peer %d: %v", a.ID(), b.ID(), k, err)
+		}
+	}
+	a.Close()
+	b.Close()
 }
 
 // simOpenPairs is how many pairs the simultaneous-dial tests start: 60,
