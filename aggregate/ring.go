@@ -230,21 +230,27 @@ func (a *attempt) ringSend(right int, send, recv []ringItem, fusedSums []fused, 
 			// our own segment here, a chunk at a time just before it goes,
 			// so that node's checksum reads it from the cache (a bad chunk
 			// is never sent; those before it may have been), the rest where
-			// we add it to partial sums below.
+			// we add it to partial sums below. A scaled chunk is checked
+			// once, after scaling (a bad input stays bad); only a bad one
+			// is looked at again, to tell a bad input from a weight that
+			// overflows.
 			chunk := own[it.lo-ownOff : it.hi-ownOff]
-			if !device.AllFinite(chunk) {
-				a.accuse(a.rank, kindBadValue) // vote to be left out
-				return
-			}
 			if scaled != nil {
 				sc := scaled[it.lo-ownOff : it.hi-ownOff]
 				copy(sc, chunk)
 				be.Scale(coef, sc)
-				if !device.AllFinite(sc) { // a huge weight: the same fault for all
-					a.setFault(faultOverflow)
+				if !device.AllFinite(sc) {
+					if !device.AllFinite(chunk) {
+						a.accuse(a.rank, kindBadValue) // vote to be left out
+					} else {
+						a.setFault(faultOverflow) // a huge weight: the same fault for all
+					}
 					return
 				}
 				chunk = sc
+			} else if !device.AllFinite(chunk) {
+				a.accuse(a.rank, kindBadValue) // vote to be left out
+				return
 			}
 			if !a.send(right, StepRing, uint32(i), chunk, 2) {
 				return

@@ -519,11 +519,11 @@ func (ts *tensors) readStripe(s network.Stream, from peer.ID, a *assembly, dst [
 		}
 		k, err := io.ReadFull(s, scratch[:min(len(scratch), n-off)])
 		summed := false
-		if k > 0 && dst != nil && sums && sum {
+		if k > 0 && dst != nil && sum && a.ax != nil {
 			// Checksummed, checked and summed in one pass.
-			var inFinite bool
-			crc, out, inFinite, sums, summed = sumPiece(a, base+off, scratch[:k], dst[off:off+k], crc, out)
-			fin = fin && inFinite
+			var inFinite, sumFinite bool
+			crc, out, inFinite, sumFinite, summed = sumPiece(a, base+off, scratch[:k], dst[off:off+k], crc, out)
+			fin, sums = fin && inFinite, sums && sumFinite
 		}
 		if !summed {
 			switch {
@@ -812,7 +812,8 @@ func freeParkBuf(b []byte) {
 // multiples of 4): it extends crc over in, puts a.ax's sums with in into
 // out, extends sumCRC over them, and reports whether in's values and the
 // sums are finite (crc32c.AxpyTo). Once a is gone it does nothing and
-// returns summed false, crc and sumCRC as given and both finite.
+// returns summed false, crc and sumCRC as given and both finite (which
+// leaves the caller's verdicts as they were).
 func sumPiece(a *assembly, at int, in, out []byte, crc, sumCRC uint32) (_, _ uint32, inFinite, sumFinite, summed bool) {
 	a.dstMu.RLock()
 	defer a.dstMu.RUnlock()
